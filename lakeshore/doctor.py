@@ -1,0 +1,307 @@
+"""``lakeshore doctor``: is lakeshore safe on this store?
+
+Not every "S3-compatible" server implements conditional writes, and some implement them
+without atomicity (check, then write, with no lock in between). lakeshore's guarantees rest
+on them, so the doctor probes a store the way the queue will use it and gives a verdict:
+
+* create-only writes (``If-None-Match: *``) refuse an existing key;
+* compare-and-swap (``If-Match``) accepts the current etag, refuses a stale one and a missing key;
+* delete-if-match refuses a stale etag and honours the current one;
+* a race: threads write the same fresh key create-only, and CAS from the same etag, for many
+  rounds — exactly one must win each round;
+* listing: objects are visible to LIST right after their write, in key order, and a delete
+  is visible right after it returns;
+* the store clock is readable (reported, with the local clock's offset from it).
+
+All probe objects live under ``lakeshore-doctor/<ulid>/`` and are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ulid import ULID
+
+from lakeshore.errors import Conflict, LakeshoreError, NotFound
+from lakeshore.store.base import CREATE, OVERWRITE, Store, if_match
+
+__all__ = ["Check", "Report", "diagnose", "race"]
+
+
+@dataclass
+class Check:
+    """One probe: its name, whether it passed, and what was seen."""
+
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True  # a failed optional check is reported but does not make it unsafe
+
+
+@dataclass
+class Report:
+    """The doctor's findings for one store."""
+
+    url: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def safe(self) -> bool:
+        """True when every required check passed."""
+        return all(c.ok for c in self.checks if c.required)
+
+    def render(self) -> str:
+        """A plain-text table and a verdict line."""
+        width = max((len(c.name) for c in self.checks), default=10)
+        lines = [f"lakeshore doctor: {self.url}", ""]
+        for c in self.checks:
+            mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
+            lines.append(f"  {mark}  {c.name:<{width}}  {c.detail}")
+        lines.append("")
+        if self.safe:
+            lines.append(
+                "verdict: SAFE — conditional writes are atomic; lakeshore can run on this store."
+            )
+        else:
+            failed = ", ".join(c.name for c in self.checks if c.required and not c.ok)
+            lines.append(
+                f"verdict: UNSAFE — {failed} failed; do not run lakeshore on this store "
+                "(jobs could run twice or be lost). Use AWS S3, SeaweedFS, MinIO, "
+                "or a local directory."
+            )
+        return "\n".join(lines)
+
+
+def diagnose(store: Store, *, threads: int = 8, rounds: int = 20) -> Report:
+    """Probe ``store`` and return a :class:`Report`; never raises for a misbehaving store.
+
+    Raises:
+        LakeshoreError: only when the store cannot be reached at all (the first write fails
+            for a reason other than a lost condition).
+    """
+    base = f"lakeshore-doctor/{ULID()}"
+    report = Report(store.url)
+    store.put(f"{base}/hello", b"hello", OVERWRITE)  # unreachable stores fail here, loudly
+    probes: list[tuple[str, Callable[[Store, str], str]]] = [
+        ("read after write", _read_after_write),
+        ("create-only", _create_only),
+        ("if-match", _if_match),
+        ("delete-if-match", _delete_if_match),
+        ("create race", lambda s, b: _race_create(s, b, threads, rounds)),
+        ("if-match race", lambda s, b: _race_if_match(s, b, threads, rounds)),
+        ("list after write", _list_after_write),
+        ("list order", _list_order),
+    ]
+    try:
+        for name, probe in probes:
+            required = name not in _OPTIONAL
+            try:
+                report.checks.append(Check(name, True, probe(store, f"{base}/{_slug(name)}")))
+            except _Failed as e:
+                report.checks.append(Check(name, False, str(e), required))
+            except LakeshoreError as e:
+                report.checks.append(Check(name, False, f"error: {e}"))
+        report.checks.append(_clock(store))
+    finally:
+        _cleanup(store, base)
+    return report
+
+
+class _Failed(Exception):
+    pass
+
+
+# Reported, but lakeshore stays safe without them (its key layout does not depend on them).
+_OPTIONAL = {"list order"}
+
+
+def _expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise _Failed(what)
+
+
+def _slug(name: str) -> str:
+    return name.replace(" ", "-")
+
+
+def _lost(fn: Callable[[], object]) -> bool:
+    """True when ``fn`` raised Conflict (the condition was refused)."""
+    try:
+        fn()
+    except Conflict:
+        return True
+    return False
+
+
+def _read_after_write(s: Store, b: str) -> str:
+    e1 = s.put(f"{b}/k", b"one")
+    _expect(s.get(f"{b}/k") == (b"one", e1), "get did not return the bytes and etag just written")
+    e2 = s.put(f"{b}/k", b"two")
+    _expect(e2 != e1, "etag did not change when the bytes changed")
+    _expect(s.get(f"{b}/k")[0] == b"two", "overwrite not visible to the next get")
+    try:
+        s.get(f"{b}/absent")
+        raise _Failed("get of a missing key did not report not-found")
+    except NotFound:
+        pass
+    return "get sees every write; etags change with content"
+
+
+def _create_only(s: Store, b: str) -> str:
+    s.put(f"{b}/k", b"first", CREATE)
+    _expect(
+        _lost(lambda: s.put(f"{b}/k", b"second", CREATE)), "a second create-only write succeeded"
+    )
+    _expect(s.get(f"{b}/k")[0] == b"first", "the refused create changed the object")
+    return "If-None-Match: * refuses an existing key"
+
+
+def _if_match(s: Store, b: str) -> str:
+    e1 = s.put(f"{b}/k", b"v1")
+    e2 = s.put(f"{b}/k", b"v2", if_match(e1))
+    _expect(_lost(lambda: s.put(f"{b}/k", b"v3", if_match(e1))), "a stale If-Match write succeeded")
+    _expect(s.get(f"{b}/k") == (b"v2", e2), "the refused write changed the object")
+    _expect(
+        _lost(lambda: s.put(f"{b}/missing", b"x", if_match(e2))),
+        "If-Match on a missing key created it",
+    )
+    return "current etag accepted; stale etag and missing key refused"
+
+
+def _delete_if_match(s: Store, b: str) -> str:
+    e1 = s.put(f"{b}/k", b"v1")
+    e2 = s.put(f"{b}/k", b"v2")
+    _expect(_lost(lambda: s.delete(f"{b}/k", if_match=e1)), "delete with a stale etag succeeded")
+    _expect(s.get(f"{b}/k")[0] == b"v2", "the refused delete removed the object")
+    s.delete(f"{b}/k", if_match=e2)
+    try:
+        s.get(f"{b}/k")
+        raise _Failed("delete with the current etag left the object in place")
+    except NotFound:
+        pass
+    return "stale etag refused; current etag deletes"
+
+
+def race(threads: int, rounds: int, attempt: Callable[[int, int], bool]) -> list[int]:
+    """Run ``attempt(round, thread)`` on ``threads`` threads released together for each round;
+    return the number of winners (attempts that returned True) per round.
+
+    Raises:
+        BaseException: the first exception any racer raised (never swallowed).
+    """
+    winners: list[int] = []
+    for r in range(rounds):
+        barrier = threading.Barrier(threads)
+        wins = [False] * threads
+        errors: list[BaseException] = []
+
+        def run(
+            t: int,
+            r: int = r,
+            barrier: threading.Barrier = barrier,
+            wins: list[bool] = wins,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            try:
+                barrier.wait()
+                wins[t] = attempt(r, t)
+            except BaseException as e:
+                errors.append(e)
+
+        pool = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+        if errors:
+            raise errors[0]
+        winners.append(sum(wins))
+    return winners
+
+
+def _try(fn: Callable[[], object]) -> bool:
+    try:
+        fn()
+    except Conflict:
+        return False
+    return True
+
+
+def _summarise(winners: list[int], what: str) -> str:
+    bad = [w for w in winners if w != 1]
+    _expect(
+        not bad,
+        f"{len(bad)} of {len(winners)} rounds had {sorted(set(bad))} winners instead of 1 ({what})",
+    )
+    return f"{len(winners)} rounds × {what}: exactly one winner each"
+
+
+def _race_create(s: Store, b: str, threads: int, rounds: int) -> str:
+    winners = race(
+        threads, rounds, lambda r, t: _try(lambda: s.put(f"{b}/{r:04d}", f"{t}".encode(), CREATE))
+    )
+    return _summarise(winners, f"{threads} threads")
+
+
+def _race_if_match(s: Store, b: str, threads: int, rounds: int) -> str:
+    etags = [s.put(f"{b}/{r:04d}", b"start") for r in range(rounds)]
+    winners = race(
+        threads,
+        rounds,
+        lambda r, t: _try(lambda: s.put(f"{b}/{r:04d}", f"{t}".encode(), if_match(etags[r]))),
+    )
+    return _summarise(winners, f"{threads} threads")
+
+
+def _list_after_write(s: Store, b: str) -> str:
+    keys = [f"{b}/{i:03d}" for i in range(12)]
+    for k in reversed(keys):
+        s.put(k, b"x")
+    listed = [o.key for o in s.list(f"{b}/")]
+    _expect(
+        listed == keys, f"LIST right after the writes showed {len(listed)} of {len(keys)} in order"
+    )
+    after = [o.key for o in s.list(f"{b}/", start_after=keys[5])]
+    _expect(after == keys[6:], "start_after did not resume right after the given key")
+    s.delete(keys[0])
+    _expect(keys[0] not in [o.key for o in s.list(f"{b}/")], "a deleted key still listed")
+    return "writes and deletes visible to the next LIST, in key order"
+
+
+def _list_order(s: Store, b: str) -> str:
+    # '-' sorts before '/', so byte order puts "a-b" first; a server that walks directories
+    # lists everything under "a/" first.
+    keys = [f"{b}/a-b", f"{b}/a/x"]
+    for k in keys:
+        s.put(k, b"x")
+    listed = [o.key for o in s.list(f"{b}/")]
+    _expect(
+        listed == keys,
+        "LIST walks directories ('a/x' before 'a-b'), not byte order; harmless for lakeshore, "
+        "whose keys never put such siblings side by side",
+    )
+    return "strict byte order, as AWS S3 lists"
+
+
+def _clock(s: Store) -> Check:
+    try:
+        skew = s.now() - time.time()
+    except LakeshoreError as e:
+        return Check("store clock", False, f"cannot read: {e}")
+    note = "" if abs(skew) < 5 else " — local clock is off; leases use the store's clock anyway"
+    source = getattr(s, "clock_source", "")
+    source = f" ({source})" if source else ""
+    return Check(
+        "store clock", True, f"local clock is {skew:+.1f} s from the store's{source}{note}", False
+    )
+
+
+def _cleanup(s: Store, base: str) -> None:
+    try:
+        for obj in list(s.list(f"{base}/")):
+            s.delete(obj.key)
+    except LakeshoreError:
+        pass  # best effort: the prefix is named for the doctor and can be removed by hand

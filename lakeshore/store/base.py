@@ -1,0 +1,254 @@
+"""The object-store contract every backend implements.
+
+Five verbs, and conditional writes are a *mode* of ``put`` rather than extra verbs:
+
+``get(key) -> (bytes, etag)``
+    :class:`~lakeshore.errors.NotFound` when absent.
+``put(key, data, mode) -> etag``
+    ``OVERWRITE`` always writes; ``CREATE`` writes only if the key is absent
+    (S3 ``If-None-Match: *``); ``if_match(etag)`` writes only if the current etag is that one.
+    A lost condition raises :class:`~lakeshore.errors.Conflict`.
+``delete(key, if_match=None)``
+    An absent key is not an error (also with ``if_match``: the object is gone either way).
+    A present object with another etag raises ``Conflict``.
+``list(prefix, start_after=None)``
+    Lazily paginated :class:`ObjectInfo`, ascending by key (byte order of UTF-8).
+``now()``
+    The store's clock, seconds since the epoch. Leases are judged in this clock, never in a
+    worker's own, so a worker with a skewed clock cannot take over a live lease.
+
+Every etag a backend returns changes on every write of *different* bytes. Whether rewriting
+identical bytes changes the etag depends on the backend (S3's etag is a content hash), so
+callers that need ABA safety make every write's bytes unique; lakeshore's records carry a
+``rev`` counter and a write id for exactly that reason.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from lakeshore.errors import Conflict, InvalidArgument, NotFound
+
+__all__ = [
+    "CREATE",
+    "MAX_KEY_BYTES",
+    "OVERWRITE",
+    "ObjectInfo",
+    "PutMode",
+    "Store",
+    "check_data",
+    "check_key",
+    "check_prefix",
+    "conflict",
+    "if_match",
+    "not_found",
+]
+
+MAX_KEY_BYTES = 1024  # S3's limit; every backend enforces it so behaviour never differs
+
+
+@dataclass(frozen=True, slots=True)
+class PutMode:
+    """How ``put`` treats an existing object. Build with ``OVERWRITE``, ``CREATE`` or
+    :func:`if_match`."""
+
+    kind: Literal["overwrite", "create", "if_match"]
+    etag: str | None = None
+
+    def __str__(self) -> str:
+        return f"if_match({self.etag})" if self.kind == "if_match" else self.kind
+
+
+OVERWRITE = PutMode("overwrite")
+CREATE = PutMode("create")
+
+
+def if_match(etag: str) -> PutMode:
+    """Mode for a compare-and-swap: write only if the object's current etag is ``etag``.
+
+    Raises:
+        InvalidArgument: ``etag`` is empty.
+    """
+    if not isinstance(etag, str) or not etag:
+        raise InvalidArgument(
+            "if_match",
+            f"etag must be a non-empty string, got {etag!r}",
+            "pass the etag get() returned",
+        )
+    return PutMode("if_match", etag)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One entry of a listing."""
+
+    key: str
+    etag: str
+    size: int
+    last_modified: float  # seconds since the epoch, in the store's clock
+
+
+def check_key(key: str, op: str = "key") -> str:
+    """Validate an object key and return it.
+
+    Keys are relative POSIX-style paths: non-empty segments separated by ``/``, no ``.`` or
+    ``..`` segment, no leading or trailing slash, no NUL or control characters, at most 1024
+    bytes of UTF-8. The same rules hold on every backend so a key that works on a laptop works
+    on S3 and cannot escape a local store's directory.
+
+    Raises:
+        InvalidArgument: the key breaks one of the rules.
+    """
+    if not isinstance(key, str):
+        raise InvalidArgument(op, f"key must be a str, got {type(key).__name__}", "pass a str key")
+    problem = _key_problem(key)
+    if problem:
+        raise InvalidArgument(
+            op,
+            f"invalid key {key!r}: {problem}",
+            "use a relative path of non-empty segments like 'a/b/c'",
+            key=key,
+        )
+    return key
+
+
+def check_prefix(prefix: str, op: str = "list") -> str:
+    """Validate a listing prefix: empty, or a key-like string that may end with ``/``.
+
+    Raises:
+        InvalidArgument: the prefix could never match a valid key.
+    """
+    if prefix == "":
+        return prefix
+    if not isinstance(prefix, str):
+        raise InvalidArgument(
+            op, f"prefix must be a str, got {type(prefix).__name__}", "pass a str"
+        )
+    check_key(prefix[:-1] if prefix.endswith("/") else prefix, op)
+    return prefix
+
+
+def _key_problem(key: str) -> str | None:
+    if not key:
+        return "it is empty"
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        return f"it is longer than {MAX_KEY_BYTES} bytes"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return "it contains a control character"
+    if key.startswith("/") or key.endswith("/"):
+        return "it starts or ends with '/'"
+    for segment in key.split("/"):
+        if segment == "":
+            return "it has an empty segment ('//')"
+        if segment in (".", ".."):
+            return f"it has a {segment!r} segment"
+    return None
+
+
+class Store(abc.ABC):
+    """Abstract object store. See the module docstring for the contract.
+
+    Implementations are safe to share between threads. ``url`` describes the store for
+    messages and for ``open_store`` round trips.
+    """
+
+    url: str = ""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> tuple[bytes, str]:
+        """Return ``(data, etag)`` of ``key``.
+
+        Raises:
+            NotFound: the key does not exist.
+            InvalidArgument: the key is malformed.
+            StoreError: the backend failed (``StoreUnavailable`` after retries).
+        """
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        """Write ``data`` under ``key`` according to ``mode``; return the new etag.
+
+        Raises:
+            Conflict: ``mode`` is ``CREATE`` and the key exists, or ``if_match`` and the
+                current etag differs or the key is absent.
+            InvalidArgument: the key or data is malformed.
+            StoreError: the backend failed (``StoreUnavailable`` after retries).
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        """Delete ``key``; an absent key is not an error.
+
+        Raises:
+            Conflict: ``if_match`` is given and the object exists with another etag.
+            InvalidArgument: the key is malformed.
+            StoreError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """Yield the objects whose key starts with ``prefix``, ascending, strictly after
+        ``start_after`` when given. Pages are fetched lazily as the iterator advances.
+
+        Raises:
+            InvalidArgument: the prefix is malformed.
+            StoreError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, in seconds since the epoch.
+
+        Raises:
+            StoreError: the clock could not be read (S3: no response yet and the store is
+                unreachable).
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
+        """Release connections or file handles. The store must not be used afterwards."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+def check_data(data: bytes, op: str) -> bytes:
+    """Accept bytes-like data and return ``bytes``.
+
+    Raises:
+        InvalidArgument: ``data`` is not bytes-like.
+    """
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    raise InvalidArgument(op, f"data must be bytes, got {type(data).__name__}", "encode it first")
+
+
+def conflict(op: str, key: str, mode: PutMode | str, where: str) -> Conflict:
+    """The standard error for a lost condition on ``key``."""
+    return Conflict(
+        f"{op} {key}",
+        f"condition {mode} did not hold on {where}",
+        "someone else wrote first: re-read the object and decide again",
+        key=key,
+        condition=str(mode),
+    )
+
+
+def not_found(key: str, where: str) -> NotFound:
+    """The standard error for an absent key."""
+    return NotFound(
+        f"get {key}",
+        f"no object under this key in {where}",
+        "check the key, or create the object first",
+        key=key,
+    )

@@ -1,0 +1,265 @@
+"""``LocalStore``: the store contract on a local directory ("file:///path").
+
+Safe across threads and processes on one machine:
+
+* every write goes to a private temp file first and is published atomically, so a reader
+  never sees half an object;
+* ``CREATE`` publishes with ``os.link``, which fails if the key exists — atomic without a lock;
+* ``OVERWRITE``, ``if_match`` and ``delete`` run under an exclusive ``flock`` on the key's
+  lock stripe, so check-then-rename is one step for every process that uses the directory.
+
+On-disk layout under the root directory::
+
+    objects/<seg>/<seg>/<last>.obj   one file per object: 4-byte magic, 16-byte etag, data
+    .locks/<00..ff>                  lock stripes (a key hashes to one of 256)
+    .tmp/                            temp files being written (leftovers of a crash are inert)
+
+The etag is 16 random bytes stored in the object's own header, so it changes on every write
+(even of identical bytes) and is read in the same ``open`` as the data. The ``.obj`` suffix
+lets ``a`` and ``a/b`` both exist as keys, as they can on S3. Fsync is off by default (a
+crashed *process* loses nothing; a crashed *machine* may lose the last writes): pass
+``fsync=True`` or ``?fsync=1`` in the URL for power-loss durability.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
+from lakeshore.store.base import (
+    OVERWRITE,
+    ObjectInfo,
+    PutMode,
+    Store,
+    check_data,
+    check_key,
+    check_prefix,
+    conflict,
+    not_found,
+)
+
+__all__ = ["LocalStore"]
+
+_MAGIC = b"LSO1"
+_HEADER = len(_MAGIC) + 16
+_SUFFIX = ".obj"
+_STRIPES = 256
+_DIR_RETRIES = 50  # an empty parent may be pruned by a concurrent delete between mkdir and link
+
+
+class LocalStore(Store):
+    """A store on a local directory; see the module docstring for the guarantees."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = False) -> None:
+        path = Path(root).expanduser()
+        if not path.is_absolute():
+            path = Path.cwd() / path
+        self.root = path
+        self.url = f"file://{path}"
+        self.fsync = fsync
+        self._objects = path / "objects"
+        self._locks = path / ".locks"
+        self._tmp = path / ".tmp"
+        try:
+            for d in (self._objects, self._locks, self._tmp):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(
+                f"open {self.url}",
+                f"cannot create the store directory ({e.strerror})",
+                "pick a writable directory or fix its permissions",
+                path=str(path),
+            ) from e
+
+    # -- paths and locks -------------------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        return self._objects / (key + _SUFFIX)
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        stripe = hashlib.blake2b(key.encode(), digest_size=2).digest()[0] % _STRIPES
+        # A fresh open per acquisition: flock conflicts between open file descriptions, so
+        # threads of one process exclude each other exactly like separate processes do.
+        fd = os.open(self._locks / f"{stripe:02x}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _write_tmp(self, data: bytes) -> tuple[Path, str]:
+        raw = secrets.token_bytes(16)
+        tmp = self._tmp / f"{raw.hex()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_MAGIC + raw + data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        return tmp, f'"{raw.hex()}"'
+
+    def _read(
+        self, key: str, path: Path, header_only: bool = False
+    ) -> tuple[bytes, str, os.stat_result]:
+        with open(path, "rb") as f:
+            blob = f.read(_HEADER) if header_only else f.read()
+            st = os.fstat(f.fileno())
+        if len(blob) < _HEADER or not blob.startswith(_MAGIC):
+            raise StoreError(
+                f"read {key}",
+                f"{path} is not a lakeshore object (bad header)",
+                "remove the stray file; only lakeshore should write under objects/",
+                key=key,
+                path=str(path),
+            )
+        return blob[_HEADER:], f'"{blob[len(_MAGIC) : _HEADER].hex()}"', st
+
+    def _current_etag(self, key: str, path: Path) -> str | None:
+        try:
+            return self._read(key, path, header_only=True)[1]
+        except FileNotFoundError:
+            return None
+
+    def _publish(self, op: Callable[[Path, Path], None], tmp: Path, path: Path) -> None:
+        """Run ``op(tmp, path)``, recreating parent directories a concurrent delete pruned."""
+        for _ in range(_DIR_RETRIES):
+            try:
+                op(tmp, path)
+                return
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        raise StoreError(
+            f"put {path}", "parent directory kept disappearing", "retry; check for a cleaner"
+        )
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        check_key(key, "get")
+        try:
+            data, etag, _ = self._read(key, self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            raise not_found(key, self.url) from None
+        except OSError as e:
+            raise _os_error("get", key, e) from e
+        return data, etag
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        check_key(key, "put")
+        data = check_data(data, f"put {key}")
+        path = self._path(key)
+        tmp, etag = self._write_tmp(data)
+        try:
+            if mode.kind == "create":
+                try:
+                    self._publish(os.link, tmp, path)
+                except FileExistsError:
+                    raise conflict("put", key, mode, self.url) from None
+            else:
+                with self._locked(key):
+                    if mode.kind == "if_match" and self._current_etag(key, path) != mode.etag:
+                        raise conflict("put", key, mode, self.url)
+                    self._publish(os.rename, tmp, path)
+        except OSError as e:
+            raise _os_error("put", key, e) from e
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return etag
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        check_key(key, "delete")
+        path = self._path(key)
+        with self._locked(key):
+            if if_match is not None:
+                current = self._current_etag(key, path)
+                if current is None:
+                    return
+                if current != if_match:
+                    raise conflict("delete", key, if_match, self.url)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return
+        self._prune(path.parent)
+
+    def _prune(self, d: Path) -> None:
+        # Empty directories would make every later listing slower; a racing writer that loses
+        # its parent recreates it (see _publish).
+        while d != self._objects and self._objects in d.parents:
+            try:
+                d.rmdir()
+            except OSError:
+                return
+            d = d.parent
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        base = prefix[: prefix.rfind("/") + 1]  # deepest directory the prefix pins down
+        return self._walk(
+            self._objects / base if base else self._objects, base, prefix, start_after
+        )
+
+    def _walk(
+        self, directory: Path, dir_key: str, prefix: str, start_after: str | None
+    ) -> Iterator[ObjectInfo]:
+        try:
+            with os.scandir(directory) as it:
+                entries = []
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        entries.append((e.name + "/", True, e.name))
+                    elif e.name.endswith(_SUFFIX):
+                        entries.append((e.name[: -len(_SUFFIX)], False, e.name))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        # Sorting a directory's entries by "name" for objects and "name/" for subdirectories
+        # gives exactly the byte order of the full keys, as S3 lists them.
+        entries.sort()
+        for sort_name, is_dir, name in entries:
+            key = dir_key + sort_name
+            if is_dir:
+                if not (key.startswith(prefix) or prefix.startswith(key)):
+                    continue
+                if (
+                    start_after is not None
+                    and key <= start_after
+                    and not start_after.startswith(key)
+                ):
+                    continue
+                yield from self._walk(directory / name, key, prefix, start_after)
+                continue
+            if not key.startswith(prefix) or (start_after is not None and key <= start_after):
+                continue
+            try:
+                _, etag, st = self._read(key, directory / name, header_only=True)
+            except FileNotFoundError:
+                continue  # deleted while we listed
+            yield ObjectInfo(key, etag, st.st_size - _HEADER, st.st_mtime)
+
+    def now(self) -> float:
+        return time.time()
+
+
+def _os_error(op: str, key: str, e: OSError) -> LakeshoreError:
+    if e.errno == errno.ENAMETOOLONG:
+        return InvalidArgument(
+            f"{op} {key}", "a key segment is too long for this filesystem", "use shorter segments"
+        )
+    return StoreError(
+        f"{op} {key}", f"filesystem error: {e.strerror or e}", "check disk space and permissions"
+    )

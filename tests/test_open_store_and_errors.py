@@ -1,0 +1,119 @@
+"""open_store URL forms, the error tree's shape, and import hygiene of the layers."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lakeshore
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, StoreUnavailable
+from lakeshore.store import LocalStore, MemoryStore, open_store
+
+
+def test_memory_urls_are_independent() -> None:
+    a, b = open_store(":memory:"), open_store(":memory:")
+    assert isinstance(a, MemoryStore)
+    a.put("k", b"1")
+    with pytest.raises(NotFound):
+        b.get("k")
+
+
+@pytest.mark.parametrize("form", ["file://{p}", "{p}", "file://{p}?fsync=1"])
+def test_local_forms(tmp_path: Path, form: str) -> None:
+    s = open_store(form.format(p=tmp_path / "st"))
+    assert isinstance(s, LocalStore)
+    assert s.root == tmp_path / "st"
+    assert s.fsync is form.endswith("fsync=1")
+    s.put("x", b"y")
+    assert open_store(str(tmp_path / "st")).get("x")[0] == b"y"  # same directory, same data
+
+
+def test_home_form(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = open_store("file://~/.lakeshore")
+    assert isinstance(s, LocalStore) and s.root == tmp_path / ".lakeshore"
+
+
+def test_s3_form_parses_options() -> None:
+    from lakeshore.store.s3 import S3Store
+
+    s = open_store(
+        "s3://bkt/some/prefix?endpoint_url=http://127.0.0.1:1&region=eu-west-1&addressing=path",
+        aws_access_key_id="x",
+        aws_secret_access_key="y",
+    )
+    assert isinstance(s, S3Store)
+    assert (s.bucket, s.prefix, s.url) == ("bkt", "some/prefix/", "s3://bkt/some/prefix")
+    assert s.client.meta.region_name == "eu-west-1"
+    assert s.client.meta.endpoint_url == "http://127.0.0.1:1"
+    assert s.client.meta.config.s3["addressing_style"] == "path"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "ftp://x",
+        "s3://",
+        "s3://b/p?bogus=1",
+        "s3://b?addressing=sideways",
+        "file://",
+        "file:///x?nope=1",
+        "file:///x?fsync=maybe",
+    ],
+)
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        open_store(url)
+    assert " — " in str(err.value)
+
+
+def test_error_shape_and_pickling() -> None:
+    e = Conflict("put a/b", "condition if_match(x) did not hold", "re-read", key="a/b")
+    assert str(e) == "put a/b: condition if_match(x) did not hold — re-read"
+    assert (e.op, e.what, e.todo, e.key) == (
+        "put a/b",
+        "condition if_match(x) did not hold",
+        "re-read",
+        "a/b",
+    )
+    with pytest.raises(AttributeError):
+        _ = e.nonexistent
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is Conflict and str(back) == str(e) and back.key == "a/b"
+    assert issubclass(StoreUnavailable, LakeshoreError)
+    assert issubclass(InvalidArgument, ValueError) and issubclass(NotFound, KeyError)
+    assert str(NotFound("get k", "absent", "create it")) == "get k: absent — create it"
+
+
+def test_public_surface() -> None:
+    assert set(lakeshore.__all__) >= {"LakeshoreError", "Conflict", "NotFound", "open_store"}
+    for name in lakeshore.__all__:
+        assert hasattr(lakeshore, name)
+
+
+def test_layers_import_only_what_they_own() -> None:
+    """`import lakeshore` and local stores never load boto3 or fsspec; the store layer never
+    imports a queue-layer module."""
+    code = (
+        "import sys, lakeshore, lakeshore.store, lakeshore.doctor, lakeshore.cli;"
+        "lakeshore.store.open_store(':memory:');"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3','botocore','fsspec')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    root = Path(lakeshore.__file__).parent
+    for path in (root / "store").glob("*.py"):
+        text = path.read_text()
+        assert "import boto3" not in text or path.name == "s3.py", path
+        assert "fsspec" not in text, path
+        for line in text.splitlines():
+            if line.startswith(("from lakeshore", "import lakeshore")):
+                assert line.startswith(("from lakeshore.store", "from lakeshore.errors")), (
+                    path,
+                    line,
+                )

@@ -1,0 +1,183 @@
+"""Error shapes no local server produces, through botocore's Stubber (boto3 itself is real):
+409 ConditionalRequestConflict, the ambiguous 412 of a retried conditional PUT, 404 on
+If-Match, throttling, a missing bucket, a refusal."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.response import StreamingBody
+from botocore.stub import Stubber
+
+from lakeshore.errors import Conflict, NotFound, PermissionDenied, StoreError, StoreUnavailable
+from lakeshore.store import CREATE, if_match
+from lakeshore.store.s3 import S3Store
+
+BUCKET = "bkt"
+
+
+@pytest.fixture
+def stubbed() -> Iterator[tuple[S3Store, Stubber]]:
+    client = boto3.client(
+        "s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+    )
+    store = S3Store(BUCKET, "pre", client=client, retries=3, backoff_base=0.001)
+    with Stubber(client) as stub:
+        yield store, stub
+        stub.assert_no_pending_responses()
+
+
+def _put_params(key: str, data: bytes, **cond: str) -> dict[str, Any]:
+    return {"Bucket": BUCKET, "Key": f"pre/{key}", "Body": data, **cond}
+
+
+def _error(
+    stub: Stubber, op: str, code: str, status: int, params: dict[str, Any] | None = None
+) -> None:
+    stub.add_client_error(
+        op, service_error_code=code, http_status_code=status, expected_params=params
+    )
+
+
+def _get_ok(stub: Stubber, key: str, data: bytes, etag: str) -> None:
+    stub.add_response(
+        "get_object",
+        {"Body": StreamingBody(io.BytesIO(data), len(data)), "ETag": etag},
+        {"Bucket": BUCKET, "Key": f"pre/{key}"},
+    )
+
+
+def test_sdk_retries_are_off_for_our_own_client() -> None:
+    store = S3Store(BUCKET, region="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    assert store.client.meta.config.retries["total_max_attempts"] == 1
+    assert store.client.meta.config.read_timeout >= 10
+
+
+def test_409_conditional_request_conflict_is_a_conflict(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(
+        stub,
+        "put_object",
+        "ConditionalRequestConflict",
+        409,
+        _put_params("k", b"v", IfMatch='"e1"'),
+    )
+    with pytest.raises(Conflict) as err:
+        store.put("k", b"v", if_match('"e1"'))
+    assert err.value.key == "k"
+
+
+def test_412_is_a_conflict_without_read_back(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(stub, "put_object", "PreconditionFailed", 412, _put_params("k", b"v", IfNoneMatch="*"))
+    with pytest.raises(Conflict):
+        store.put("k", b"v", CREATE)  # first attempt: nothing uncertain, no GET follows
+
+
+def test_404_on_if_match_is_a_conflict(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(stub, "put_object", "NoSuchKey", 404, _put_params("k", b"v", IfMatch='"e1"'))
+    with pytest.raises(Conflict):
+        store.put("k", b"v", if_match('"e1"'))
+
+
+def test_ambiguous_412_after_a_lost_response_is_a_success(stubbed: tuple[S3Store, Stubber]) -> None:
+    """The first PUT landed but its answer was lost (here: a 503 in its place); the retry
+    meets its own write and gets 412. Reading back shows our bytes: the write succeeded."""
+    store, stub = stubbed
+    data = b'{"rev": 7, "wid": "w-123"}'
+    _error(stub, "put_object", "SlowDown", 503, _put_params("rec", data, IfMatch='"e1"'))
+    _error(stub, "put_object", "PreconditionFailed", 412, _put_params("rec", data, IfMatch='"e1"'))
+    _get_ok(stub, "rec", data, '"e2"')
+    assert store.put("rec", data, if_match('"e1"')) == '"e2"'
+
+
+def test_ambiguous_412_with_someone_elses_bytes_is_a_conflict(
+    stubbed: tuple[S3Store, Stubber],
+) -> None:
+    store, stub = stubbed
+    _error(stub, "put_object", "InternalError", 500, _put_params("rec", b"mine", IfNoneMatch="*"))
+    _error(
+        stub, "put_object", "PreconditionFailed", 412, _put_params("rec", b"mine", IfNoneMatch="*")
+    )
+    _get_ok(stub, "rec", b"theirs", '"e9"')
+    with pytest.raises(Conflict):
+        store.put("rec", b"mine", CREATE)
+
+
+def test_throttling_is_retried_then_succeeds(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(stub, "get_object", "SlowDown", 503)
+    _error(stub, "get_object", "InternalError", 500)
+    _get_ok(stub, "k", b"v", '"e1"')
+    assert store.get("k") == (b"v", '"e1"')
+
+
+def test_retries_exhausted_is_store_unavailable(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    for _ in range(4):  # retries=3: four attempts in all
+        _error(stub, "get_object", "SlowDown", 503)
+    with pytest.raises(StoreUnavailable) as err:
+        store.get("k")
+    assert err.value.status == 503
+    assert "safe to retry" in str(err.value)
+
+
+def test_missing_bucket_is_not_a_missing_key(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(stub, "get_object", "NoSuchBucket", 404)
+    with pytest.raises(StoreError) as err:
+        store.get("k")
+    assert not isinstance(err.value, NotFound)
+    assert "bucket 'bkt' does not exist" in str(err.value)
+
+
+def test_access_denied(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(stub, "put_object", "AccessDenied", 403)
+    with pytest.raises(PermissionDenied) as err:
+        store.put("k", b"v")
+    assert err.value.code == "AccessDenied"
+
+
+def test_delete_if_match_412_on_missing_key_is_quiet(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(stub, "delete_object", "PreconditionFailed", 412)
+    _error(stub, "head_object", "404", 404, {"Bucket": BUCKET, "Key": "pre/gone"})
+    store.delete("gone", if_match='"e1"')  # absent either way: not an error
+
+
+def test_delete_if_match_412_on_changed_key_is_a_conflict(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _error(stub, "delete_object", "PreconditionFailed", 412)
+    stub.add_response("head_object", {"ETag": '"e2"'}, {"Bucket": BUCKET, "Key": "pre/k"})
+    with pytest.raises(Conflict):
+        store.delete("k", if_match='"e1"')
+
+
+def test_list_strips_the_prefix_and_follows_pages(stubbed: tuple[S3Store, Stubber]) -> None:
+    import datetime as dt
+
+    store, stub = stubbed
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    def page(keys: list[str]) -> list[dict[str, Any]]:
+        return [{"Key": f"pre/{k}", "ETag": '"e"', "Size": 1, "LastModified": when} for k in keys]
+
+    stub.add_response(
+        "list_objects_v2",
+        {"Contents": page(["q/1", "q/2"]), "IsTruncated": True, "NextContinuationToken": "t1"},
+        {"Bucket": BUCKET, "Prefix": "pre/q/", "StartAfter": "pre/q/0"},
+    )
+    stub.add_response(
+        "list_objects_v2",
+        {"Contents": page(["q/3"]), "IsTruncated": False},
+        {"Bucket": BUCKET, "Prefix": "pre/q/", "ContinuationToken": "t1"},
+    )
+    infos = list(store.list("q/", start_after="q/0"))
+    assert [i.key for i in infos] == ["q/1", "q/2", "q/3"]
+    assert infos[0].last_modified == when.timestamp()

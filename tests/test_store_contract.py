@@ -1,0 +1,175 @@
+"""The store contract (DESIGN §2), run on every tier: memory, local, moto, SeaweedFS."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
+from lakeshore.store import CREATE, OVERWRITE, Store, if_match
+
+
+def test_get_missing_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound) as err:
+        store.get("nothing/here")
+    assert err.value.key == "nothing/here"
+    assert isinstance(err.value, KeyError)  # callers may catch KeyError too
+    assert " — " in str(err.value) and str(err.value).startswith("get nothing/here:")
+
+
+def test_put_get_roundtrip_and_etags(store: Store) -> None:
+    e1 = store.put("a/b", b"one")
+    assert isinstance(e1, str) and e1
+    assert store.get("a/b") == (b"one", e1)
+    e2 = store.put("a/b", b"two", OVERWRITE)
+    assert e2 != e1
+    assert store.get("a/b") == (b"two", e2)
+
+
+def test_binary_and_empty_payloads(store: Store) -> None:
+    blob = bytes(range(256)) * 64
+    store.put("bin", blob)
+    assert store.get("bin")[0] == blob
+    store.put("empty", b"")
+    assert store.get("empty")[0] == b""
+    store.put("view", memoryview(b"mv"))
+    assert store.get("view")[0] == b"mv"
+
+
+def test_create_only(store: Store) -> None:
+    etag = store.put("k", b"first", CREATE)
+    with pytest.raises(Conflict) as err:
+        store.put("k", b"second", CREATE)
+    assert err.value.key == "k"
+    assert store.get("k") == (b"first", etag)
+
+
+def test_if_match(store: Store) -> None:
+    e1 = store.put("k", b"v1")
+    e2 = store.put("k", b"v2", if_match(e1))
+    assert store.get("k") == (b"v2", e2)
+    with pytest.raises(Conflict):
+        store.put("k", b"v3", if_match(e1))  # stale
+    assert store.get("k") == (b"v2", e2)
+    with pytest.raises(Conflict):
+        store.put("missing", b"x", if_match(e2))  # If-Match on an absent key
+    with pytest.raises(NotFound):
+        store.get("missing")
+
+
+def test_delete(store: Store) -> None:
+    store.delete("never-existed")  # absent is not an error
+    store.delete("never-existed", if_match='"abc"')
+    e1 = store.put("k", b"v1")
+    e2 = store.put("k", b"v2")
+    with pytest.raises(Conflict):
+        store.delete("k", if_match=e1)
+    assert store.get("k")[0] == b"v2"
+    store.delete("k", if_match=e2)
+    with pytest.raises(NotFound):
+        store.get("k")
+    store.put("plain", b"x")
+    store.delete("plain")
+    with pytest.raises(NotFound):
+        store.get("plain")
+    store.put("plain", b"again", CREATE)  # a deleted key can be created again
+    assert store.get("plain")[0] == b"again"
+
+
+# Keys whose byte order differs from a naive directory walk: '-' < '/' < '0' < 'a' < 'é'.
+TRICKY = ["a", "a-c", "a/b", "a/b/c", "a/b0", "a0", "ab", "b", "é", "é/x"]
+
+
+def test_list_order_prefix_and_start_after(store: Store, request: pytest.FixtureRequest) -> None:
+    if "seaweedfs" in request.node.name:
+        # SeaweedFS walks its directory tree: it lists "a/b" before "a-c" although '-' < '/'.
+        # lakeshore's key layout never puts such siblings side by side (keys.py); the doctor's
+        # "list order" check reports it. strict=True: if SeaweedFS ever sorts by bytes, we
+        # learn it here and relax the documented caveat.
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="SeaweedFS lists in directory order")
+        )
+    for k in reversed(TRICKY):
+        store.put(k, k.encode())
+    assert [o.key for o in store.list()] == sorted(TRICKY)
+    assert sorted(TRICKY) == sorted(TRICKY, key=lambda k: k.encode())  # code point = bytes
+    assert [o.key for o in store.list("a/")] == ["a/b", "a/b/c", "a/b0"]
+    assert [o.key for o in store.list("a/b")] == ["a/b", "a/b/c", "a/b0"]
+    assert [o.key for o in store.list("a")] == ["a", "a-c", "a/b", "a/b/c", "a/b0", "a0", "ab"]
+    assert [o.key for o in store.list("zzz")] == []
+    assert [o.key for o in store.list(start_after="a/b")] == [
+        "a/b/c",
+        "a/b0",
+        "a0",
+        "ab",
+        "b",
+        "é",
+        "é/x",
+    ]
+    assert [o.key for o in store.list("a/", start_after="a/b/c")] == ["a/b0"]
+    assert [o.key for o in store.list("a/", start_after="0")] == ["a/b", "a/b/c", "a/b0"]
+    assert [o.key for o in store.list("a/", start_after="b")] == []
+
+
+def test_list_entries_carry_etag_size_and_time(store: Store) -> None:
+    t0 = store.now()
+    etag = store.put("x/one", b"12345")
+    (info,) = list(store.list("x/"))
+    assert (info.key, info.etag, info.size) == ("x/one", etag, 5)
+    # last_modified is in the store's clock (S3 Date/LastModified have 1 s resolution)
+    assert t0 - 2 <= info.last_modified <= store.now() + 2
+
+
+def test_list_paginates_past_one_page(store: Store) -> None:
+    n = 1050  # S3 pages hold 1000 keys
+    for i in range(n):
+        store.put(f"p/{i:05d}", b"")
+    it = store.list("p/")
+    first = next(it)  # lazily: the first entry comes before the rest is consumed
+    assert first.key == "p/00000"
+    rest = [o.key for o in it]
+    assert rest == [f"p/{i:05d}" for i in range(1, n)]
+    tail = [o.key for o in store.list("p/", start_after="p/00997")]
+    assert tail == [f"p/{i:05d}" for i in range(998, n)]
+
+
+def test_object_and_prefix_share_a_name(store: Store) -> None:
+    store.put("node", b"file")
+    store.put("node/child", b"inside")
+    assert store.get("node")[0] == b"file"
+    assert store.get("node/child")[0] == b"inside"
+    store.delete("node")
+    assert [o.key for o in store.list("node")] == ["node/child"]
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "/abs", "trail/", "a//b", "a/../b", "./a", "a/.", "nul\x00", "x" * 1025]
+)
+def test_invalid_keys_are_refused(store: Store, bad: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        store.put(bad, b"x")
+    assert " — " in str(err.value)
+    with pytest.raises(InvalidArgument):
+        store.get(bad)
+    with pytest.raises(InvalidArgument):
+        store.delete(bad)
+
+
+def test_non_bytes_data_is_refused(store: Store) -> None:
+    with pytest.raises(InvalidArgument):
+        store.put("k", "text")  # type: ignore[arg-type]
+
+
+def test_clock_is_close_to_real_time(store: Store) -> None:
+    now = store.now()
+    assert isinstance(now, float)
+    assert abs(now - time.time()) < 5  # every tier here runs on this machine
+
+
+def test_errors_share_one_root(store: Store) -> None:
+    with pytest.raises(LakeshoreError):
+        store.get("absent")
+    with pytest.raises(LakeshoreError):
+        store.put("k", b"", CREATE)
+        store.put("k", b"", CREATE)
