@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from lakeshore import __version__
+from lakeshore.doctor import Check
 from lakeshore.errors import LakeshoreError
 
 __all__ = ["DEFAULT_URL", "main"]
@@ -29,8 +30,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from lakeshore.store import open_store
 
     url = args.url or _default_url()
+    progress = None if args.json else _progress
+    if progress:
+        print(f"lakeshore doctor: {url}\n", flush=True)
     with open_store(url) as store:
-        report = diagnose(store, threads=args.threads, rounds=args.rounds)
+        report = diagnose(store, threads=args.threads, rounds=args.rounds, on_check=progress)
     if args.json:
         print(
             json.dumps(
@@ -40,11 +44,16 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
                     "checks": [vars(c) for c in report.checks],
                 },
                 indent=2,
+                ensure_ascii=False,
             )
         )
     else:
-        print(report.render())
+        print("\n" + report.render().splitlines()[-1])
     return 0 if report.safe else 1
+
+
+def _progress(check: Check) -> None:
+    print(check.line(), flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,11 @@ class Check:
     detail: str
     required: bool = True  # a failed optional check is reported but does not make it unsafe
 
+    def line(self, width: int = 16) -> str:
+        """One table row: mark, name, what was seen."""
+        mark = "ok  " if self.ok else ("FAIL" if self.required else "warn")
+        return f"  {mark}  {self.name:<{width}}  {self.detail}"
+
 
 @dataclass
 class Report:
@@ -55,28 +60,33 @@ class Report:
 
     def render(self) -> str:
         """A plain-text table and a verdict line."""
-        width = max((len(c.name) for c in self.checks), default=10)
         lines = [f"lakeshore doctor: {self.url}", ""]
-        for c in self.checks:
-            mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
-            lines.append(f"  {mark}  {c.name:<{width}}  {c.detail}")
+        lines += [c.line() for c in self.checks]
         lines.append("")
         if self.safe:
             lines.append(
-                "verdict: SAFE — conditional writes are atomic; lakeshore can run on this store."
+                "verdict: SAFE — every conditional write held, under races too; lakeshore can "
+                "run on this store. (A race probe can prove a store unsafe, never prove it safe: "
+                "rerun with more --rounds for more confidence.)"
             )
         else:
             failed = ", ".join(c.name for c in self.checks if c.required and not c.ok)
             lines.append(
                 f"verdict: UNSAFE — {failed} failed; do not run lakeshore on this store "
-                "(jobs could run twice or be lost). Use AWS S3, SeaweedFS, MinIO, "
-                "or a local directory."
+                "(jobs could run twice or be lost). Use AWS S3, SeaweedFS or a local directory."
             )
         return "\n".join(lines)
 
 
-def diagnose(store: Store, *, threads: int = 8, rounds: int = 20) -> Report:
+def diagnose(
+    store: Store,
+    *,
+    threads: int = 8,
+    rounds: int = 20,
+    on_check: Callable[[Check], None] | None = None,
+) -> Report:
     """Probe ``store`` and return a :class:`Report`; never raises for a misbehaving store.
+    ``on_check`` is called with each check as it completes (progress for slow stores).
 
     Raises:
         LakeshoreError: only when the store cannot be reached at all (the first write fails
@@ -99,12 +109,17 @@ def diagnose(store: Store, *, threads: int = 8, rounds: int = 20) -> Report:
         for name, probe in probes:
             required = name not in _OPTIONAL
             try:
-                report.checks.append(Check(name, True, probe(store, f"{base}/{_slug(name)}")))
+                check = Check(name, True, probe(store, f"{base}/{_slug(name)}"), required)
             except _Failed as e:
-                report.checks.append(Check(name, False, str(e), required))
+                check = Check(name, False, str(e), required)
             except LakeshoreError as e:
-                report.checks.append(Check(name, False, f"error: {e}"))
+                check = Check(name, False, f"error: {e}", required)
+            report.checks.append(check)
+            if on_check:
+                on_check(check)
         report.checks.append(_clock(store))
+        if on_check:
+            on_check(report.checks[-1])
     finally:
         _cleanup(store, base)
     return report
@@ -230,30 +245,38 @@ def _try(fn: Callable[[], object]) -> bool:
     return True
 
 
-def _summarise(winners: list[int], what: str) -> str:
+def _timed_race(threads: int, rounds: int, write: Callable[[int, int], object]) -> str:
+    slowest = [0.0]
+
+    def attempt(r: int, t: int) -> bool:
+        t0 = time.monotonic()
+        try:
+            return _try(lambda: write(r, t))
+        finally:
+            slowest[0] = max(slowest[0], time.monotonic() - t0)  # a race on max is harmless
+
+    winners = race(threads, rounds, attempt)
     bad = [w for w in winners if w != 1]
     _expect(
         not bad,
-        f"{len(bad)} of {len(winners)} rounds had {sorted(set(bad))} winners instead of 1 ({what})",
+        f"{len(bad)} of {rounds} rounds had {sorted(set(bad))} winners instead of 1 "
+        f"({threads} threads)",
     )
-    return f"{len(winners)} rounds × {what}: exactly one winner each"
+    return (
+        f"{rounds} rounds × {threads} threads: exactly one winner each; "
+        f"slowest writer {slowest[0]:.2f} s"
+    )
 
 
 def _race_create(s: Store, b: str, threads: int, rounds: int) -> str:
-    winners = race(
-        threads, rounds, lambda r, t: _try(lambda: s.put(f"{b}/{r:04d}", f"{t}".encode(), CREATE))
-    )
-    return _summarise(winners, f"{threads} threads")
+    return _timed_race(threads, rounds, lambda r, t: s.put(f"{b}/{r:04d}", f"{t}".encode(), CREATE))
 
 
 def _race_if_match(s: Store, b: str, threads: int, rounds: int) -> str:
     etags = [s.put(f"{b}/{r:04d}", b"start") for r in range(rounds)]
-    winners = race(
-        threads,
-        rounds,
-        lambda r, t: _try(lambda: s.put(f"{b}/{r:04d}", f"{t}".encode(), if_match(etags[r]))),
+    return _timed_race(
+        threads, rounds, lambda r, t: s.put(f"{b}/{r:04d}", f"{t}".encode(), if_match(etags[r]))
     )
-    return _summarise(winners, f"{threads} threads")
 
 
 def _list_after_write(s: Store, b: str) -> str:
@@ -288,9 +311,9 @@ def _list_order(s: Store, b: str) -> str:
 
 def _clock(s: Store) -> Check:
     try:
-        skew = s.now() - time.time()
+        skew = round(s.now() - time.time(), 1) + 0.0  # + 0.0 turns -0.0 into 0.0
     except LakeshoreError as e:
-        return Check("store clock", False, f"cannot read: {e}")
+        return Check("store clock", False, f"cannot read: {e}", False)
     note = "" if abs(skew) < 5 else " — local clock is off; leases use the store's clock anyway"
     source = getattr(s, "clock_source", "")
     source = f" ({source})" if source else ""

@@ -72,6 +72,21 @@ class _NoConditions(MemoryStore):
         return super().put(key, data)
 
 
+class _DirectoryWalkList(MemoryStore):
+    """Lists like SeaweedFS: depth-first by directory, so 'a/x' comes before 'a-b'."""
+
+    def list(self, prefix: str = "", start_after: str | None = None):  # type: ignore[override]
+        items = list(super().list(prefix, start_after))
+        return iter(sorted(items, key=lambda o: o.key.split("/")))
+
+
+def test_list_order_is_a_warning_not_a_verdict() -> None:
+    r = diagnose(_DirectoryWalkList(), threads=2, rounds=1)
+    order = next(c for c in r.checks if c.name == "list order")
+    assert not order.ok and not order.required and order.line().lstrip().startswith("warn")
+    assert r.safe
+
+
 def test_doctor_catches_a_racy_store() -> None:
     r = diagnose(_CheckThenWrite(), threads=8, rounds=10)
     assert not r.safe
@@ -97,6 +112,8 @@ def test_cli_json_and_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[st
     data = json.loads(capsys.readouterr().out)
     assert data["safe"] is True
     assert [c["name"] for c in data["checks"]] == CHECKS
+    optional = {c["name"] for c in data["checks"] if not c["required"]}
+    assert optional == {"list order", "store clock"}  # whether they pass or not
 
 
 def test_cli_bad_url_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

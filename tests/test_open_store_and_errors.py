@@ -117,3 +117,25 @@ def test_layers_import_only_what_they_own() -> None:
                     path,
                     line,
                 )
+
+
+def test_local_filesystem_errors_are_translated(tmp_path: Path) -> None:
+    from lakeshore.errors import StoreError
+
+    s = LocalStore(tmp_path / "st")
+    s.put("ok", b"1")
+    tmp_dir = tmp_path / "st" / ".tmp"
+    tmp_dir.rmdir()
+    tmp_dir.write_bytes(b"")  # temp files can no longer be created: like a full or broken disk
+    with pytest.raises(StoreError) as err:
+        s.put("k", b"v")
+    assert str(err.value).startswith("put k: filesystem error")
+    (tmp_path / "st" / "objects" / "bad.obj").write_bytes(b"junk")  # not written by lakeshore
+    with pytest.raises(StoreError, match="bad header"):
+        s.get("bad")
+
+
+def test_local_fsync_mode_writes_and_reads(tmp_path: Path) -> None:
+    s = LocalStore(tmp_path / "st", fsync=True)
+    e = s.put("a/b", b"durable")
+    assert s.get("a/b") == (b"durable", e)

@@ -10,10 +10,18 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.config import Config
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from lakeshore.errors import Conflict, NotFound, PermissionDenied, StoreError, StoreUnavailable
+from lakeshore.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    StoreError,
+    StoreUnavailable,
+)
 from lakeshore.store import CREATE, if_match
 from lakeshore.store.s3 import S3Store
 
@@ -23,7 +31,11 @@ BUCKET = "bkt"
 @pytest.fixture
 def stubbed() -> Iterator[tuple[S3Store, Stubber]]:
     client = boto3.client(
-        "s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+        "s3",
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="y",
+        config=Config(retries={"total_max_attempts": 1}),
     )
     store = S3Store(BUCKET, "pre", client=client, retries=3, backoff_base=0.001)
     with Stubber(client) as stub:
@@ -55,6 +67,28 @@ def test_sdk_retries_are_off_for_our_own_client() -> None:
     store = S3Store(BUCKET, region="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
     assert store.client.meta.config.retries["total_max_attempts"] == 1
     assert store.client.meta.config.read_timeout >= 10
+
+
+def test_a_client_that_retries_by_itself_is_refused() -> None:
+    client = boto3.client(
+        "s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+    )
+    with pytest.raises(InvalidArgument, match="retries requests itself"):
+        S3Store(BUCKET, client=client)
+
+
+def test_region_and_addressing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    creds = {"aws_access_key_id": "x", "aws_secret_access_key": "y"}
+    plain = S3Store(BUCKET, **creds)
+    assert plain.client.meta.region_name == "eu-west-3"
+    assert plain.client.meta.config.s3["addressing_style"] == "auto"
+    local = S3Store(BUCKET, endpoint_url="http://127.0.0.1:9", **creds)
+    assert local.client.meta.config.s3["addressing_style"] == "path"
+    virtual = S3Store(BUCKET, endpoint_url="http://127.0.0.1:9", path_style=False, **creds)
+    assert virtual.client.meta.config.s3["addressing_style"] == "virtual"
 
 
 def test_409_conditional_request_conflict_is_a_conflict(stubbed: tuple[S3Store, Stubber]) -> None:
@@ -155,8 +189,9 @@ def test_delete_if_match_412_on_changed_key_is_a_conflict(stubbed: tuple[S3Store
     store, stub = stubbed
     _error(stub, "delete_object", "PreconditionFailed", 412)
     stub.add_response("head_object", {"ETag": '"e2"'}, {"Bucket": BUCKET, "Key": "pre/k"})
-    with pytest.raises(Conflict):
+    with pytest.raises(Conflict) as err:
         store.delete("k", if_match='"e1"')
+    assert 'if_match("e1")' in str(err.value)
 
 
 def test_list_strips_the_prefix_and_follows_pages(stubbed: tuple[S3Store, Stubber]) -> None:

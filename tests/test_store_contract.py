@@ -134,6 +134,21 @@ def test_list_paginates_past_one_page(store: Store) -> None:
     assert tail == [f"p/{i:05d}" for i in range(998, n)]
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["x", "x.obj/y"],  # a local store's object file is named x.obj: no clash allowed
+        ["p%2Eobj", "p.obj", "p%25", "p%", "q.obj/r.obj", "%2Eobj/%25"],
+    ],
+)
+def test_unusual_segments_round_trip(store: Store, keys: list[str]) -> None:
+    for k in keys:
+        store.put(k, k.encode())
+    for k in keys:
+        assert store.get(k)[0] == k.encode()
+    assert sorted(o.key for o in store.list()) == sorted(keys)
+
+
 def test_object_and_prefix_share_a_name(store: Store) -> None:
     store.put("node", b"file")
     store.put("node/child", b"inside")

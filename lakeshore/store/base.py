@@ -244,10 +244,10 @@ def conflict(op: str, key: str, mode: PutMode | str, where: str) -> Conflict:
     )
 
 
-def not_found(key: str, where: str) -> NotFound:
+def not_found(key: str, where: str, op: str = "get") -> NotFound:
     """The standard error for an absent key."""
     return NotFound(
-        f"get {key}",
+        f"{op} {key}",
         f"no object under this key in {where}",
         "check the key, or create the object first",
         key=key,

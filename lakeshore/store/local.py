@@ -12,13 +12,16 @@ On-disk layout under the root directory::
 
     objects/<seg>/<seg>/<last>.obj   one file per object: 4-byte magic, 16-byte etag, data
     .locks/<00..ff>                  lock stripes (a key hashes to one of 256)
+
+Segments are stored as they are, except that ``%`` becomes ``%25`` and a trailing ``.obj``
+becomes ``%2Eobj``: then no directory name can ever equal an object's file name.
     .tmp/                            temp files being written (leftovers of a crash are inert)
 
 The etag is 16 random bytes stored in the object's own header, so it changes on every write
 (even of identical bytes) and is read in the same ``open`` as the data. The ``.obj`` suffix
 lets ``a`` and ``a/b`` both exist as keys, as they can on S3. Fsync is off by default (a
 crashed *process* loses nothing; a crashed *machine* may lose the last writes): pass
-``fsync=True`` or ``?fsync=1`` in the URL for power-loss durability.
+``fsync=True`` or ``?fsync=1`` in the URL to fsync each object and its directory entry.
 """
 
 from __future__ import annotations
@@ -51,8 +54,18 @@ __all__ = ["LocalStore"]
 _MAGIC = b"LSO1"
 _HEADER = len(_MAGIC) + 16
 _SUFFIX = ".obj"
-_STRIPES = 256
 _DIR_RETRIES = 50  # an empty parent may be pruned by a concurrent delete between mkdir and link
+
+
+def _encode(segment: str) -> str:
+    """Segment -> file-system name that never ends in ``.obj``, so a directory can never take
+    the name of an object file (keys ``x`` and ``x.obj/y`` coexist). Reversible."""
+    name = segment.replace("%", "%25")
+    return name[:-4] + "%2Eobj" if name.endswith(_SUFFIX) else name
+
+
+def _decode(name: str) -> str:
+    return name.replace("%2Eobj", ".obj").replace("%25", "%") if "%" in name else name
 
 
 class LocalStore(Store):
@@ -82,11 +95,12 @@ class LocalStore(Store):
     # -- paths and locks -------------------------------------------------------------------
 
     def _path(self, key: str) -> Path:
-        return self._objects / (key + _SUFFIX)
+        *dirs, last = key.split("/")
+        return self._objects.joinpath(*map(_encode, dirs), _encode(last) + _SUFFIX)
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
-        stripe = hashlib.blake2b(key.encode(), digest_size=2).digest()[0] % _STRIPES
+        stripe = hashlib.blake2b(key.encode(), digest_size=1).digest()[0]  # 1 of 256
         # A fresh open per acquisition: flock conflicts between open file descriptions, so
         # threads of one process exclude each other exactly like separate processes do.
         fd = os.open(self._locks / f"{stripe:02x}", os.O_RDWR | os.O_CREAT, 0o644)
@@ -162,7 +176,10 @@ class LocalStore(Store):
         check_key(key, "put")
         data = check_data(data, f"put {key}")
         path = self._path(key)
-        tmp, etag = self._write_tmp(data)
+        try:
+            tmp, etag = self._write_tmp(data)
+        except OSError as e:
+            raise _os_error("put", key, e) from e
         try:
             if mode.kind == "create":
                 try:
@@ -179,10 +196,26 @@ class LocalStore(Store):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        if self.fsync:
+            self._fsync_dir(path.parent)
         return etag
+
+    def _fsync_dir(self, d: Path) -> None:
+        # The rename/link itself lives in the directory: without this, power loss may undo it.
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def delete(self, key: str, if_match: str | None = None) -> None:
         check_key(key, "delete")
+        try:
+            self._delete(key, if_match)
+        except OSError as e:
+            raise _os_error("delete", key, e) from e
+
+    def _delete(self, key: str, if_match: str | None) -> None:
         path = self._path(key)
         with self._locked(key):
             if if_match is not None:
@@ -190,7 +223,7 @@ class LocalStore(Store):
                 if current is None:
                     return
                 if current != if_match:
-                    raise conflict("delete", key, if_match, self.url)
+                    raise conflict("delete", key, PutMode("if_match", if_match), self.url)
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -210,9 +243,8 @@ class LocalStore(Store):
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
         base = prefix[: prefix.rfind("/") + 1]  # deepest directory the prefix pins down
-        return self._walk(
-            self._objects / base if base else self._objects, base, prefix, start_after
-        )
+        start = self._objects.joinpath(*map(_encode, base.split("/")[:-1]))
+        return self._walk(start, base, prefix, start_after)
 
     def _walk(
         self, directory: Path, dir_key: str, prefix: str, start_after: str | None
@@ -221,12 +253,14 @@ class LocalStore(Store):
             with os.scandir(directory) as it:
                 entries = []
                 for e in it:
-                    if e.is_dir(follow_symlinks=False):
-                        entries.append((e.name + "/", True, e.name))
-                    elif e.name.endswith(_SUFFIX):
-                        entries.append((e.name[: -len(_SUFFIX)], False, e.name))
+                    if e.name.endswith(_SUFFIX):
+                        entries.append((_decode(e.name[: -len(_SUFFIX)]), False, e.name))
+                    elif e.is_dir(follow_symlinks=False):
+                        entries.append((_decode(e.name) + "/", True, e.name))
         except (FileNotFoundError, NotADirectoryError):
             return
+        except OSError as e:
+            raise _os_error("list", dir_key or "/", e) from e
         # Sorting a directory's entries by "name" for objects and "name/" for subdirectories
         # gives exactly the byte order of the full keys, as S3 lists them.
         entries.sort()
@@ -249,6 +283,8 @@ class LocalStore(Store):
                 _, etag, st = self._read(key, directory / name, header_only=True)
             except FileNotFoundError:
                 continue  # deleted while we listed
+            except OSError as e:
+                raise _os_error("list", key, e) from e
             yield ObjectInfo(key, etag, st.st_size - _HEADER, st.st_mtime)
 
     def now(self) -> float:

@@ -82,7 +82,7 @@ class MemoryStore(Store):
             if current is None:
                 return
             if if_match is not None and current.etag != if_match:
-                raise conflict("delete", key, if_match, self.url)
+                raise conflict("delete", key, PutMode("if_match", if_match), self.url)
             del self._objs[key]
             del self._keys[bisect.bisect_left(self._keys, key)]
 

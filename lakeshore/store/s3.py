@@ -112,18 +112,21 @@ class S3Store(Store):
         region: default from ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else ``us-east-1``.
         aws_access_key_id, aws_secret_access_key, aws_session_token, profile: credentials;
             default: boto3's usual chain (environment, config files, instance roles).
-        path_style: path-style addressing; default on when an endpoint URL is set (local and
-            self-hosted servers rarely serve virtual-host names), else off.
+        path_style: ``True`` path-style, ``False`` virtual-hosted addressing; default: path
+            style when an endpoint URL is set (local and self-hosted servers rarely serve
+            virtual-host names), else boto3's automatic choice.
         max_pool_connections: HTTP connections kept open; size it to the threads that share
             the store (default 64).
         connect_timeout, read_timeout: seconds; the read timeout stays long (>= 10 s) because
             a server may hold a contended conditional write for seconds.
         retries: attempts after the first for transient failures.
         client: a ready boto3 S3 client (tests with ``botocore.stub.Stubber``); overrides the
-            connection arguments above.
+            connection arguments above. It must be built with
+            ``Config(retries={"total_max_attempts": 1})``: SDK retries of conditional writes
+            would turn some successful writes into conflicts.
 
     Raises:
-        InvalidArgument: the bucket name or prefix is malformed.
+        InvalidArgument: the bucket name or prefix is malformed, or ``client`` retries.
     """
 
     def __init__(
@@ -171,20 +174,27 @@ class S3Store(Store):
                 profile_name=profile,
                 region_name=region,
             )
-            if path_style is None:
-                path_style = bool(endpoint_url) or _endpoint_from_env()
+            if path_style is None and (endpoint_url or _endpoint_from_env()):
+                path_style = True
+            addressing = {None: "auto", True: "path", False: "virtual"}[path_style]
             config = Config(
                 retries={"total_max_attempts": 1},  # retries are ours: see the module docstring
                 max_pool_connections=max_pool_connections,
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
-                s3={"addressing_style": "path" if path_style else "auto"},
+                s3={"addressing_style": addressing},
             )
             client = session.client(
                 "s3",
                 endpoint_url=endpoint_url,
-                region_name=session.region_name or "us-east-1",
+                region_name=region or _region_from_env() or session.region_name or "us-east-1",
                 config=config,
+            )
+        elif client.meta.config.retries.get("total_max_attempts") != 1:
+            raise InvalidArgument(
+                "S3Store",
+                "the given boto3 client retries requests itself",
+                'build it with Config(retries={"total_max_attempts": 1}); S3Store retries',
             )
         self.client = client
         client.meta.events.register("after-call.s3", self._sample_clock)
@@ -217,7 +227,7 @@ class S3Store(Store):
         kind, status, code = _classify(e)
         where = f"{op} {self.url}/{key}" if key else f"{op} {self.url}"
         if kind == "not_found" and key:
-            return not_found(key, self.url)
+            return not_found(key, self.url, op)
         if kind == "conflict":
             err = conflict(op, key, "the request's condition", self.url)
             err.details.update(status=status, code=code)
@@ -334,7 +344,7 @@ class S3Store(Store):
             # Servers answer 412 for a missing key as well as for a changed one; only the
             # latter is a conflict: the contract says an absent key is not an error.
             if self._exists(key):
-                raise conflict("delete", key, if_match, self.url) from e
+                raise conflict("delete", key, PutMode("if_match", if_match), self.url) from e
 
     def _exists(self, key: str) -> bool:
         try:
@@ -385,6 +395,11 @@ class S3Store(Store):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _region_from_env() -> str | None:
+    # botocore reads AWS_DEFAULT_REGION only; AWS_REGION is what the AWS docs and Lambda use.
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
 def _endpoint_from_env() -> bool:
