@@ -142,15 +142,6 @@ def _slug(name: str) -> str:
     return name.replace(" ", "-")
 
 
-def _lost(fn: Callable[[], object]) -> bool:
-    """True when ``fn`` raised Conflict (the condition was refused)."""
-    try:
-        fn()
-    except Conflict:
-        return True
-    return False
-
-
 def _read_after_write(s: Store, b: str) -> str:
     e1 = s.put(f"{b}/k", b"one")
     _expect(s.get(f"{b}/k") == (b"one", e1), "get did not return the bytes and etag just written")
@@ -168,7 +159,7 @@ def _read_after_write(s: Store, b: str) -> str:
 def _create_only(s: Store, b: str) -> str:
     s.put(f"{b}/k", b"first", CREATE)
     _expect(
-        _lost(lambda: s.put(f"{b}/k", b"second", CREATE)), "a second create-only write succeeded"
+        not _try(lambda: s.put(f"{b}/k", b"second", CREATE)), "a second create-only write succeeded"
     )
     _expect(s.get(f"{b}/k")[0] == b"first", "the refused create changed the object")
     return "If-None-Match: * refuses an existing key"
@@ -177,10 +168,12 @@ def _create_only(s: Store, b: str) -> str:
 def _if_match(s: Store, b: str) -> str:
     e1 = s.put(f"{b}/k", b"v1")
     e2 = s.put(f"{b}/k", b"v2", if_match(e1))
-    _expect(_lost(lambda: s.put(f"{b}/k", b"v3", if_match(e1))), "a stale If-Match write succeeded")
+    _expect(
+        not _try(lambda: s.put(f"{b}/k", b"v3", if_match(e1))), "a stale If-Match write succeeded"
+    )
     _expect(s.get(f"{b}/k") == (b"v2", e2), "the refused write changed the object")
     _expect(
-        _lost(lambda: s.put(f"{b}/missing", b"x", if_match(e2))),
+        not _try(lambda: s.put(f"{b}/missing", b"x", if_match(e2))),
         "If-Match on a missing key created it",
     )
     return "current etag accepted; stale etag and missing key refused"
@@ -189,7 +182,7 @@ def _if_match(s: Store, b: str) -> str:
 def _delete_if_match(s: Store, b: str) -> str:
     e1 = s.put(f"{b}/k", b"v1")
     e2 = s.put(f"{b}/k", b"v2")
-    _expect(_lost(lambda: s.delete(f"{b}/k", if_match=e1)), "delete with a stale etag succeeded")
+    _expect(not _try(lambda: s.delete(f"{b}/k", if_match=e1)), "delete with a stale etag succeeded")
     _expect(s.get(f"{b}/k")[0] == b"v2", "the refused delete removed the object")
     s.delete(f"{b}/k", if_match=e2)
     try:
@@ -238,6 +231,7 @@ def race(threads: int, rounds: int, attempt: Callable[[int, int], bool]) -> list
 
 
 def _try(fn: Callable[[], object]) -> bool:
+    """False when ``fn`` raised Conflict (its condition was refused), else True."""
     try:
         fn()
     except Conflict:
