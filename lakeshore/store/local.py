@@ -197,7 +197,10 @@ class LocalStore(Store):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         if self.fsync:
-            self._fsync_dir(path.parent)
+            try:
+                self._fsync_dir(path.parent)
+            except OSError as e:
+                raise _os_error("put", key, e) from e
         return etag
 
     def _fsync_dir(self, d: Path) -> None:
