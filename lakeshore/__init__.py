@@ -1,32 +1,64 @@
 """lakeshore: a task queue whose only server is object storage.
 
-This release ships the foundation: the object-store layer (``lakeshore.store``), the error
-tree, and ``lakeshore doctor``. The queue plane builds on them.
+import lakeshore as dls
+
+q = dls.Dispatch(":memory:")          # or "file:///dir", "s3://bucket/prefix"
+
+@q.udf(queue="default")
+def f(x):
+    return x + 1
+
+inv = f.submit(x=1)                   # a ULID string: the whole handle
+dls.run_worker(q, once=True)          # drain one job
+assert q.result(inv) == 2
 """
 
 from __future__ import annotations
 
+from lakeshore.dispatch import DEFAULT_URL, Dispatch, KeyReused, default_plane
 from lakeshore.errors import (
     Conflict,
+    Failed,
     InvalidArgument,
+    JobError,
+    Killed,
     LakeshoreError,
+    NotFinished,
     NotFound,
     PermissionDenied,
     StoreError,
     StoreUnavailable,
+    TimedOut,
 )
+from lakeshore.record import Record
 from lakeshore.store import open_store
+from lakeshore.udf import Udf, UnknownFunction, udf
+from lakeshore.worker import run_worker
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
+    "DEFAULT_URL",
     "Conflict",
+    "Dispatch",
+    "Failed",
     "InvalidArgument",
+    "JobError",
+    "KeyReused",
+    "Killed",
     "LakeshoreError",
+    "NotFinished",
     "NotFound",
     "PermissionDenied",
+    "Record",
     "StoreError",
     "StoreUnavailable",
+    "TimedOut",
+    "Udf",
+    "UnknownFunction",
     "__version__",
+    "default_plane",
     "open_store",
+    "run_worker",
+    "udf",
 ]

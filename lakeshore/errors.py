@@ -16,12 +16,17 @@ from typing import Any
 
 __all__ = [
     "Conflict",
+    "Failed",
     "InvalidArgument",
+    "JobError",
+    "Killed",
     "LakeshoreError",
+    "NotFinished",
     "NotFound",
     "PermissionDenied",
     "StoreError",
     "StoreUnavailable",
+    "TimedOut",
 ]
 
 
@@ -90,3 +95,27 @@ class StoreError(LakeshoreError):
 
 class StoreUnavailable(StoreError):
     """The store could not be reached or kept failing transiently after every retry."""
+
+
+class JobError(LakeshoreError):
+    """An invocation ended in a terminal state other than ``succeeded``.
+
+    Attributes (besides ``op``/``what``/``todo``): ``id``, ``state``, ``remote_type``,
+    ``remote_message`` and ``remote_traceback`` — the remote error as text, never unpickled.
+    """
+
+
+class Failed(JobError):
+    """The body raised on its last attempt (or every attempt failed)."""
+
+
+class Killed(JobError):
+    """The invocation was cancelled (queued or running)."""
+
+
+class TimedOut(JobError):
+    """The body ran past ``timeout_s``, or the invocation waited past its deadline."""
+
+
+class NotFinished(LakeshoreError, TimeoutError):
+    """``result(timeout=…)`` gave up waiting; the invocation is still queued or running."""

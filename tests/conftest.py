@@ -176,3 +176,24 @@ def seaweed_s3(seaweed: Seaweed, request: pytest.FixtureRequest) -> Iterator[Sto
     s = seaweed_store(seaweed)
     yield s
     s.close()
+
+
+def make_plane(store: Store, **options: Any) -> Any:
+    """A Dispatch on ``store`` with test-friendly timings (short backoff and lease)."""
+    import lakeshore as dls
+
+    options.setdefault("retry_backoff_s", 0.05)
+    options.setdefault("lease_s", 3.0)
+    return dls.Dispatch(store.url, store=store, **options)
+
+
+@pytest.fixture
+def plane(store: Store) -> Any:
+    """A Dispatch on every tier."""
+    return make_plane(store)
+
+
+@pytest.fixture
+def atomic_plane(atomic_store: Store) -> Any:
+    """A Dispatch on the tiers whose conditional writes are atomic under races."""
+    return make_plane(atomic_store)

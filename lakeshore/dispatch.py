@@ -1,0 +1,450 @@
+"""``Dispatch``: the plane — submit, look up and cancel invocations by id, from any process.
+
+There is no Future: ``submit`` returns a ULID string and everything else takes that string.
+A process that never saw the submit reads the result just as well as the one that made it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from lakeshore import codec, lifecycle
+from lakeshore.errors import (
+    Conflict,
+    Failed,
+    InvalidArgument,
+    JobError,
+    Killed,
+    LakeshoreError,
+    NotFinished,
+    NotFound,
+    TimedOut,
+)
+from lakeshore.keys import QueueKeys, check_id, check_name, id_index, new_id
+from lakeshore.protocol import QueueOps
+from lakeshore.record import Blob, Record
+from lakeshore.store import Store, open_store
+from lakeshore.store.base import CREATE
+from lakeshore.udf import Udf
+
+__all__ = ["DEFAULT_URL", "Dispatch", "KeyReused", "default_plane"]
+
+DEFAULT_URL = "file://~/.lakeshore"
+DEFAULT_QUEUE = "default"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class KeyReused(LakeshoreError):
+    """An idempotency key was used before with different arguments (strict mode)."""
+
+
+class Dispatch:
+    """A lakeshore plane on one store.
+
+    Args:
+        url: ``":memory:"``, ``"file:///dir"`` or ``"s3://bucket/prefix"``; default
+            ``$LAKESHORE_URL``, else the embedded default ``file://~/.lakeshore`` that every
+            process of this user on this machine shares.
+        ns: namespace; queues and idempotency keys are per namespace.
+        store: an already opened store (overrides ``url``).
+        spill_bytes: arguments and results larger than this go to their own object.
+        max_attempts, lease_s, retry_backoff_s: defaults for invocations on this plane.
+        allow_pickle: accept pickled callables (both submitter and worker must opt in).
+
+    Raises:
+        InvalidArgument: bad URL, namespace or setting.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        ns: str = "default",
+        *,
+        store: Store | None = None,
+        spill_bytes: int = 64 * 1024,
+        max_attempts: int = 3,
+        lease_s: float = 30.0,
+        retry_backoff_s: float = 1.0,
+        allow_pickle: bool = False,
+    ) -> None:
+        self.url = url or os.environ.get("LAKESHORE_URL") or DEFAULT_URL
+        self.ns = check_name(ns, "namespace")
+        if spill_bytes < 0 or max_attempts < 1 or lease_s <= 0 or retry_backoff_s < 0:
+            raise InvalidArgument(
+                "Dispatch",
+                "spill_bytes, max_attempts, lease_s or retry_backoff_s out of range",
+                "use spill_bytes >= 0, max_attempts >= 1, lease_s > 0, retry_backoff_s >= 0",
+            )
+        self.store = store if store is not None else open_store(self.url)
+        self.spill_bytes = spill_bytes
+        self.max_attempts = max_attempts
+        self.lease_s = lease_s
+        self.retry_backoff_s = retry_backoff_s
+        self.allow_pickle = allow_pickle
+        self.registry: dict[str, Udf[Any, Any]] = {}
+        self._ops: dict[str, QueueOps] = {}
+        self._where: dict[str, str] = {}  # id -> queue; ids never move, so this never goes stale
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Dispatch({self.url!r}, ns={self.ns!r})"
+
+    # -- functions ------------------------------------------------------------------------------
+
+    @overload
+    def udf(self, fn: F) -> Udf[Any, Any]: ...
+
+    @overload
+    def udf(
+        self,
+        fn: None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int | None = None,
+        timeout_s: float | None = None,
+        priority: int | None = None,
+    ) -> Callable[[F], Udf[Any, Any]]: ...
+
+    def udf(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int | None = None,
+        timeout_s: float | None = None,
+        priority: int | None = None,
+    ) -> Udf[Any, Any] | Callable[[F], Udf[Any, Any]]:
+        """Decorate a function so it can be submitted to ``queue`` on this plane.
+
+        Raises:
+            InvalidArgument: bad queue name, or a function workers could not import.
+        """
+
+        def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:
+            u: Udf[Any, Any] = Udf(
+                f,
+                self,
+                queue=queue,
+                max_attempts=max_attempts,
+                timeout_s=timeout_s,
+                priority=priority,
+            )
+            self.registry[u.ref] = u
+            return u
+
+        return wrap(fn) if fn is not None else wrap
+
+    def queues(self) -> list[str]:
+        """Queues this plane knows in this process (declared by ``@udf`` or used)."""
+        names = {u.queue for u in self.registry.values()} | set(self._ops)
+        return sorted(names or {DEFAULT_QUEUE})
+
+    def ops(self, queue: str) -> QueueOps:
+        with self._lock:
+            if queue not in self._ops:
+                self._ops[queue] = QueueOps(self.store, QueueKeys(self.ns, queue))
+            return self._ops[queue]
+
+    # -- submit ---------------------------------------------------------------------------------
+
+    def submit_call(
+        self,
+        udf: Udf[Any, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        strict_key: bool = False,
+    ) -> str:
+        """Enqueue ``udf(*args, **kwargs)``; see :meth:`Udf.submit`.
+
+        Raises:
+            InvalidArgument: unsendable arguments or a bad option.
+            KeyReused: strict idempotency and the key names different arguments.
+        """
+        prio = (
+            priority if priority is not None else (udf.priority if udf.priority is not None else 5)
+        )
+        attempts = max_attempts or udf.max_attempts or self.max_attempts
+        tmo = timeout_s if timeout_s is not None else udf.timeout_s
+        if (
+            attempts < 1
+            or (tmo is not None and tmo <= 0)
+            or (deadline_s is not None and deadline_s <= 0)
+        ):
+            raise InvalidArgument(
+                f"submit {udf.ref}",
+                "max_attempts, timeout_s or deadline_s out of range",
+                "use _max_attempts >= 1 and positive _timeout_s / _deadline_s",
+            )
+        if key is not None and (not isinstance(key, str) or not key):
+            raise InvalidArgument(
+                f"submit {udf.ref}", f"_key must be a non-empty str, got {key!r}", "pass a str"
+            )
+        payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
+        input_hash = hashlib.sha256(udf.ref.encode() + b"\0" + payload).hexdigest()
+        ops = self.ops(udf.queue)
+        inv = new_id()
+        if key is not None:
+            existing = self._claim_key(ops, key, inv, input_hash, strict_key)
+            if existing is not None:
+                self._repair_keyed(
+                    ops, existing, udf, payload, input_hash, key, prio, attempts, tmo, deadline_s
+                )
+                return existing
+        now = self.store.now()
+        rec = Record(
+            id=inv,
+            ns=self.ns,
+            queue=udf.queue,
+            fn=udf.ref,
+            args=ops.put_blob(ops.keys.args(inv), payload, self.spill_bytes),
+            key=key,
+            input_hash=input_hash,
+            priority=prio,
+            max_attempts=attempts,
+            timeout_s=tmo,
+            deadline_at=now + deadline_s if deadline_s is not None else None,
+            submitted_at=now,
+            retry_backoff_s=self.retry_backoff_s,
+            lease_s=self.lease_s,
+        )
+        if udf.queue != DEFAULT_QUEUE:
+            self._index(inv, udf.queue)
+        ops.submit(rec)
+        self._where[inv] = udf.queue
+        return inv
+
+    def _claim_key(
+        self, ops: QueueOps, key: str, inv: str, input_hash: str, strict: bool
+    ) -> str | None:
+        """Create the key object for ``inv``; if the key exists, return the id it names."""
+        body = codec.encode({"id": inv, "input_hash": input_hash})
+        try:
+            self.store.put(ops.keys.idem(key), body, CREATE)
+            return None
+        except Conflict:
+            pass
+        held = codec.decode(self.store.get(ops.keys.idem(key))[0], "idempotency key")
+        if strict and held["input_hash"] != input_hash:
+            raise KeyReused(
+                f"submit _key={key!r}",
+                f"the key already names invocation {held['id']} with different arguments",
+                "use a new key, or drop _strict_key to get the existing id back",
+                id=held["id"],
+            )
+        return str(held["id"])
+
+    def _repair_keyed(
+        self,
+        ops: QueueOps,
+        inv: str,
+        udf: Udf[Any, Any],
+        payload: bytes,
+        input_hash: str,
+        key: str,
+        prio: int,
+        attempts: int,
+        tmo: float | None,
+        deadline_s: float | None,
+    ) -> None:
+        """A submitter that crashed after the key object but before the record left the key
+        pointing at nothing: write the record now (create-only, so a slow original wins)."""
+        try:
+            ops.read(inv)
+            return
+        except NotFound:
+            pass
+        now = self.store.now()
+        rec = Record(
+            id=inv,
+            ns=self.ns,
+            queue=udf.queue,
+            fn=udf.ref,
+            args=ops.put_blob(ops.keys.args(inv), payload, self.spill_bytes),
+            key=key,
+            input_hash=input_hash,
+            priority=prio,
+            max_attempts=attempts,
+            timeout_s=tmo,
+            deadline_at=now + deadline_s if deadline_s is not None else None,
+            submitted_at=now,
+            retry_backoff_s=self.retry_backoff_s,
+            lease_s=self.lease_s,
+        )
+        if udf.queue != DEFAULT_QUEUE:
+            self._index(inv, udf.queue)
+        with contextlib.suppress(Conflict):  # the original submitter got there after all
+            ops.submit(rec)
+
+    def _index(self, inv: str, queue: str) -> None:
+        with contextlib.suppress(Conflict):
+            self.store.put(id_index(self.ns, inv), queue.encode(), CREATE)
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def _locate(self, inv: str) -> tuple[QueueOps, Record, str]:
+        inv = check_id(inv)
+        tried: list[str] = []
+        cached = self._where.get(inv)
+        candidates = [cached] if cached else []
+        candidates += [q for q in (DEFAULT_QUEUE, *self.queues()) if q not in candidates]
+        for queue in candidates:
+            ops = self.ops(queue)
+            try:
+                rec, etag = ops.read(inv)
+            except NotFound:
+                tried.append(queue)
+                continue
+            self._where[inv] = queue
+            return ops, rec, etag
+        try:
+            queue = self.store.get(id_index(self.ns, inv))[0].decode()
+        except NotFound:
+            queue = ""
+        if queue and queue not in tried:
+            ops = self.ops(queue)
+            try:
+                rec, etag = ops.read(inv)
+                self._where[inv] = queue
+                return ops, rec, etag
+            except NotFound:
+                pass
+        raise NotFound(
+            f"lookup {inv}",
+            f"no invocation with this id in namespace {self.ns!r} of {self.store.url}",
+            "check the id, the namespace and the store URL",
+            id=inv,
+        )
+
+    def get(self, inv: str) -> Record:
+        """The invocation's record (a snapshot).
+
+        Raises:
+            InvalidArgument: ``inv`` is not an id. NotFound: no such invocation.
+        """
+        return self._locate(inv)[1]
+
+    def status(self, inv: str) -> str:
+        """The invocation's state: queued, running, succeeded, failed, killed or timeout.
+
+        Raises:
+            InvalidArgument: ``inv`` is not an id. NotFound: no such invocation.
+        """
+        return self.get(inv).state
+
+    def result(self, inv: str, timeout: float | None = None) -> Any:
+        """Wait for the invocation to finish and return its value.
+
+        Generator bodies return the list of the values they yielded.
+
+        Raises:
+            Failed, Killed, TimedOut: the terminal state, with the remote error as text.
+            NotFinished: still queued or running after ``timeout`` seconds.
+            NotFound: no such invocation.
+        """
+        ops, rec = self._wait(inv, timeout)
+        if rec.state == "succeeded":
+            return codec.decode(
+                ops.get_blob(rec.result or Blob(inline=b"\xc0"), f"result of {inv}")
+            )
+        raise _job_error(rec)
+
+    def _wait(self, inv: str, timeout: float | None) -> tuple[QueueOps, Record]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        ops, rec, _ = self._locate(inv)
+        while not rec.terminal:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise NotFinished(
+                    f"result {inv}",
+                    f"still {rec.state} after {timeout} s",
+                    "wait longer (timeout=None waits for good), or check that a worker runs",
+                    id=inv,
+                    state=rec.state,
+                )
+            pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)  # polling the store is the only way to learn; backoff keeps it cheap
+            delay = min(delay * 1.5, 1.0)
+            rec = ops.read(inv)[0]
+        return ops, rec
+
+    def cancel(self, inv: str, reason: str = "cancelled") -> bool:
+        """Cancel a queued or running invocation (→ killed). A running body is stopped by its
+        worker within one heartbeat. Returns False if it had already finished.
+
+        Raises:
+            NotFound: no such invocation.
+        """
+        ops, rec, etag = self._locate(inv)
+        while not rec.terminal:
+            try:
+                ops.cas(lifecycle.cancel(rec, self.store.now(), reason), etag)
+                return True
+            except Conflict:
+                rec, etag = ops.read(rec.id)
+        return False
+
+    # -- asyncio mirrors ------------------------------------------------------------------------
+
+    async def aresult(self, inv: str, timeout: float | None = None) -> Any:
+        """:meth:`result` for asyncio code (the polling runs in a thread)."""
+        return await asyncio.to_thread(self.result, inv, timeout)
+
+    async def aget(self, inv: str) -> Record:
+        """:meth:`get` for asyncio code."""
+        return await asyncio.to_thread(self.get, inv)
+
+    async def astatus(self, inv: str) -> str:
+        """:meth:`status` for asyncio code."""
+        return await asyncio.to_thread(self.status, inv)
+
+    async def acancel(self, inv: str, reason: str = "cancelled") -> bool:
+        """:meth:`cancel` for asyncio code."""
+        return await asyncio.to_thread(self.cancel, inv, reason)
+
+
+def _job_error(rec: Record) -> JobError:
+    err = rec.error or {}
+    cls = {"failed": Failed, "killed": Killed, "timeout": TimedOut}[rec.state]
+    remote = f"{err.get('type', '?')}: {err.get('message', '')}"
+    todo = {
+        "failed": "see .remote_traceback; fix the body or its input and submit again",
+        "killed": "it was cancelled; submit again if it should run",
+        "timeout": "raise timeout_s / the deadline, or make the body faster",
+    }[rec.state]
+    return cls(
+        f"result {rec.id}",
+        f"invocation {rec.state} after {rec.attempt} attempt(s); remote error {remote}",
+        todo,
+        id=rec.id,
+        state=rec.state,
+        remote_type=err.get("type", ""),
+        remote_message=err.get("message", ""),
+        remote_traceback=err.get("traceback", ""),
+    )
+
+
+_default: Dispatch | None = None
+_default_lock = threading.Lock()
+
+
+def default_plane() -> Dispatch:
+    """The plane ``@dls.udf`` binds to: ``Dispatch()`` ($LAKESHORE_URL or the embedded
+    default store), created on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Dispatch()
+        return _default

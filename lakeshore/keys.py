@@ -1,0 +1,171 @@
+"""Every object key lakeshore writes, built in one place.
+
+Layout, relative to the store's root (the Dispatch URL's prefix)::
+
+    lakeshore/<ns>/<queue>/_queue                       queue record (settings), CAS-updated
+    lakeshore/<ns>/<queue>/<id>/record                  invocation record: the truth
+    lakeshore/<ns>/<queue>/<id>/args                    spilled arguments (create-only)
+    lakeshore/<ns>/<queue>/<id>/result-<attempt>        spilled result of one attempt
+    lakeshore/<ns>/<queue>/<id>/journal/<attempt>/<seq> journal segments (create-only)
+    lakeshore/<ns>/<queue>/_ready/<band>/<id>           hint: queued
+    lakeshore/<ns>/<queue>/_leases/<id>                 hint: running
+    lakeshore/<ns>/<queue>/_keys/<sha256(key)>          idempotency key (create-only)
+    lakeshore/<ns>/_topics/<name>/<seq>                 topic journal
+    lakeshore/<ns>/_ids/<id>                            which queue an id is in (non-default queues)
+
+Why it sorts correctly by construction, also on servers that list by walking directories
+(SeaweedFS): inside any one listed folder, every name has the same length and alphabet —
+ULIDs (26 Crockford base32 characters, time-ordered), priority bands (one digit), sequence
+numbers and attempts (zero-padded decimal), sha256 digests (64 hex) — so no name is a prefix of
+a sibling and byte order equals the order we mean. The one folder of free-form names,
+``lakeshore/<ns>/`` (queue names), is never listed where order matters. Names of namespaces
+and queues are validated, and ids must parse as ULIDs, so no caller-supplied text can climb
+out of its folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from ulid import ULID
+
+from lakeshore.errors import InvalidArgument
+
+__all__ = [
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "QueueKeys",
+    "check_id",
+    "check_name",
+    "id_index",
+    "new_id",
+    "topic_prefix",
+    "topic_seq_key",
+]
+
+ROOT = "lakeshore"
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}\Z")
+_SEQ_WIDTH = 12  # 10^12 frames per attempt or topic: more than any stream will hold
+_ATTEMPT_WIDTH = 4
+
+
+def check_name(name: str, what: str) -> str:
+    """Validate a namespace, queue or topic name.
+
+    Raises:
+        InvalidArgument: the name is not 1-63 characters of ``[a-z0-9._-]`` starting with a
+            letter or digit.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgument(
+            f"{what} name",
+            f"{name!r} is not a valid {what} name",
+            "use 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit",
+            name=name,
+        )
+    return name
+
+
+def check_id(inv: str) -> str:
+    """Validate an invocation id (a ULID string) and return it in canonical form.
+
+    Raises:
+        InvalidArgument: ``inv`` is not a ULID string.
+    """
+    try:
+        return str(ULID.from_str(inv))
+    except (ValueError, TypeError, AttributeError):
+        raise InvalidArgument(
+            "invocation id",
+            f"{inv!r} is not an invocation id",
+            "pass the ULID string submit() returned, e.g. '01JD2K7Q...'",
+            id=inv,
+        ) from None
+
+
+def new_id() -> str:
+    """A fresh invocation id: a ULID, so ids sort by submission time."""
+    return str(ULID())
+
+
+def seq_name(seq: int) -> str:
+    """A sequence number as a fixed-width name."""
+    if not 0 <= seq < 10**_SEQ_WIDTH:
+        raise InvalidArgument("sequence", f"{seq} is out of range", "use 0 <= seq < 10^12")
+    return f"{seq:0{_SEQ_WIDTH}d}"
+
+
+def band(priority: int) -> str:
+    """Priority -> ready-hint band; higher priority lists first."""
+    if not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidArgument(
+            "priority",
+            f"{priority!r} is not a priority",
+            f"use an integer from {MIN_PRIORITY} (lowest) to {MAX_PRIORITY} (highest)",
+        )
+    return str(MAX_PRIORITY - priority)
+
+
+class QueueKeys:
+    """The keys of one queue in one namespace."""
+
+    def __init__(self, ns: str, queue: str) -> None:
+        self.ns = check_name(ns, "namespace")
+        self.queue = check_name(queue, "queue")
+        self.base = f"{ROOT}/{self.ns}/{self.queue}"
+        self.ready_prefix = f"{self.base}/_ready/"
+        self.leases_prefix = f"{self.base}/_leases/"
+
+    @property
+    def queue_record(self) -> str:
+        return f"{self.base}/_queue"
+
+    def record(self, inv: str) -> str:
+        return f"{self.base}/{inv}/record"
+
+    def args(self, inv: str) -> str:
+        return f"{self.base}/{inv}/args"
+
+    def result(self, inv: str, attempt: int) -> str:
+        return f"{self.base}/{inv}/result-{attempt:0{_ATTEMPT_WIDTH}d}"
+
+    def journal_prefix(self, inv: str, attempt: int) -> str:
+        return f"{self.base}/{inv}/journal/{attempt:0{_ATTEMPT_WIDTH}d}/"
+
+    def journal(self, inv: str, attempt: int, seq: int) -> str:
+        return self.journal_prefix(inv, attempt) + seq_name(seq)
+
+    def ready(self, priority: int, inv: str) -> str:
+        return f"{self.ready_prefix}{band(priority)}/{inv}"
+
+    def lease(self, inv: str) -> str:
+        return f"{self.leases_prefix}{inv}"
+
+    def idem(self, key: str) -> str:
+        """The create-only object that makes ``_key`` idempotent per namespace + queue."""
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+        return f"{self.base}/_keys/{digest}"
+
+    @staticmethod
+    def id_of(hint_key: str) -> str:
+        """The invocation id at the end of a ready or lease hint key."""
+        return hint_key.rsplit("/", 1)[1]
+
+    @staticmethod
+    def priority_of(ready_key: str) -> int:
+        return MAX_PRIORITY - int(ready_key.rsplit("/", 2)[1])
+
+
+def topic_prefix(ns: str, name: str) -> str:
+    return f"{ROOT}/{check_name(ns, 'namespace')}/_topics/{check_name(name, 'topic')}/"
+
+
+def topic_seq_key(ns: str, name: str, seq: int) -> str:
+    return topic_prefix(ns, name) + seq_name(seq)
+
+
+def id_index(ns: str, inv: str) -> str:
+    """Where a reader that knows only the id finds the queue of a non-default-queue invocation."""
+    return f"{ROOT}/{check_name(ns, 'namespace')}/_ids/{inv}"

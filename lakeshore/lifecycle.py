@@ -1,0 +1,139 @@
+"""Pure state transitions of an invocation record. No I/O: each function takes a record and
+the facts it needs (the store's clock, a lease token) and returns the next record, or raises
+:class:`IllegalTransition` when the move is not allowed from the record's current state.
+
+::
+
+    submit -> queued -(claim)-> running -> succeeded | failed | killed | timeout
+                 ^                  |
+                 +------------------+   lease lost / retryable failure while attempts remain
+
+The caller writes the returned record with one conditional PUT (``if_match`` the etag it read);
+a lost race is a clean miss. Every returned record has ``rev`` + 1 and a fresh ``wid``.
+"""
+
+from __future__ import annotations
+
+from lakeshore.errors import LakeshoreError
+from lakeshore.record import Lease, Record
+
+__all__ = [
+    "MAX_BACKOFF_S",
+    "IllegalTransition",
+    "backoff_s",
+    "cancel",
+    "claim",
+    "expire",
+    "fail",
+    "heartbeat",
+    "holds",
+    "past_deadline",
+    "succeed",
+    "time_out",
+]
+
+MAX_BACKOFF_S = 300.0
+
+
+class IllegalTransition(LakeshoreError):
+    """The record is not in a state that allows this move (someone else moved it first)."""
+
+
+def _illegal(rec: Record, move: str) -> IllegalTransition:
+    return IllegalTransition(
+        f"{move} {rec.id}",
+        f"not allowed from state {rec.state!r} (attempt {rec.attempt})",
+        "re-read the record; another process moved it first",
+        state=rec.state,
+    )
+
+
+def holds(rec: Record, token: str) -> bool:
+    """True when ``token`` is the lease of the record's current running attempt."""
+    return rec.state == "running" and rec.lease is not None and rec.lease.token == token
+
+
+def backoff_s(rec: Record) -> float:
+    """Delay before the next attempt after attempt ``rec.attempt`` failed: exponential."""
+    return float(min(MAX_BACKOFF_S, rec.retry_backoff_s * 2 ** max(0, rec.attempt - 1)))
+
+
+def past_deadline(rec: Record, now: float) -> bool:
+    return rec.state == "queued" and rec.deadline_at is not None and now > rec.deadline_at
+
+
+def claim(rec: Record, worker: str, token: str, now: float) -> Record:
+    """queued -> running: the next attempt, leased to ``worker`` until ``now + lease_s``."""
+    if rec.state != "queued" or rec.not_before > now or past_deadline(rec, now):
+        raise _illegal(rec, "claim")
+    return rec.next_write(
+        state="running",
+        attempt=rec.attempt + 1,
+        lease=Lease(worker, token, now + rec.lease_s),
+        started_at=now,
+        journal=None,
+    )
+
+
+def heartbeat(rec: Record, token: str, now: float) -> Record:
+    """running -> running with the lease pushed out to ``now + lease_s``."""
+    if not holds(rec, token) or rec.lease is None:
+        raise _illegal(rec, "heartbeat")
+    return rec.next_write(lease=Lease(rec.lease.worker, token, now + rec.lease_s))
+
+
+def succeed(rec: Record, token: str, result: object, now: float) -> Record:
+    """running -> succeeded, with the result blob."""
+    if not holds(rec, token):
+        raise _illegal(rec, "complete")
+    return rec.next_write(state="succeeded", result=result, error=None, finished_at=now, lease=None)
+
+
+def fail(
+    rec: Record, token: str | None, error: dict[str, str], now: float, retry: bool = True
+) -> Record:
+    """running -> queued for another attempt (after a backoff) while attempts remain and the
+    failure is retryable; else running -> failed. ``token=None`` is the reaper's form: the
+    lease must have expired instead."""
+    if token is None:
+        if rec.state != "running" or rec.lease is None or rec.lease.expires_at >= now:
+            raise _illegal(rec, "expire")
+    elif not holds(rec, token):
+        raise _illegal(rec, "fail")
+    if retry and rec.attempt < rec.max_attempts:
+        return rec.next_write(
+            state="queued", lease=None, error=error, not_before=now + backoff_s(rec)
+        )
+    return rec.next_write(state="failed", lease=None, error=error, finished_at=now)
+
+
+def expire(rec: Record, now: float) -> Record:
+    """A running attempt whose lease ran out (worker crashed or cut off): retried or failed."""
+    worker = rec.lease.worker if rec.lease else "?"
+    error = {
+        "type": "LeaseExpired",
+        "message": f"attempt {rec.attempt} on worker {worker} stopped renewing its lease",
+        "traceback": "",
+    }
+    return fail(rec, None, error, now)
+
+
+def cancel(rec: Record, now: float, reason: str = "cancelled") -> Record:
+    """queued | running -> killed. The running worker notices at its next heartbeat."""
+    if rec.terminal:
+        raise _illegal(rec, "cancel")
+    error = {"type": "Killed", "message": reason, "traceback": ""}
+    return rec.next_write(state="killed", lease=None, error=error, finished_at=now)
+
+
+def time_out(rec: Record, now: float, token: str | None = None) -> Record:
+    """running (past ``timeout_s``, by its lease holder) or queued (past ``deadline_at``)
+    -> timeout. Not retried: a body that ran out of time would run out again."""
+    if token is not None and holds(rec, token):
+        message = f"attempt {rec.attempt} ran longer than timeout_s={rec.timeout_s}"
+    elif token is None and past_deadline(rec, now):
+        message = f"still queued at its deadline ({rec.deadline_at:.3f} in the store's clock)"
+    else:
+        raise _illegal(rec, "timeout")
+    error = {"type": "Timeout", "message": message, "traceback": ""}
+    return rec.next_write(state="timeout", lease=None, error=error, finished_at=now)

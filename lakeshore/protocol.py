@@ -1,0 +1,251 @@
+"""The queue protocol on the store: each step is a few store requests in a fixed order.
+
+The record is the truth; hints are derived and may be stale. The orders below are chosen so a
+crash between two requests never loses an invocation:
+
+* **submit**: [args object] → [id index] → ready hint → record (create-only). A hint whose
+  record is missing is either in flight or orphaned: claimers skip it while it is young and
+  delete it once it is older than ``ORPHAN_GRACE_S``.
+* **claim**: list ready hints → get record → put lease hint → CAS record to running → delete
+  the ready hint. The lease hint exists before the record says running, so a crashed claimer's
+  job is always found by the reaper.
+* **back to queued** (retry, expiry): put ready hint → CAS record to queued → delete lease
+  hint. A hint that points at a record in any other state is stale; whoever finds it deletes
+  it with ``if_match`` on the etag it listed, so a hint rewritten meanwhile survives.
+* **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
+  last write) → delete lease hint. A fenced-out attempt's result is dropped.
+
+Heartbeats CAS the record itself (lease pushed out, in the store's clock): one request that
+also notices cancellation, because a cancel changes the record and the CAS then fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from lakeshore import lifecycle
+from lakeshore.errors import Conflict, NotFound, StoreError
+from lakeshore.keys import QueueKeys
+from lakeshore.record import Blob, Record, RecordError
+from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
+
+__all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
+
+ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
+_CANDIDATES = 16  # ready hints read per claim; the head is shuffled to spread contention
+_SPREAD = 4
+
+
+@dataclass
+class Claimed:
+    """A running attempt held by this worker: the record as written and its etag."""
+
+    record: Record
+    etag: str
+    token: str
+
+
+class QueueOps:
+    """Protocol steps for one queue of one namespace."""
+
+    def __init__(self, store: Store, keys: QueueKeys) -> None:
+        self.store = store
+        self.keys = keys
+
+    # -- records -----------------------------------------------------------------------------
+
+    def read(self, inv: str) -> tuple[Record, str]:
+        """The record and its etag.
+
+        Raises:
+            NotFound: no such invocation in this queue.
+            RecordError: the object is corrupt or of a newer schema.
+        """
+        data, etag = self.store.get(self.keys.record(inv))
+        return Record.from_bytes(data, self.keys.record(inv)), etag
+
+    def cas(self, rec: Record, etag: str) -> str:
+        """Write ``rec`` over the version ``etag``; Conflict when someone wrote first."""
+        return self.store.put(self.keys.record(rec.id), rec.to_bytes(), if_match(etag))
+
+    # -- blobs -------------------------------------------------------------------------------
+
+    def put_blob(self, key: str, data: bytes, spill_bytes: int) -> Blob:
+        """Inline when small, else a create-only object checked by size and sha256."""
+        if len(data) <= spill_bytes:
+            return Blob(inline=data)
+        try:
+            self.store.put(key, data, CREATE)
+        except Conflict:
+            if self.store.get(key)[0] != data:  # same attempt, same key: only our own retry
+                raise
+        return Blob(ref=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def get_blob(self, blob: Blob, what: str) -> bytes:
+        """The bytes of a blob; spilled ones are verified.
+
+        Raises:
+            StoreError: the spilled object is missing or does not match its size and sha256.
+        """
+        if blob.ref is None:
+            return blob.inline or b""
+        try:
+            data, _ = self.store.get(blob.ref)
+        except NotFound:
+            raise StoreError(
+                f"read {what}",
+                f"the spilled object {blob.ref} is missing",
+                "it was deleted (retention or by hand); the value cannot be recovered",
+            ) from None
+        if len(data) != blob.size or hashlib.sha256(data).hexdigest() != blob.sha256:
+            raise StoreError(
+                f"read {what}",
+                f"the spilled object {blob.ref} does not match its size and sha256",
+                "the object was altered; the value cannot be trusted",
+            )
+        return data
+
+    # -- hints -------------------------------------------------------------------------------
+
+    def put_ready(self, rec: Record) -> None:
+        # The hint's bytes are the record write id: unique, so its etag is never reused (ABA).
+        self.store.put(self.keys.ready(rec.priority, rec.id), rec.wid.encode(), OVERWRITE)
+
+    def drop_hint(self, info: ObjectInfo) -> None:
+        """Delete a stale hint, unless it was rewritten since we listed it."""
+        with contextlib.suppress(Conflict):
+            self.store.delete(info.key, if_match=info.etag)
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def submit(self, rec: Record) -> None:
+        """Publish a new invocation: ready hint, then the record (create-only)."""
+        self.put_ready(rec)
+        self.store.put(self.keys.record(rec.id), rec.to_bytes(), CREATE)
+
+    def ready_hints(self) -> Iterator[ObjectInfo]:
+        return self.store.list(self.keys.ready_prefix)
+
+    def claim(self, worker: str, now: float) -> Claimed | None:
+        """Try to take one queued invocation; None when there is nothing to take.
+
+        Corrupt records found on the way are marked failed (and skipped) so they never block
+        the queue.
+        """
+        head: list[ObjectInfo] = []
+        for info in self.ready_hints():
+            head.append(info)
+            if len(head) >= _CANDIDATES:
+                break
+        spread = head[:_SPREAD]
+        random.shuffle(spread)
+        for info in spread + head[_SPREAD:]:
+            got = self._try_claim(info, worker, now)
+            if got is not None:
+                return got
+        return None
+
+    def _try_claim(self, info: ObjectInfo, worker: str, now: float) -> Claimed | None:
+        inv = QueueKeys.id_of(info.key)
+        try:
+            rec, etag = self.read(inv)
+        except NotFound:
+            if info.last_modified < now - ORPHAN_GRACE_S:
+                self.drop_hint(info)  # its submitter died before writing the record
+            return None
+        except RecordError as e:
+            self._fail_corrupt(inv, e)
+            self.drop_hint(info)
+            return None
+        if rec.state != "queued":
+            self.drop_hint(info)
+            return None
+        if lifecycle.past_deadline(rec, now):
+            try:
+                self.cas(lifecycle.time_out(rec, now), etag)
+            except Conflict:
+                return None
+            self.drop_hint(info)
+            return None
+        if rec.not_before > now:
+            return None  # backing off before a retry; the hint stays
+        token = secrets.token_hex(8)
+        running = lifecycle.claim(rec, worker, token, now)
+        self.store.put(self.keys.lease(inv), token.encode(), OVERWRITE)
+        try:
+            new_etag = self.cas(running, etag)
+        except Conflict:
+            return None  # lost the race: the lease hint stays, correct for the winner
+        self.drop_hint(info)
+        return Claimed(running, new_etag, token)
+
+    def _fail_corrupt(self, inv: str, err: RecordError) -> None:
+        """Overwrite an unreadable record with a failed one that says why."""
+        try:
+            _, etag = self.store.get(self.keys.record(inv))
+            stub = Record(
+                id=inv,
+                ns=self.keys.ns,
+                queue=self.keys.queue,
+                fn="?",
+                args=Blob(inline=b""),
+                state="failed",
+                error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
+            )
+            self.store.put(self.keys.record(inv), stub.to_bytes(), if_match(etag))
+        except (Conflict, NotFound):
+            pass
+        except RecordError:
+            pass
+
+    def heartbeat(self, held: Claimed, now: float) -> Claimed:
+        """Push the lease out. Raises Conflict when the record changed (cancel, expiry)."""
+        rec = lifecycle.heartbeat(held.record, held.token, now)
+        return Claimed(rec, self.cas(rec, held.etag), held.token)
+
+    def finish(self, held: Claimed, final: Record) -> str:
+        """Write the attempt's outcome (fenced by the last etag), then tidy the hints.
+
+        A retry goes back to queued: its ready hint is written first. Raises Conflict when the
+        attempt was fenced out (the result is then dropped).
+        """
+        if final.state == "queued":
+            self.put_ready(final)
+        etag = self.cas(final, held.etag)
+        self._drop_lease(final.id)
+        return etag
+
+    def _drop_lease(self, inv: str) -> None:
+        self.store.delete(self.keys.lease(inv))
+
+    def reap(self, now: float) -> int:
+        """Requeue (or fail) running invocations whose lease ran out; drop stale lease hints.
+        Returns how many invocations were moved."""
+        moved = 0
+        for info in list(self.store.list(self.keys.leases_prefix)):
+            inv = QueueKeys.id_of(info.key)
+            try:
+                rec, etag = self.read(inv)
+            except (NotFound, RecordError):
+                self.drop_hint(info)
+                continue
+            if rec.state != "running":
+                self.drop_hint(info)
+                continue
+            if rec.lease is None or rec.lease.expires_at >= now:
+                continue
+            nxt = lifecycle.expire(rec, now)
+            if nxt.state == "queued":
+                self.put_ready(nxt)
+            try:
+                self.cas(nxt, etag)
+            except Conflict:
+                continue  # the holder renewed or someone else reaped: fine either way
+            self.drop_hint(info)
+            moved += 1
+        return moved

@@ -1,0 +1,178 @@
+"""Running one body, and stopping it when told to.
+
+Two isolations:
+
+``thread``
+    The body runs in a thread of the worker. Stopping is cooperative: an async body is
+    cancelled (``CancelledError`` at its next ``await``), a generator is closed at its next
+    ``yield``, but a plain function that never returns cannot be stopped — the worker stops
+    waiting for it, drops whatever it returns, and the thread runs on until it ends.
+``process``
+    The body runs in a fresh child process (``spawn``) that imports the function by reference.
+    Stopping kills the child, so any body stops at once; a crash of the body (segfault,
+    ``os._exit``) cannot take the worker down. Costs a process start per job.
+
+Results come back as encoded bytes (``codec.encode``); errors as text (type, message,
+traceback), never as pickled exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lakeshore import codec
+
+__all__ = ["Outcome", "run_in_process", "run_in_thread"]
+
+_POLL = 0.02  # how often a waiting supervisor or async body looks at the stop flag
+
+
+@dataclass
+class Outcome:
+    """How an attempt ended: ``ok`` (with ``value``), ``error`` (with ``error``) or
+    ``stopped`` (the stop event fired first; nothing to report)."""
+
+    kind: str
+    value: bytes | None = None
+    error: dict[str, str] | None = None
+
+
+def error_of(e: BaseException) -> dict[str, str]:
+    return {
+        "type": f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."),
+        "message": str(e),
+        "traceback": "".join(traceback.format_exception(e)),
+    }
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _call(
+    fn: Callable[..., Any],
+    kind: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    stop: threading.Event,
+) -> Any:
+    """Run a body of any kind to completion; generators give the list of their yields."""
+    if kind == "sync":
+        return fn(*args, **kwargs)
+    if kind == "generator":
+        out = []
+        gen = fn(*args, **kwargs)
+        try:
+            for item in gen:
+                out.append(item)
+                if stop.is_set():
+                    raise _Stopped
+        finally:
+            gen.close()
+        return out
+
+    async def watch(awaitable: Any) -> Any:
+        task = asyncio.ensure_future(awaitable)
+        while not task.done():
+            await asyncio.wait({task}, timeout=_POLL)
+            if stop.is_set():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise _Stopped
+        return task.result()
+
+    async def collect() -> list[Any]:
+        return [item async for item in fn(*args, **kwargs)]
+
+    return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else collect()))
+
+
+def run_in_thread(
+    fn: Callable[..., Any],
+    kind: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    stop: threading.Event,
+) -> Outcome:
+    """Run the body in a thread; return when it ends or ``stop`` fires (whichever is first)."""
+    box: list[Outcome] = []
+    done = threading.Event()
+
+    def body() -> None:
+        try:
+            value = _call(fn, kind, args, kwargs, stop)
+            box.append(Outcome("ok", value=codec.encode(value, "result")))
+        except _Stopped:
+            box.append(Outcome("stopped"))
+        except BaseException as e:
+            box.append(Outcome("error", error=error_of(e)))
+        finally:
+            done.set()
+
+    threading.Thread(target=body, name="lakeshore-body", daemon=True).start()
+    while not done.wait(_POLL):
+        if stop.is_set():
+            # Give a cooperative body (async, generator) a moment to unwind, then leave it.
+            done.wait(1.0)
+            return Outcome("stopped")
+    return box[0]
+
+
+def _child(ref: str, kind: str, payload: bytes, conn: Any) -> None:
+    from lakeshore.udf import Udf, resolve
+
+    try:
+        target = resolve(ref, {})
+        fn = target.fn if isinstance(target, Udf) else target
+        args, kwargs = codec.decode(payload, "arguments")
+        value = _call(fn, kind, tuple(args), kwargs, threading.Event())
+        conn.send(("ok", codec.encode(value, "result")))
+    except BaseException as e:
+        conn.send(("error", error_of(e)))
+    finally:
+        conn.close()
+
+
+def run_in_process(ref: str, kind: str, payload: bytes, stop: threading.Event) -> Outcome:
+    """Run the body in a spawned child; kill it when ``stop`` fires."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(ref, kind, payload, child), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        while True:
+            if parent.poll(_POLL):
+                try:
+                    tag, data = parent.recv()
+                except EOFError:
+                    break
+                proc.join(5)
+                return Outcome("ok", value=data) if tag == "ok" else Outcome("error", error=data)
+            if stop.is_set():
+                proc.kill()
+                proc.join(5)
+                return Outcome("stopped")
+            if not proc.is_alive() and not parent.poll():
+                break
+        proc.join(5)
+        return Outcome(
+            "error",
+            error={
+                "type": "WorkerChildDied",
+                "message": f"the body's process exited with code {proc.exitcode} before answering",
+                "traceback": "",
+            },
+        )
+    finally:
+        parent.close()
+        if proc.is_alive():
+            proc.kill()

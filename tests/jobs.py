@@ -1,0 +1,112 @@
+"""Bodies for the queue tests, at module level so workers (and child processes) can import
+them by reference ("tests.jobs:<name>")."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+# In-thread executions per invocation key, to prove nothing runs twice (thread isolation only).
+RUNS: Counter[str] = Counter()
+LIVE: Counter[str] = Counter()
+MAX_LIVE: Counter[str] = Counter()
+_lock = threading.Lock()
+
+
+def add_one(x: int) -> int:
+    return x + 1
+
+
+def echo(*args: Any, **kwargs: Any) -> Any:
+    return {"args": args, "kwargs": kwargs}
+
+
+def squares(n: int) -> Iterator[tuple[int, int]]:
+    for i in range(n):
+        yield (i, i * i)
+
+
+async def async_double(x: int) -> int:
+    await asyncio.sleep(0)
+    return 2 * x
+
+
+async def async_count(n: int) -> AsyncIterator[int]:
+    for i in range(n):
+        await asyncio.sleep(0)
+        yield i
+
+
+def fail_always(msg: str) -> None:
+    raise ValueError(msg)
+
+
+def fail_until(marker: str, times: int) -> str:
+    """Fails the first ``times`` calls (counted in a file, so child processes agree)."""
+    p = Path(marker)
+    n = int(p.read_text()) if p.exists() else 0
+    p.write_text(str(n + 1))
+    if n < times:
+        raise RuntimeError(f"attempt {n + 1} fails on purpose")
+    return f"ok after {n + 1}"
+
+
+def tracked(name: str, seconds: float = 0.0) -> str:
+    with _lock:
+        RUNS[name] += 1
+        LIVE[name] += 1
+        MAX_LIVE[name] = max(MAX_LIVE[name], LIVE[name])
+    try:
+        if seconds:
+            time.sleep(seconds)
+        return name
+    finally:
+        with _lock:
+            LIVE[name] -= 1
+
+
+def sleep_sync(seconds: float) -> str:
+    time.sleep(seconds)
+    return "woke"
+
+
+async def sleep_async(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "woke"
+
+
+def touch_then_sleep(path: str, seconds: float) -> int:
+    """Marks that it started (for crash tests), then sleeps."""
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def big(n: int) -> bytes:
+    return b"r" * n
+
+
+def size_of(blob: bytes) -> int:
+    return len(blob)
+
+
+def once_marker(path: str) -> str:
+    """Create ``path`` exclusively: a second execution of the same job fails loudly."""
+    with open(path, "x") as f:
+        f.write(str(os.getpid()))
+    return path
+
+
+def slow_first_time(marker: str, seconds: float) -> int:
+    """The first attempt marks itself and sleeps (to be killed); later attempts return."""
+    p = Path(marker)
+    if not p.exists():
+        p.write_text(str(os.getpid()))
+        time.sleep(seconds)
+    return os.getpid()

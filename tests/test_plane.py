@@ -1,0 +1,240 @@
+"""The queue on every tier: submit → claim → run → result, retries, cancel, timeout,
+idempotent keys, spill, and bad input that must not stop a worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lakeshore as dls
+from lakeshore import codec
+from lakeshore.keys import QueueKeys
+from tests import jobs
+
+
+@pytest.fixture
+def worker(plane: Any) -> Iterator[threading.Event]:
+    """A worker serving the plane in a background thread until the test ends."""
+    stop = threading.Event()
+    t = threading.Thread(
+        target=dls.run_worker, args=(plane,), kwargs={"stop": stop, "max_poll_s": 0.05}, daemon=True
+    )
+    t.start()
+    yield stop
+    stop.set()
+    t.join(10)
+
+
+def test_ids_not_futures_snippet(plane: Any, worker: threading.Event) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)  # the one binding line
+    # -- the snippet, as written in the spec ------------------------------------------------
+    inv = f.submit(x=1)  # -> "01JD2K7Q...": a string, persist it anywhere
+    result = q.result(inv)  # poll from this process, or any other, later
+    # ---------------------------------------------------------------------------------------
+    assert isinstance(inv, str) and len(inv) == 26
+    assert result == 2
+
+
+def test_idempotent_snippet(plane: Any) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)
+    inv = f.submit(x=1, _key="nightly-2026-08-06")
+    assert f.submit(x=1, _key="nightly-2026-08-06") == inv
+    other = q.udf(queue="other")(jobs.echo)
+    assert other.submit(x=1, _key="nightly-2026-08-06") != inv  # per namespace + queue
+    assert dls.run_worker(q, once=True) == 1
+    assert q.result(inv) == 2
+
+
+def test_running_a_worker_snippet() -> None:
+    import dreamlake.lakeshore as dls
+
+    q = dls.Dispatch(":memory:")  # a full plane, in-process
+    dls.run_worker(q, once=True)  # drain exactly one job and return
+    f = q.udf(jobs.add_one)
+    inv = f.submit(41)
+    assert dls.run_worker(q, once=True) == 1
+    assert q.result(inv) == 42
+
+
+def test_four_body_kinds(plane: Any) -> None:
+    q = plane
+    fs = [
+        q.udf(jobs.add_one),
+        q.udf(jobs.squares),
+        q.udf(jobs.async_double),
+        q.udf(jobs.async_count),
+    ]
+    assert [f.kind for f in fs] == ["sync", "generator", "async", "asyncgen"]
+    ids = [fs[0].submit(1), fs[1].submit(3), fs[2].submit(21), fs[3].submit(4)]
+    assert dls.run_worker(q, max_jobs=4, idle_exit=5) == 4
+    assert [q.result(i) for i in ids] == [2, [(0, 0), (1, 1), (2, 4)], 42, [0, 1, 2, 3]]
+    assert fs[0](5) == 6  # a plain call runs locally
+
+
+def test_values_survive_the_trip(plane: Any) -> None:
+    q = plane
+    e = q.udf(jobs.echo)
+    inv = e.submit((1, 2), b"\x00\xff", key=None, nested={"t": (3, [4])})
+    dls.run_worker(q, once=True)
+    assert q.result(inv) == {
+        "args": ((1, 2), b"\x00\xff"),
+        "kwargs": {"key": None, "nested": {"t": (3, [4])}},
+    }
+
+
+def test_unsendable_argument_fails_at_submit(plane: Any) -> None:
+    f = plane.udf(jobs.echo)
+    with pytest.raises(dls.InvalidArgument, match="cannot send"):
+        f.submit(threading.Lock())
+    assert list(plane.ops("default").ready_hints()) == []  # nothing was enqueued
+
+
+def test_failure_retries_then_reports_remote_error(plane: Any) -> None:
+    q = plane
+    bad = q.udf(jobs.fail_always, max_attempts=2)
+    inv = bad.submit("boom 7")
+    assert dls.run_worker(q, max_jobs=2, idle_exit=5) == 2
+    with pytest.raises(dls.Failed) as err:
+        q.result(inv)
+    e = err.value
+    assert (e.state, e.remote_type, e.remote_message) == ("failed", "ValueError", "boom 7")
+    assert "fail_always" in e.remote_traceback and "raise ValueError" in e.remote_traceback
+    rec = q.get(inv)
+    assert (rec.attempt, rec.state) == (2, "failed")
+    assert q.status(inv) == "failed"
+
+
+def test_retry_succeeds_and_per_submit_attempts(plane: Any, tmp_path: Path) -> None:
+    q = plane
+    flaky = q.udf(jobs.fail_until)
+    inv = flaky.submit(str(tmp_path / "n"), 1)
+    dls.run_worker(q, max_jobs=2, idle_exit=5)
+    assert q.result(inv) == "ok after 2" and q.get(inv).attempt == 2
+    once = flaky.submit(str(tmp_path / "m"), 1, _max_attempts=1)
+    dls.run_worker(q, max_jobs=1, idle_exit=5)
+    with pytest.raises(dls.Failed):
+        q.result(once)
+
+
+def test_result_timeout_is_a_timeout_error(plane: Any) -> None:
+    inv = plane.udf(jobs.add_one).submit(1)
+    with pytest.raises(dls.NotFinished) as err:
+        plane.result(inv, timeout=0.05)
+    assert isinstance(err.value, TimeoutError) and err.value.state == "queued"
+
+
+def test_cancel_queued(plane: Any) -> None:
+    q = plane
+    inv = q.udf(jobs.add_one).submit(1)
+    assert q.cancel(inv) is True
+    assert q.cancel(inv) is False
+    assert dls.run_worker(q, once=True) == 0  # never starts
+    with pytest.raises(dls.Killed):
+        q.result(inv)
+
+
+def test_unknown_function_and_lookup_errors(plane: Any) -> None:
+    q = plane
+    with pytest.raises(dls.NotFound):
+        q.result(dls.keys_new_id() if hasattr(dls, "keys_new_id") else "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+    with pytest.raises(dls.InvalidArgument):
+        q.status("not-an-id")
+    ghost = q.udf(jobs.add_one)
+    inv = ghost.submit(1)
+    ops = q.ops("default")
+    rec, etag = ops.read(inv)
+    ops.cas(rec.next_write(fn="tests.nowhere:gone"), etag)
+    ok = ghost.submit(2)
+    assert dls.run_worker(q, max_jobs=2, idle_exit=5) == 2  # the worker keeps serving
+    with pytest.raises(dls.Failed, match="cannot load the function"):
+        q.result(inv)
+    assert q.get(inv).attempt == 1  # not retried: it would fail the same way
+    assert q.result(ok) == 3
+
+
+def test_corrupt_record_is_failed_and_skipped(plane: Any) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)
+    bad, good = f.submit(1), f.submit(2)
+    q.store.put(QueueKeys(q.ns, "default").record(bad), b"\xc1 not a record")
+    assert dls.run_worker(q, idle_exit=0.3) == 1  # one attempt ran; the corrupt one never starts
+    assert q.result(good) == 3
+    with pytest.raises(dls.Failed, match="CorruptRecord"):
+        q.result(bad)
+
+
+def test_spill_large_arguments_and_results(plane: Any) -> None:
+    q = plane
+    n = (
+        20 * 1024 * 1024
+        if "seaweedfs" not in q.store.url and "moto" not in q.store.url
+        else 4 * 1024 * 1024
+    )
+    measure, make = q.udf(jobs.size_of), q.udf(jobs.big)
+    a, b = measure.submit(b"a" * n), make.submit(n)
+    rec = q.get(a)
+    assert rec.args.ref is not None and rec.args.size > n  # spilled, not inline
+    dls.run_worker(q, max_jobs=2, idle_exit=5)
+    assert q.result(a) == n
+    assert q.result(b) == b"r" * n
+    assert q.get(b).result.ref.endswith("/result-0001")  # type: ignore[union-attr]
+
+
+def test_tampered_spill_is_refused(plane: Any) -> None:
+    q = plane
+    inv = q.udf(jobs.big).submit(200_000)
+    dls.run_worker(q, once=True)
+    ref = q.get(inv).result.ref  # type: ignore[union-attr]
+    q.store.put(ref, codec.encode(b"x" * 200_000))
+    with pytest.raises(dls.StoreError, match="does not match its size and sha256"):
+        q.result(inv)
+
+
+def test_key_repair_after_a_crash_between_key_and_record(plane: Any) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)
+    ops = q.ops("default")
+    orphan = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    q.store.put(ops.keys.idem("k1"), codec.encode({"id": orphan, "input_hash": "?"}))
+    assert f.submit(1, _key="k1") == orphan  # the record is written now
+    assert q.status(orphan) == "queued"
+    dls.run_worker(q, once=True)
+    assert q.result(orphan) == 2
+
+
+def test_deadline_passes_while_queued(plane: Any) -> None:
+    q = plane
+    inv = q.udf(jobs.add_one).submit(1, _deadline_s=0.05)
+    ops = q.ops("default")
+    deadline = time.monotonic() + 10
+    while q.store.now() <= q.get(inv).deadline_at and time.monotonic() < deadline:
+        time.sleep(0.02)  # waiting out the deadline itself is the point of this test
+    assert dls.run_worker(q, once=True) == 0
+    with pytest.raises(dls.TimedOut, match="deadline"):
+        q.result(inv)
+    assert list(ops.ready_hints()) == []
+
+
+def test_result_from_a_process_that_never_saw_the_submit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url)
+    inv = q.udf(queue="elsewhere")(jobs.add_one).submit(99)
+    code = (
+        "import lakeshore as dls, sys;"
+        f"q = dls.Dispatch({url!r});"
+        "dls.run_worker(q, queues=['elsewhere'], once=True);"
+        f"print(q.result({inv!r}, timeout=30))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "100"

@@ -1,0 +1,181 @@
+"""Concurrency and crashes, on the tiers whose conditional writes are atomic (memory, local,
+SeaweedFS): many workers, a SIGKILLed worker, cancel and timeout of running bodies, and a
+stale worker whose late writes must be fenced out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lakeshore as dls
+from lakeshore import lifecycle
+from lakeshore.errors import Conflict
+from lakeshore.record import Blob
+from tests import jobs
+from tests.conftest import make_plane
+
+
+def _poll(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_many_workers_each_job_once(atomic_plane: Any, report: list[str]) -> None:
+    q = atomic_plane
+    m = 100
+    f = q.udf(jobs.tracked)
+    tag = f"w{id(q)}-"
+    ids = [f.submit(f"{tag}{i}") for i in range(m)]
+    t0 = time.monotonic()
+    workers = [
+        threading.Thread(
+            target=dls.run_worker, args=(q,), kwargs={"concurrency": 2, "idle_exit": 1.0}
+        )
+        for _ in range(3)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(300)
+    elapsed = time.monotonic() - t0
+    results = [q.result(i, timeout=30) for i in ids]
+    assert results == [f"{tag}{i}" for i in range(m)]
+    assert all(q.get(i).attempt == 1 for i in ids)
+    runs = [jobs.RUNS[f"{tag}{i}"] for i in range(m)]
+    assert runs == [1] * m, "some job ran twice or never"
+    assert max(jobs.MAX_LIVE[f"{tag}{i}"] for i in range(m)) == 1
+    report.append(
+        f"plane race {q.store.url[:40]:<40} 3 workers x 2 slots, {m} jobs: each once "
+        f"({elapsed:.1f} s)"
+    )
+
+
+def test_worker_processes_share_a_directory(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url, retry_backoff_s=0.05)
+    f = q.udf(jobs.once_marker)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    ids = [f.submit(str(marks / f"{i}")) for i in range(60)]
+    code = "import lakeshore as dls, sys; dls.run_worker(dls.Dispatch(sys.argv[1]), idle_exit=1.5)"
+    procs = [subprocess.Popen([sys.executable, "-c", code, url]) for _ in range(3)]
+    for p in procs:
+        assert p.wait(240) == 0
+    assert [q.status(i) for i in ids] == ["succeeded"] * 60
+    assert all(q.get(i).attempt == 1 for i in ids)
+    pids = {(marks / f"{i}").read_text() for i in range(60)}
+    assert len(pids) >= 2  # the work was really shared
+
+
+def test_sigkill_mid_job_another_worker_finishes(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url, lease_s=1.0, retry_backoff_s=0.05)
+    marker = tmp_path / "started"
+    inv = q.udf(jobs.slow_first_time).submit(str(marker), 60)
+    code = (
+        "import lakeshore as dls, sys;"
+        "dls.run_worker(dls.Dispatch(sys.argv[1], lease_s=1.0), once=True)"
+    )
+    victim = subprocess.Popen([sys.executable, "-c", code, url])
+    _poll(marker.exists, 60, "the first attempt to start")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    assert q.status(inv) == "running"  # nobody knows yet
+    dls.run_worker(q, max_jobs=1, idle_exit=30)  # reaps the expired lease, then runs attempt 2
+    rec = q.get(inv)
+    assert (rec.state, rec.attempt) == ("succeeded", 2)
+    assert rec.error is None or rec.error["type"] == "LeaseExpired"
+    assert q.result(inv) == os.getpid()
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_cancel_running_stops_the_body(tmp_path: Path, isolation: str) -> None:
+    q = make_plane(dls.open_store(f"file://{tmp_path}/plane"), lease_s=0.9)
+    fn = jobs.sleep_async if isolation == "thread" else jobs.touch_then_sleep
+    f = q.udf(fn)
+    started = tmp_path / "pid"
+    inv = f.submit(30) if isolation == "thread" else f.submit(str(started), 30)
+    done = threading.Event()
+    t = threading.Thread(
+        target=lambda: (dls.run_worker(q, once=True, isolation=isolation), done.set())
+    )
+    t.start()
+    _poll(
+        lambda: q.status(inv) == "running" and (isolation == "thread" or started.exists()),
+        30,
+        "start",
+    )
+    t_cancel = time.monotonic()
+    assert q.cancel(inv) is True
+    assert done.wait(10), "the worker did not stop the body"
+    stopped_after = time.monotonic() - t_cancel
+    assert stopped_after < 0.9 + 1.5  # one heartbeat (0.3 s) plus slack for a loaded machine
+    if isolation == "process":
+        pid = int(started.read_text())
+        _poll(lambda: not _alive(pid), 5, "the body's process to end")
+    with pytest.raises(dls.Killed):
+        q.result(inv)
+    assert list(q.store.list(q.ops("default").keys.leases_prefix)) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie counts as ended
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_timeout_stops_a_sync_body(tmp_path: Path) -> None:
+    q = make_plane(dls.open_store(f"file://{tmp_path}/plane"))
+    started = tmp_path / "pid"
+    inv = q.udf(jobs.touch_then_sleep, timeout_s=0.5).submit(str(started), 60)
+    assert dls.run_worker(q, once=True) == 1  # auto isolation: a child process
+    with pytest.raises(dls.TimedOut, match=r"timeout_s=0\.5"):
+        q.result(inv)
+    pid = int(started.read_text())
+    _poll(lambda: not _alive(pid), 5, "the body's process to end")
+    assert q.get(inv).attempt == 1  # a timeout is not retried
+
+
+def test_stale_worker_is_fenced(atomic_plane: Any) -> None:
+    q = atomic_plane
+    inv = q.udf(jobs.add_one).submit(1)
+    ops = q.ops("default")
+    rec, etag = ops.read(inv)
+    ops.cas(rec.next_write(lease_s=0.2), etag)
+    a = ops.claim("worker-a", q.store.now())
+    assert a is not None and a.record.attempt == 1
+    _poll(lambda: q.store.now() > a.record.lease.expires_at + 0.05, 10, "the lease to expire")
+    assert ops.reap(q.store.now()) == 1
+    _poll(
+        lambda: ops.claim("worker-b", q.store.now()) is not None or q.status(inv) == "running",
+        10,
+        "claim",
+    )
+    b_rec = ops.read(inv)[0]
+    assert b_rec.attempt == 2 and b_rec.lease.worker == "worker-b"  # type: ignore[union-attr]
+    # worker A wakes up: its heartbeat and its late result are both refused
+    with pytest.raises(Conflict):
+        ops.heartbeat(a, q.store.now())
+    late = lifecycle.succeed(a.record, a.token, Blob(inline=b"\x63"), q.store.now())
+    with pytest.raises(Conflict):
+        ops.finish(a, late)
+    assert q.status(inv) == "running"
+    assert ops.read(inv)[0].lease.worker == "worker-b"  # type: ignore[union-attr]
