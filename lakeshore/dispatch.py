@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import os
 import threading
@@ -27,7 +28,7 @@ from lakeshore.errors import (
     NotFound,
     TimedOut,
 )
-from lakeshore.keys import QueueKeys, check_id, check_name, id_index, new_id
+from lakeshore.keys import QueueKeys, band, check_id, check_name, id_index, new_id
 from lakeshore.protocol import QueueOps
 from lakeshore.record import Blob, Record
 from lakeshore.store import Store, open_store
@@ -176,6 +177,7 @@ class Dispatch:
         prio = (
             priority if priority is not None else (udf.priority if udf.priority is not None else 5)
         )
+        band(prio)  # validates the priority before anything is written
         attempts = max_attempts or udf.max_attempts or self.max_attempts
         tmo = timeout_s if timeout_s is not None else udf.timeout_s
         if (
@@ -193,38 +195,52 @@ class Dispatch:
                 f"submit {udf.ref}", f"_key must be a non-empty str, got {key!r}", "pass a str"
             )
         payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
-        input_hash = hashlib.sha256(udf.ref.encode() + b"\0" + payload).hexdigest()
-        ops = self.ops(udf.queue)
-        inv = new_id()
-        if key is not None:
-            existing = self._claim_key(ops, key, inv, input_hash, strict_key)
-            if existing is not None:
-                self._repair_keyed(
-                    ops, existing, udf, payload, input_hash, key, prio, attempts, tmo, deadline_s
-                )
-                return existing
-        now = self.store.now()
-        rec = Record(
-            id=inv,
+        draft = Record(
+            id="",
             ns=self.ns,
             queue=udf.queue,
             fn=udf.ref,
-            args=ops.put_blob(ops.keys.args(inv), payload, self.spill_bytes),
+            fn_pickle=udf.pickled(),
+            args=Blob(inline=b""),
             key=key,
-            input_hash=input_hash,
+            input_hash=hashlib.sha256(udf.ref.encode() + b"\0" + payload).hexdigest(),
             priority=prio,
             max_attempts=attempts,
             timeout_s=tmo,
-            deadline_at=now + deadline_s if deadline_s is not None else None,
-            submitted_at=now,
             retry_backoff_s=self.retry_backoff_s,
             lease_s=self.lease_s,
         )
-        if udf.queue != DEFAULT_QUEUE:
-            self._index(inv, udf.queue)
-        ops.submit(rec)
-        self._where[inv] = udf.queue
+        ops = self.ops(udf.queue)
+        inv = new_id()
+        if key is not None:
+            existing = self._claim_key(ops, key, inv, draft.input_hash, strict_key)
+            if existing is not None:
+                try:
+                    ops.read(existing)
+                except NotFound:
+                    # The first submitter died after the key object, before the record: write
+                    # the record now (create-only, so a slow original still wins).
+                    with contextlib.suppress(Conflict):
+                        self._publish(ops, existing, draft, payload, deadline_s)
+                return existing
+        self._publish(ops, inv, draft, payload, deadline_s)
         return inv
+
+    def _publish(
+        self, ops: QueueOps, inv: str, draft: Record, payload: bytes, deadline_s: float | None
+    ) -> None:
+        now = self.store.now()
+        rec = dataclasses.replace(
+            draft,
+            id=inv,
+            args=ops.put_blob(ops.keys.args(inv), payload, self.spill_bytes),
+            deadline_at=now + deadline_s if deadline_s is not None else None,
+            submitted_at=now,
+        )
+        if rec.queue != DEFAULT_QUEUE:
+            self._index(inv, rec.queue)
+        ops.submit(rec)
+        self._where[inv] = rec.queue
 
     def _claim_key(
         self, ops: QueueOps, key: str, inv: str, input_hash: str, strict: bool
@@ -245,48 +261,6 @@ class Dispatch:
                 id=held["id"],
             )
         return str(held["id"])
-
-    def _repair_keyed(
-        self,
-        ops: QueueOps,
-        inv: str,
-        udf: Udf[Any, Any],
-        payload: bytes,
-        input_hash: str,
-        key: str,
-        prio: int,
-        attempts: int,
-        tmo: float | None,
-        deadline_s: float | None,
-    ) -> None:
-        """A submitter that crashed after the key object but before the record left the key
-        pointing at nothing: write the record now (create-only, so a slow original wins)."""
-        try:
-            ops.read(inv)
-            return
-        except NotFound:
-            pass
-        now = self.store.now()
-        rec = Record(
-            id=inv,
-            ns=self.ns,
-            queue=udf.queue,
-            fn=udf.ref,
-            args=ops.put_blob(ops.keys.args(inv), payload, self.spill_bytes),
-            key=key,
-            input_hash=input_hash,
-            priority=prio,
-            max_attempts=attempts,
-            timeout_s=tmo,
-            deadline_at=now + deadline_s if deadline_s is not None else None,
-            submitted_at=now,
-            retry_backoff_s=self.retry_backoff_s,
-            lease_s=self.lease_s,
-        )
-        if udf.queue != DEFAULT_QUEUE:
-            self._index(inv, udf.queue)
-        with contextlib.suppress(Conflict):  # the original submitter got there after all
-            ops.submit(rec)
 
     def _index(self, inv: str, queue: str) -> None:
         with contextlib.suppress(Conflict):

@@ -37,8 +37,8 @@ from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 __all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
 
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
-_CANDIDATES = 16  # ready hints read per claim; the head is shuffled to spread contention
-_SPREAD = 4
+_CANDIDATES = 16  # ready hints read per claim
+_SPREAD = 4  # after a lost race, the next claim tries the head of the queue in random order
 
 
 @dataclass
@@ -56,6 +56,7 @@ class QueueOps:
     def __init__(self, store: Store, keys: QueueKeys) -> None:
         self.store = store
         self.keys = keys
+        self._contended = False  # did our last claim lose a race? then spread out
 
     # -- records -----------------------------------------------------------------------------
 
@@ -142,8 +143,11 @@ class QueueOps:
             head.append(info)
             if len(head) >= _CANDIDATES:
                 break
+        # Alone, a worker takes the oldest job first (FIFO within a priority). Once it has lost
+        # a race, it spreads over the head of the queue so competing workers stop colliding.
         spread = head[:_SPREAD]
-        random.shuffle(spread)
+        if self._contended:
+            random.shuffle(spread)
         for info in spread + head[_SPREAD:]:
             got = self._try_claim(info, worker, now)
             if got is not None:
@@ -180,7 +184,9 @@ class QueueOps:
         try:
             new_etag = self.cas(running, etag)
         except Conflict:
+            self._contended = True
             return None  # lost the race: the lease hint stays, correct for the winner
+        self._contended = False
         self.drop_hint(info)
         return Claimed(running, new_etag, token)
 

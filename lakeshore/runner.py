@@ -126,11 +126,18 @@ def run_in_thread(
     return box[0]
 
 
-def _child(ref: str, kind: str, payload: bytes, conn: Any) -> None:
+def unpickle(data: bytes) -> Any:
+    """Load a pickled callable (only ever called where the worker opted in)."""
+    import pickle
+
+    return pickle.loads(data)
+
+
+def _child(ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: Any) -> None:
     from lakeshore.udf import Udf, resolve
 
     try:
-        target = resolve(ref, {})
+        target = unpickle(fn_pickle) if fn_pickle is not None else resolve(ref, {})
         fn = target.fn if isinstance(target, Udf) else target
         args, kwargs = codec.decode(payload, "arguments")
         value = _call(fn, kind, tuple(args), kwargs, threading.Event())
@@ -141,11 +148,13 @@ def _child(ref: str, kind: str, payload: bytes, conn: Any) -> None:
         conn.close()
 
 
-def run_in_process(ref: str, kind: str, payload: bytes, stop: threading.Event) -> Outcome:
+def run_in_process(
+    ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, stop: threading.Event
+) -> Outcome:
     """Run the body in a spawned child; kill it when ``stop`` fires."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(ref, kind, payload, child), daemon=True)
+    proc = ctx.Process(target=_child, args=(ref, fn_pickle, kind, payload, child), daemon=True)
     proc.start()
     child.close()
     try:

@@ -80,13 +80,42 @@ class Udf(Generic[P, R]):
 
         self.fn = fn
         self.kind = body_kind(fn)
-        self.ref = function_ref(fn)
+        self._pickle: bytes | None = None
+        try:
+            self.ref = function_ref(fn)
+            self._by_pickle = False
+        except InvalidArgument:
+            if plane is None or not plane.allow_pickle:
+                raise
+            # Opted in: the callable travels pickled; the ref only names it in logs.
+            self.ref = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
+            self._by_pickle = True
         self.queue = check_name(queue, "queue")
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
         self.priority = priority
         self._plane = plane
         functools.update_wrapper(self, fn)
+
+    def pickled(self) -> bytes | None:
+        """The pickled callable when this function travels by pickle, else None.
+
+        Raises:
+            InvalidArgument: cloudpickle is not installed.
+        """
+        if not self._by_pickle:
+            return None
+        if self._pickle is None:
+            try:
+                import cloudpickle
+            except ImportError:
+                raise InvalidArgument(
+                    f"submit {self.ref}",
+                    "pickling a callable needs cloudpickle",
+                    "pip install 'lakeshore-queue[pickle]'",
+                ) from None
+            self._pickle = cloudpickle.dumps(self.fn)
+        return self._pickle
 
     @property
     def plane(self) -> Dispatch:

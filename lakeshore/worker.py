@@ -22,7 +22,7 @@ from lakeshore import codec, lifecycle
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, StoreError
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, RecordError
-from lakeshore.runner import Outcome, run_in_process, run_in_thread
+from lakeshore.runner import Outcome, run_in_process, run_in_thread, unpickle
 from lakeshore.udf import Udf, UnknownFunction, resolve
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ def _attempt(state: _State, ops: QueueOps, held: Claimed) -> None:
 def _execute(state: _State, rec: Record, stop: threading.Event, ops: QueueOps) -> Outcome:
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}")
-        target = resolve(rec.fn, state.plane.registry)
+        target = _load(rec, state.plane)
     except (UnknownFunction, StoreError) as e:
         return Outcome(
             "error",
@@ -265,7 +265,7 @@ def _execute(state: _State, rec: Record, stop: threading.Event, ops: QueueOps) -
     if isolation == "auto":
         isolation = "process" if rec.timeout_s is not None else "thread"
     if isolation == "process":
-        return run_in_process(rec.fn, kind, payload, stop)
+        return run_in_process(rec.fn, rec.fn_pickle, kind, payload, stop)
     try:
         args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
     except LakeshoreError as e:
@@ -274,6 +274,20 @@ def _execute(state: _State, rec: Record, stop: threading.Event, ops: QueueOps) -
             error={"type": type(e).__name__, "message": str(e), "traceback": "", "fatal": "1"},
         )
     return run_in_thread(fn, kind, tuple(args), kwargs, stop)
+
+
+def _load(rec: Record, plane: Dispatch) -> Any:
+    """The callable an invocation names; pickled ones only where the worker opted in."""
+    if rec.fn_pickle is None:
+        return resolve(rec.fn, plane.registry)
+    if not plane.allow_pickle:
+        raise UnknownFunction(
+            f"load {rec.fn}",
+            "the invocation carries a pickled callable and this worker does not accept them",
+            "start the worker with Dispatch(allow_pickle=True) if you trust every submitter",
+            ref=rec.fn,
+        )
+    return unpickle(rec.fn_pickle)
 
 
 def _kind_of(fn: Any) -> str:

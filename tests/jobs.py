@@ -110,3 +110,11 @@ def slow_first_time(marker: str, seconds: float) -> int:
         p.write_text(str(os.getpid()))
         time.sleep(seconds)
     return os.getpid()
+
+
+ORDER: list[str] = []
+
+
+def note(tag: str) -> str:
+    ORDER.append(tag)
+    return tag

@@ -15,6 +15,7 @@ import lakeshore as dls
 from lakeshore import codec
 from lakeshore.keys import QueueKeys
 from tests import jobs
+from tests.conftest import make_plane
 
 
 @pytest.fixture
@@ -238,3 +239,64 @@ def test_result_from_a_process_that_never_saw_the_submit(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "100"
+
+
+def test_pickled_callables_need_both_sides(plane: Any, tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    trusting = make_plane(plane.store, allow_pickle=True)
+    with pytest.raises(dls.InvalidArgument, match="no importable name"):
+        plane.udf(lambda x: x)  # without opt-in a lambda is refused at decoration
+
+    def nested(x: int) -> int:
+        canary.write_text("ran")
+        return x * 3
+
+    f = trusting.udf(nested)
+    assert f.pickled() is not None
+    refused = f.submit(1)
+    # A worker that did not opt in never unpickles: the canary stays untouched.
+    assert dls.run_worker(plane, once=True) == 1
+    with pytest.raises(dls.Failed, match="does not accept"):
+        plane.result(refused, timeout=10)
+    assert not canary.exists()
+    accepted = f.submit(2)
+    assert dls.run_worker(trusting, once=True) == 1
+    assert trusting.result(accepted) == 6 and canary.exists()
+
+
+def test_pickled_callable_in_a_child_process(tmp_path: Path) -> None:
+    q = make_plane(dls.open_store(f"file://{tmp_path}/p"), allow_pickle=True)
+    factor = 7
+    inv = q.udf(lambda x: x * factor).submit(6)
+    assert dls.run_worker(q, once=True, isolation="process") == 1
+    assert q.result(inv) == 42
+
+
+def test_async_mirrors(plane: Any) -> None:
+    import asyncio
+
+    f = plane.udf(jobs.add_one)
+    inv = f.submit(1)
+
+    async def main() -> tuple[str, Any, str, bool]:
+        before = await plane.astatus(inv)
+        await asyncio.to_thread(dls.run_worker, plane, once=True)
+        value = await plane.aresult(inv, timeout=10)
+        rec = await plane.aget(inv)
+        return before, value, rec.state, await plane.acancel(inv)
+
+    assert asyncio.run(main()) == ("queued", 2, "succeeded", False)
+
+
+def test_one_worker_takes_priority_then_fifo(plane: Any) -> None:
+    f = plane.udf(jobs.note)
+    tag = f"{id(plane)}-"
+    for i in range(5):
+        f.submit(f"{tag}{i}")
+    f.submit(f"{tag}urgent", _priority=9)
+    f.submit(f"{tag}later", _priority=0)
+    jobs.ORDER.clear()
+    assert dls.run_worker(plane, max_jobs=7, idle_exit=5) == 7
+    assert [f"{tag}{x}" for x in ["urgent", "0", "1", "2", "3", "4", "later"]] == jobs.ORDER
+    with pytest.raises(dls.InvalidArgument, match="priority"):
+        f.submit("x", _priority=10)
