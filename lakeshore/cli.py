@@ -29,6 +29,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from lakeshore.doctor import diagnose
     from lakeshore.store import open_store
 
+    if args.threads < 2 or args.rounds < 1:
+        print("lakeshore: doctor: --threads must be >= 2 and --rounds >= 1", file=sys.stderr)
+        return 2
     url = args.url or _default_url()
     progress = None if args.json else _progress
     if progress:
@@ -54,6 +57,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _progress(check: Check) -> None:
     print(check.line(), flush=True)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from lakeshore.demo import main as demo
+
+    return demo(args.url)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--rounds", type=int, default=20, help="race rounds (default 20)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(func=_cmd_doctor)
+    demo = sub.add_parser(
+        "demo",
+        help="run a batch through producer, worker and reader processes on one store",
+        description=(
+            "A producer process submits a batch, two worker processes drain it, and a reader "
+            "process reads every result by id. Uses the namespace 'demo' of the store."
+        ),
+    )
+    demo.add_argument(
+        "url", nargs="?", help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}"
+    )
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 
@@ -92,9 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    if getattr(args, "threads", 1) < 2 or getattr(args, "rounds", 1) < 1:
-        print("lakeshore: --threads must be >= 2 and --rounds >= 1", file=sys.stderr)
         return 2
     try:
         code: int = args.func(args)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -54,6 +55,10 @@ def function_ref(fn: Callable[..., Any]) -> str:
     """
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
+    if module == "__main__":
+        # `python -m pkg.mod` knows its real name: use it, so other processes can import it.
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None and spec.name else module
     if not module or not qualname or "<" in qualname:
         raise InvalidArgument(
             "udf",
