@@ -30,6 +30,7 @@ from lakeshore.errors import (
     StoreUnavailable,
     TimedOut,
 )
+from lakeshore.journal import Frame
 from lakeshore.record import Record
 from lakeshore.store import open_store
 from lakeshore.udf import Udf, UnknownFunction, udf
@@ -42,6 +43,7 @@ __all__ = [
     "Conflict",
     "Dispatch",
     "Failed",
+    "Frame",
     "InvalidArgument",
     "JobError",
     "KeyReused",

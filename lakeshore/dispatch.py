@@ -13,7 +13,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from lakeshore import codec, lifecycle
@@ -28,11 +28,13 @@ from lakeshore.errors import (
     NotFound,
     TimedOut,
 )
+from lakeshore.journal import Frame
 from lakeshore.keys import QueueKeys, band, check_id, check_name, id_index, new_id
 from lakeshore.protocol import QueueOps
 from lakeshore.record import Blob, Record
 from lakeshore.store import Store, open_store
 from lakeshore.store.base import CREATE
+from lakeshore.stream import follow
 from lakeshore.udf import Udf
 
 __all__ = ["DEFAULT_URL", "Dispatch", "KeyReused", "default_plane"]
@@ -329,11 +331,42 @@ class Dispatch:
             NotFound: no such invocation.
         """
         ops, rec = self._wait(inv, timeout)
-        if rec.state == "succeeded":
-            return codec.decode(
-                ops.get_blob(rec.result or Blob(inline=b"\xc0"), f"result of {inv}")
-            )
-        raise _job_error(rec)
+        if rec.state != "succeeded":
+            raise _job_error(rec)
+        if rec.result is None and rec.journal is not None:
+            # a streaming body: its result is what it yielded, read from the journal
+            return [f.value for f in follow(ops, rec.id, 0, None, _job_error)]
+        return codec.decode(ops.get_blob(rec.result or Blob(inline=b"\xc0"), f"result of {inv}"))
+
+    def stream(self, inv: str, since: int = 0, timeout: float | None = None) -> Iterator[Frame]:
+        """Follow the frames a generator body yields, from ``since`` (0-based) on.
+
+        Works while the body runs and long after it ended, from any process. Each frame has
+        ``seq``, ``value`` and ``attempt``; resume after a disconnect with ``since=seq + 1``.
+        If an attempt fails and is retried, the stream continues with the new attempt's
+        frames from seq 0. Non-generator invocations stream no frames.
+
+        Raises:
+            Failed, Killed, TimedOut: the invocation ended that way (after its frames).
+            NotFinished: ``timeout`` seconds passed while it was still queued or running.
+            NotFound: no such invocation. InvalidArgument: a bad id or cursor.
+        """
+        if not isinstance(since, int) or since < 0:
+            raise InvalidArgument(f"stream {inv}", f"since={since!r}", "pass an int >= 0")
+        ops, rec, _ = self._locate(inv)
+        return follow(ops, rec.id, since, timeout, _job_error)
+
+    async def astream(
+        self, inv: str, since: int = 0, timeout: float | None = None
+    ) -> AsyncIterator[Frame]:
+        """:meth:`stream` for asyncio code (each poll runs in a thread)."""
+        it = await asyncio.to_thread(self.stream, inv, since, timeout)
+        done = object()
+        while True:
+            frame = await asyncio.to_thread(next, it, done)
+            if frame is done:
+                return
+            yield frame  # type: ignore[misc]
 
     def _wait(self, inv: str, timeout: float | None) -> tuple[QueueOps, Record]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -14,6 +14,8 @@ a lost race is a clean miss. Every returned record has ``rev`` + 1 and a fresh `
 
 from __future__ import annotations
 
+from typing import Any
+
 from lakeshore.errors import LakeshoreError
 from lakeshore.record import Lease, Record
 
@@ -82,15 +84,25 @@ def heartbeat(rec: Record, token: str, now: float) -> Record:
     return rec.next_write(lease=Lease(rec.lease.worker, token, now + rec.lease_s))
 
 
-def succeed(rec: Record, token: str, result: object, now: float) -> Record:
-    """running -> succeeded, with the result blob."""
+def succeed(
+    rec: Record, token: str, result: object, now: float, journal: dict[str, Any] | None = None
+) -> Record:
+    """running -> succeeded, with the result blob (None for a streaming body, whose result
+    is its journal)."""
     if not holds(rec, token):
         raise _illegal(rec, "complete")
-    return rec.next_write(state="succeeded", result=result, error=None, finished_at=now, lease=None)
+    return rec.next_write(
+        state="succeeded", result=result, error=None, finished_at=now, lease=None, journal=journal
+    )
 
 
 def fail(
-    rec: Record, token: str | None, error: dict[str, str], now: float, retry: bool = True
+    rec: Record,
+    token: str | None,
+    error: dict[str, str],
+    now: float,
+    retry: bool = True,
+    journal: dict[str, Any] | None = None,
 ) -> Record:
     """running -> queued for another attempt (after a backoff) while attempts remain and the
     failure is retryable; else running -> failed. ``token=None`` is the reaper's form: the
@@ -102,9 +114,13 @@ def fail(
         raise _illegal(rec, "fail")
     if retry and rec.attempt < rec.max_attempts:
         return rec.next_write(
-            state="queued", lease=None, error=error, not_before=now + backoff_s(rec)
+            state="queued",
+            lease=None,
+            error=error,
+            not_before=now + backoff_s(rec),
+            journal=journal,
         )
-    return rec.next_write(state="failed", lease=None, error=error, finished_at=now)
+    return rec.next_write(state="failed", lease=None, error=error, finished_at=now, journal=journal)
 
 
 def expire(rec: Record, now: float) -> Record:

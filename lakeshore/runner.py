@@ -36,8 +36,8 @@ _POLL = 0.02  # how often a waiting supervisor or async body looks at the stop f
 
 @dataclass
 class Outcome:
-    """How an attempt ended: ``ok`` (with ``value``), ``error`` (with ``error``) or
-    ``stopped`` (the stop event fired first; nothing to report)."""
+    """How an attempt ended: ``ok`` (with ``value``, None for a streaming body), ``error``
+    (with ``error``) or ``stopped`` (the stop event fired first; nothing to report)."""
 
     kind: str
     value: bytes | None = None
@@ -52,8 +52,19 @@ def error_of(e: BaseException) -> dict[str, str]:
     }
 
 
+STREAMING = ("generator", "asyncgen")
+
+
+def _result_bytes(kind: str, value: Any) -> bytes | None:
+    """The encoded return value; None for streaming bodies, whose result is their journal."""
+    return None if kind in STREAMING else codec.encode(value, "result")
+
+
 class _Stopped(Exception):
     pass
+
+
+Emit = Callable[[Any], None]
 
 
 def _call(
@@ -62,21 +73,22 @@ def _call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     stop: threading.Event,
+    emit: Emit,
 ) -> Any:
-    """Run a body of any kind to completion; generators give the list of their yields."""
+    """Run a body of any kind to completion. Generator bodies hand each yield to ``emit``
+    (the journal) and return None; they stop at the next yield once ``stop`` is set."""
     if kind == "sync":
         return fn(*args, **kwargs)
     if kind == "generator":
-        out = []
         gen = fn(*args, **kwargs)
         try:
             for item in gen:
-                out.append(item)
+                emit(item)
                 if stop.is_set():
                     raise _Stopped
         finally:
             gen.close()
-        return out
+        return None
 
     async def watch(awaitable: Any) -> Any:
         task = asyncio.ensure_future(awaitable)
@@ -89,10 +101,11 @@ def _call(
                 raise _Stopped
         return task.result()
 
-    async def collect() -> list[Any]:
-        return [item async for item in fn(*args, **kwargs)]
+    async def drain() -> None:
+        async for item in fn(*args, **kwargs):
+            emit(item)
 
-    return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else collect()))
+    return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else drain()))
 
 
 def run_in_thread(
@@ -101,6 +114,7 @@ def run_in_thread(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     stop: threading.Event,
+    emit: Emit,
 ) -> Outcome:
     """Run the body in a thread; return when it ends or ``stop`` fires (whichever is first)."""
     box: list[Outcome] = []
@@ -108,8 +122,8 @@ def run_in_thread(
 
     def body() -> None:
         try:
-            value = _call(fn, kind, args, kwargs, stop)
-            box.append(Outcome("ok", value=codec.encode(value, "result")))
+            value = _call(fn, kind, args, kwargs, stop, emit)
+            box.append(Outcome("ok", value=_result_bytes(kind, value)))
         except _Stopped:
             box.append(Outcome("stopped"))
         except BaseException as e:
@@ -140,8 +154,12 @@ def _child(ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: A
         target = unpickle(fn_pickle) if fn_pickle is not None else resolve(ref, {})
         fn = target.fn if isinstance(target, Udf) else target
         args, kwargs = codec.decode(payload, "arguments")
-        value = _call(fn, kind, tuple(args), kwargs, threading.Event())
-        conn.send(("ok", codec.encode(value, "result")))
+
+        def emit(item: Any) -> None:
+            conn.send(("frame", codec.encode(item, "yielded value")))
+
+        value = _call(fn, kind, tuple(args), kwargs, threading.Event(), emit)
+        conn.send(("ok", _result_bytes(kind, value)))
     except BaseException as e:
         conn.send(("error", error_of(e)))
     finally:
@@ -149,9 +167,15 @@ def _child(ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: A
 
 
 def run_in_process(
-    ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, stop: threading.Event
+    ref: str,
+    fn_pickle: bytes | None,
+    kind: str,
+    payload: bytes,
+    stop: threading.Event,
+    emit_encoded: Callable[[bytes], None],
 ) -> Outcome:
-    """Run the body in a spawned child; kill it when ``stop`` fires."""
+    """Run the body in a spawned child; kill it when ``stop`` fires. Yields arrive encoded
+    and go to ``emit_encoded`` in this process (the child never touches the store)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(ref, fn_pickle, kind, payload, child), daemon=True)
@@ -164,6 +188,13 @@ def run_in_process(
                     tag, data = parent.recv()
                 except EOFError:
                     break
+                if tag == "frame":
+                    try:
+                        emit_encoded(data)
+                    except BaseException as e:
+                        proc.kill()
+                        return Outcome("error", error=error_of(e))
+                    continue
                 proc.join(5)
                 return Outcome("ok", value=data) if tag == "ok" else Outcome("error", error=data)
             if stop.is_set():

@@ -10,6 +10,7 @@ workers reap expired leases of crashed workers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -20,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec, lifecycle
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, StoreError
+from lakeshore.journal import END, ERROR, JournalWriter
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, RecordError
-from lakeshore.runner import Outcome, run_in_process, run_in_thread, unpickle
-from lakeshore.udf import Udf, UnknownFunction, resolve
+from lakeshore.runner import Outcome, error_of, run_in_process, run_in_thread, unpickle
+from lakeshore.udf import Udf, UnknownFunction, body_kind, resolve
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
@@ -232,14 +234,17 @@ def _attempt(state: _State, ops: QueueOps, held: Claimed) -> None:
         timer = threading.Timer(rec.timeout_s, att.halt, args=("timeout",))
         timer.daemon = True
         timer.start()
+    journal = JournalWriter(
+        ops.store, lambda seq: ops.keys.journal(rec.id, rec.attempt, seq), rec.attempt
+    )
     try:
-        outcome = _execute(state, rec, att.stop, ops)
+        outcome = _execute(state, rec, att.stop, ops, journal)
     finally:
         att.finished.set()
         if timer:
             timer.cancel()
         beat.join()
-    final_state = _conclude(state, att, outcome)
+    final_state = _conclude(state, att, outcome, journal)
     log.info(
         "%s %s attempt %d -> %s in %.3fs",
         rec.fn,
@@ -250,30 +255,37 @@ def _attempt(state: _State, ops: QueueOps, held: Claimed) -> None:
     )
 
 
-def _execute(state: _State, rec: Record, stop: threading.Event, ops: QueueOps) -> Outcome:
+def _fatal(e: LakeshoreError) -> Outcome:
+    """An error that would repeat on every attempt: not retried."""
+    return Outcome(
+        "error", error={"type": type(e).__name__, "message": str(e), "traceback": "", "fatal": "1"}
+    )
+
+
+def _execute(
+    state: _State, rec: Record, stop: threading.Event, ops: QueueOps, journal: JournalWriter
+) -> Outcome:
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}")
         target = _load(rec, state.plane)
     except (UnknownFunction, StoreError) as e:
-        return Outcome(
-            "error",
-            error={"type": type(e).__name__, "message": str(e), "traceback": "", "fatal": "1"},
-        )
+        return _fatal(e)
     fn = target.fn if isinstance(target, Udf) else target
-    kind = target.kind if isinstance(target, Udf) else _kind_of(fn)
+    kind = target.kind if isinstance(target, Udf) else body_kind(fn)
     isolation = state.isolation
     if isolation == "auto":
         isolation = "process" if rec.timeout_s is not None else "thread"
     if isolation == "process":
-        return run_in_process(rec.fn, rec.fn_pickle, kind, payload, stop)
+        return run_in_process(rec.fn, rec.fn_pickle, kind, payload, stop, journal.add)
     try:
         args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
     except LakeshoreError as e:
-        return Outcome(
-            "error",
-            error={"type": type(e).__name__, "message": str(e), "traceback": "", "fatal": "1"},
-        )
-    return run_in_thread(fn, kind, tuple(args), kwargs, stop)
+        return _fatal(e)
+
+    def emit(item: Any) -> None:
+        journal.add(codec.encode(item, "yielded value"))
+
+    return run_in_thread(fn, kind, tuple(args), kwargs, stop, emit)
 
 
 def _load(rec: Record, plane: Dispatch) -> Any:
@@ -290,39 +302,79 @@ def _load(rec: Record, plane: Dispatch) -> Any:
     return unpickle(rec.fn_pickle)
 
 
-def _kind_of(fn: Any) -> str:
-    from lakeshore.udf import body_kind
+def _conclude(state: _State, att: _Attempt, outcome: Outcome, journal: JournalWriter) -> str:
+    """Write the attempt's outcome; returns the state it left the invocation in.
 
-    return body_kind(fn)
-
-
-def _conclude(state: _State, att: _Attempt, outcome: Outcome) -> str:
-    """Write the attempt's outcome; returns the state it left the invocation in."""
+    The journal's last segment (with END, or ERROR when the failure is final) is written
+    before the record's terminal CAS, so a reader that sees the terminal record finds the
+    whole journal. A retried attempt gets no END/ERROR: readers move on to the next attempt.
+    """
     ops = att.ops
     with att.lock:
         held = att.held
         rec, token = held.record, held.token
         now = ops.store.now()
+        streamed = journal.frames > 0 or (outcome.kind == "ok" and outcome.value is None)
         if outcome.kind == "stopped" or att.why in ("killed", "lost"):
+            _quietly(journal.close)
             if att.why == "killed":
                 ops.store.delete(ops.keys.lease(rec.id))  # the record is terminal: hint is stale
                 return "killed"
             if att.why != "timeout":
                 return "fenced (lease lost; result dropped)"
         if att.why == "timeout":
+            _quietly(journal.close)
             final = lifecycle.time_out(rec, now, token)
         elif outcome.kind == "ok":
-            value = outcome.value or b"\xc0"
-            blob = ops.put_blob(
-                ops.keys.result(rec.id, rec.attempt), value, state.plane.spill_bytes
-            )
-            final = lifecycle.succeed(rec, token, blob, now)
+            final = _succeeded(state, ops, rec, token, now, outcome, journal, streamed)
         else:
             err = dict(outcome.error or {})
             fatal = err.pop("fatal", None) is not None
             final = lifecycle.fail(rec, token, err, now, retry=not fatal)
+            meta = {"attempt": rec.attempt, "frames": journal.frames, "ended": False}
+            if final.state == "failed":
+                meta["ended"] = True
+                if not _quietly(journal.close, ERROR, codec.encode(err, "error")):
+                    meta["ended"] = False
+            else:
+                _quietly(journal.close)
+            final = dataclasses.replace(final, journal=meta if journal.frames else None)
         try:
             ops.finish(held, final)
         except Conflict:
             return "fenced (record changed; result dropped)"
         return final.state
+
+
+def _succeeded(
+    state: _State,
+    ops: QueueOps,
+    rec: Record,
+    token: str,
+    now: float,
+    outcome: Outcome,
+    journal: JournalWriter,
+    streamed: bool,
+) -> Record:
+    if streamed:
+        try:
+            journal.close(END)
+        except Exception as e:  # frames were lost: the stream is incomplete, try again
+            return lifecycle.fail(rec, token, error_of(e), now)
+        meta = {"attempt": rec.attempt, "frames": journal.frames, "ended": True}
+        return lifecycle.succeed(rec, token, None, now, journal=meta)
+    journal.close()
+    blob = ops.put_blob(
+        ops.keys.result(rec.id, rec.attempt), outcome.value or b"\xc0", state.plane.spill_bytes
+    )
+    return lifecycle.succeed(rec, token, blob, now)
+
+
+def _quietly(fn: Any, *args: Any) -> bool:
+    """Best-effort journal close on a path that is failing anyway; True if it worked."""
+    try:
+        fn(*args)
+        return True
+    except Exception as e:
+        log.warning("journal flush failed: %s", e)
+        return False

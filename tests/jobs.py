@@ -118,3 +118,33 @@ ORDER: list[str] = []
 def note(tag: str) -> str:
     ORDER.append(tag)
     return tag
+
+
+def count_to(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+def flaky_stream(marker: str, n: int) -> Iterator[int]:
+    """First attempt yields half, then fails; the retry yields everything."""
+    first = not Path(marker).exists()
+    Path(marker).write_text("x")
+    for i in range(n):
+        if first and i == n // 2:
+            raise RuntimeError("first attempt dies mid-stream")
+        yield i
+
+
+def bad_stream(n: int) -> Iterator[int]:
+    yield from range(n)
+    raise KeyError("stream broke")
+
+
+def hold_after_first(flag: str) -> Iterator[str]:
+    """Yields once, then waits until a reader has seen that frame (it creates ``flag``)."""
+    yield "first"
+    deadline = time.monotonic() + 60
+    while not Path(flag).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no reader saw the first frame")
+        time.sleep(0.01)
+    yield "second"

@@ -1,0 +1,170 @@
+"""Journals: durable, resumable streams of frames, written in batched segments.
+
+A generator body's yields become VALUE frames. The worker batches them into segments — one
+create-only object per batch, named by the sequence number of its first frame — and flushes a
+batch when it holds ``flush_frames`` frames or ``flush_bytes`` bytes, or when its oldest frame
+is ``flush_age_s`` old (so a slow generator's single yield shows up quickly, and a fast one does
+not cost a PUT per yield). The last segment of a successful attempt ends with one END frame; an
+attempt that fails for good ends with one ERROR frame. Nothing else ends a journal.
+
+Segment object (msgpack)::
+
+    {"a": attempt, "s": first_seq, "f": [[kind, payload], ...]}   kind: 0 VALUE, 1 END, 2 ERROR
+
+VALUE payloads are values encoded with :mod:`lakeshore.codec`; an ERROR payload is the error
+map (type, message, traceback) encoded the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from lakeshore import codec
+from lakeshore.errors import LakeshoreError
+from lakeshore.store.base import CREATE, Store
+
+__all__ = ["END", "ERROR", "VALUE", "Frame", "JournalWriter", "read_segments"]
+
+VALUE, END, ERROR = 0, 1, 2
+_KIND_NAMES = {VALUE: "value", END: "end", ERROR: "error"}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a stream: ``seq`` (0-based within its attempt or topic), ``value``, the
+    ``attempt`` that wrote it (0 for topics), and its ``kind`` ("value", "end" or "error")."""
+
+    seq: int
+    value: Any
+    attempt: int = 0
+    kind: str = "value"
+
+
+class CorruptSegment(LakeshoreError):
+    """A journal segment that cannot be decoded."""
+
+
+def encode_segment(attempt: int, first: int, frames: list[tuple[int, bytes]]) -> bytes:
+    obj = {"a": attempt, "s": first, "f": [[k, p] for k, p in frames]}
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+def decode_segment(data: bytes, where: str) -> tuple[int, int, list[tuple[int, bytes]]]:
+    try:
+        obj = msgpack.unpackb(data, raw=False)
+        return int(obj["a"]), int(obj["s"]), [(int(k), bytes(p)) for k, p in obj["f"]]
+    except Exception as e:
+        raise CorruptSegment(
+            f"read {where}",
+            f"not a journal segment ({type(e).__name__})",
+            "the object is corrupt; the stream cannot be read past it",
+        ) from None
+
+
+def to_frame(attempt: int, seq: int, kind: int, payload: bytes) -> Frame:
+    return Frame(seq, codec.decode(payload, "frame"), attempt, _KIND_NAMES.get(kind, "value"))
+
+
+class JournalWriter:
+    """Batches frames of one attempt into create-only segments under ``prefix``.
+
+    ``key_of(first_seq)`` names a segment. Thread-safe: the body adds frames from its thread
+    while a timer flushes old batches from another.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        key_of: Any,
+        attempt: int,
+        *,
+        flush_frames: int = 256,
+        flush_bytes: int = 256 * 1024,
+        flush_age_s: float = 0.05,
+    ) -> None:
+        self.store = store
+        self.key_of = key_of
+        self.attempt = attempt
+        self.flush_frames = flush_frames
+        self.flush_bytes = flush_bytes
+        self.flush_age_s = flush_age_s
+        self.frames = 0  # frames written or pending
+        self.segments = 0
+        self._pending: list[tuple[int, bytes]] = []
+        self._pending_bytes = 0
+        self._first = 0
+        self._oldest = 0.0
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._error: BaseException | None = None
+        self._timer = threading.Thread(target=self._age_loop, name="lakeshore-journal", daemon=True)
+        self._timer.start()
+
+    def add(self, payload: bytes) -> None:
+        """Append a VALUE frame (already encoded)."""
+        with self._lock:
+            self._raise_if_failed()
+            if not self._pending:
+                self._oldest = time.monotonic()
+                self._wake.notify()
+            self._pending.append((VALUE, payload))
+            self._pending_bytes += len(payload)
+            self.frames += 1
+            if len(self._pending) >= self.flush_frames or self._pending_bytes >= self.flush_bytes:
+                self._flush_locked()
+
+    def close(self, kind: int | None = None, payload: bytes = b"\xc0") -> None:
+        """Flush what is pending, with a final END or ERROR frame when ``kind`` is given."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+            if kind is not None:
+                self._pending.append((kind, payload))
+                self.frames += 1
+            if self._pending:
+                self._flush_locked()
+            self._raise_if_failed()
+
+    def _flush_locked(self) -> None:
+        first, batch = self._first, self._pending
+        self._pending, self._pending_bytes = [], 0
+        self._first += len(batch)
+        try:
+            self.store.put(self.key_of(first), encode_segment(self.attempt, first, batch), CREATE)
+            self.segments += 1
+        except BaseException as e:  # surfaced to the body on its next yield
+            self._error = e
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _age_loop(self) -> None:
+        with self._lock:
+            while not self._closed:
+                if not self._pending:
+                    self._wake.wait()
+                    continue
+                due = self._oldest + self.flush_age_s - time.monotonic()
+                if due > 0:
+                    self._wake.wait(due)
+                    continue
+                self._flush_locked()
+
+
+def read_segments(
+    store: Store, prefix: str, start_after: str | None = None
+) -> Iterator[tuple[str, int, int, list[tuple[int, bytes]]]]:
+    """Yield ``(key, attempt, first_seq, frames)`` for the segments under ``prefix``, in order."""
+    for info in store.list(prefix, start_after=start_after):
+        data, _ = store.get(info.key)
+        attempt, first, frames = decode_segment(data, info.key)
+        yield info.key, attempt, first, frames
