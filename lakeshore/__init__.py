@@ -33,6 +33,7 @@ from lakeshore.errors import (
 from lakeshore.journal import Frame
 from lakeshore.record import Record
 from lakeshore.store import open_store
+from lakeshore.topic import Topic, TopicClosed
 from lakeshore.udf import Udf, UnknownFunction, udf
 from lakeshore.worker import run_worker
 
@@ -56,6 +57,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TimedOut",
+    "Topic",
+    "TopicClosed",
     "Udf",
     "UnknownFunction",
     "__version__",

@@ -35,6 +35,7 @@ from lakeshore.record import Blob, Record
 from lakeshore.store import Store, open_store
 from lakeshore.store.base import CREATE
 from lakeshore.stream import follow
+from lakeshore.topic import Topic
 from lakeshore.udf import Udf
 
 __all__ = ["DEFAULT_URL", "Dispatch", "KeyReused", "default_plane"]
@@ -402,6 +403,14 @@ class Dispatch:
             except Conflict:
                 rec, etag = ops.read(rec.id)
         return False
+
+    def topic(self, name: str) -> Topic:
+        """The topic ``name`` of this plane's namespace (created by its first post).
+
+        Raises:
+            InvalidArgument: a bad topic name.
+        """
+        return Topic(self.store, self.ns, name)
 
     # -- asyncio mirrors ------------------------------------------------------------------------
 

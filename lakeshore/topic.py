@@ -1,0 +1,186 @@
+"""Topics: the journal as pub/sub, with many producers in many processes.
+
+Each post is one create-only object ``lakeshore/<ns>/_topics/<name>/<seq>``: a producer
+claims the next sequence number by creating its object, and a producer that loses the race
+(the object exists) looks for the new tail and tries the next number. So no seq is ever used
+twice, none is skipped, and a retried post cannot duplicate a frame (its bytes carry a
+unique post id, so an ambiguous create is resolved by reading back).
+
+Readers list the topic from a cursor: ``stream(since)`` replays what is there now,
+``listen(since, timeout)`` keeps following new posts. ``close()`` posts a final END frame;
+readers stop there and later posts are refused. ``trim`` deletes old posts but always keeps
+the newest, so the tail — and with it the numbering — survives.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from lakeshore import codec
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError
+from lakeshore.journal import END, VALUE, Frame, decode_segment, encode_segment, to_frame
+from lakeshore.keys import seq_name, topic_prefix
+from lakeshore.store.base import CREATE, Store
+
+__all__ = ["Topic", "TopicClosed"]
+
+
+class TopicClosed(LakeshoreError):
+    """The topic ended with ``close()``; it takes no more posts."""
+
+
+class Topic:
+    """A named stream of frames in a namespace; safe for many producers and readers.
+
+    Raises (constructor):
+        InvalidArgument: a bad topic or namespace name.
+    """
+
+    def __init__(self, store: Store, ns: str, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.prefix = topic_prefix(ns, name)
+        self._next = 0  # a lower bound for the next free seq; LIST finds the real one
+        self._own_last = -1  # the seq of our own last VALUE post: known not to be END
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name!r} on {self.store.url})"
+
+    def _key(self, seq: int) -> str:
+        return self.prefix + seq_name(seq)
+
+    def _tail(self) -> int:
+        """The first free seq at or after what we know (LIST from our last known key)."""
+        start = self._key(self._next - 1) if self._next > 0 else None
+        nxt = self._next
+        for info in self.store.list(self.prefix, start_after=start):
+            nxt = int(info.key.rsplit("/", 1)[1]) + 1
+        self._next = nxt
+        return nxt
+
+    def post(self, value: Any) -> int:
+        """Append ``value``; return its seq.
+
+        Raises:
+            TopicClosed: the topic was closed.
+            InvalidArgument: the value cannot be sent.
+            StoreError: the store failed.
+        """
+        return self._append(VALUE, codec.encode(value, f"post to topic {self.name}"))
+
+    def close(self) -> int:
+        """Post the final END frame; readers stop there. Returns its seq.
+
+        Raises:
+            TopicClosed: already closed.
+        """
+        return self._append(END, codec.encode(None))
+
+    def _append(self, kind: int, payload: bytes) -> int:
+        # The post id makes every post's bytes unique (ambiguous creates resolve by read-back).
+        body = codec.encode({"post": secrets.token_hex(8), "payload": payload})
+        seq = self._tail()
+        backoff = 0.001
+        while True:
+            if seq > 0 and seq - 1 != self._own_last and self._kind_at(seq - 1) == END:
+                raise TopicClosed(
+                    f"post to topic {self.name}",
+                    "the topic was closed",
+                    "use a new topic name, or read this one to its END",
+                )
+            try:
+                self.store.put(self._key(seq), encode_segment(0, seq, [(kind, body)]), CREATE)
+            except Conflict:
+                # Another producer took this seq: find the new tail, spread out a little.
+                time.sleep(random.uniform(0, backoff))
+                backoff = min(backoff * 2, 0.05)
+                seq = max(seq + 1, self._tail())
+                continue
+            self._next = seq + 1
+            if kind == VALUE:
+                self._own_last = seq
+            return seq
+
+    def _kind_at(self, seq: int) -> int:
+        _, _, frames = decode_segment(self.store.get(self._key(seq))[0], self._key(seq))
+        return frames[0][0]
+
+    def _read(self, since: int, after: str | None) -> Iterator[tuple[str, Frame]]:
+        for info in self.store.list(self.prefix, start_after=after):
+            seq = int(info.key.rsplit("/", 1)[1])
+            if seq < since:
+                continue
+            _, _, frames = decode_segment(self.store.get(info.key)[0], info.key)
+            kind, body = frames[0]
+            inner = codec.decode(body, "topic frame")
+            yield info.key, to_frame(0, seq, kind, inner["payload"])
+
+    def stream(self, since: int = 0) -> Iterator[Frame]:
+        """The frames posted so far, from ``since`` on; stops at the current end (or END).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        start = self._key(since - 1) if since > 0 else None
+        for _, frame in self._read(since, start):
+            if frame.kind == "end":
+                return
+            yield frame
+
+    def listen(
+        self, since: int = 0, timeout: float | None = None, max_poll_s: float = 0.5
+    ) -> Iterator[Frame]:
+        """Follow the topic live from ``since``: yields new frames as they are posted, ends at
+        END, or after ``timeout`` seconds without a new frame (None: wait for good).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        after = self._key(since - 1) if since > 0 else None
+        quiet_since = time.monotonic()
+        delay = 0.005
+        while True:
+            got = False
+            for key, frame in self._read(since, after):
+                after, got = key, True
+                if frame.kind == "end":
+                    return
+                yield frame
+            if got:
+                quiet_since, delay = time.monotonic(), 0.005
+                continue
+            if timeout is not None and time.monotonic() - quiet_since >= timeout:
+                return
+            time.sleep(delay)  # no push from object storage: poll, backing off
+            delay = min(delay * 2, max_poll_s)
+
+    def trim(self, keep_last: int | None = None, older_than_s: float | None = None) -> int:
+        """Delete old posts: all but the newest ``keep_last``, and/or those older than
+        ``older_than_s`` (store clock). The newest post always stays. Returns how many went.
+
+        Raises:
+            InvalidArgument: neither limit given, or a negative one.
+        """
+        if (
+            (keep_last is None and older_than_s is None)
+            or (keep_last or 0) < 0
+            or (older_than_s or 0) < 0
+        ):
+            raise InvalidArgument(
+                f"trim topic {self.name}",
+                "give keep_last and/or older_than_s, both >= 0",
+                "e.g. trim(keep_last=1000) or trim(older_than_s=86400)",
+            )
+        infos = list(self.store.list(self.prefix))
+        keep = max(1, keep_last if keep_last is not None else 1)
+        doomed = infos[: max(0, len(infos) - keep)] if keep_last is not None else infos[:-1]
+        if older_than_s is not None:
+            cutoff = self.store.now() - older_than_s
+            doomed = [i for i in doomed if i.last_modified < cutoff]
+        for info in doomed:
+            self.store.delete(info.key)
+        return len(doomed)
