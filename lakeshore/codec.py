@@ -29,7 +29,7 @@ _TUPLE = 1
 _NDARRAY = 2
 _SENDABLE = (
     "send None, bool, int, float, str, bytes, list, tuple, dict or numpy arrays; "
-    "for files, write them with dls.run.write and pass their keys"
+    "for files, write them to storage and pass their keys"
 )
 
 

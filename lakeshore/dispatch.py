@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import os
 import threading
 import time
@@ -42,6 +43,9 @@ __all__ = ["DEFAULT_URL", "Dispatch", "KeyReused", "default_plane"]
 
 DEFAULT_URL = "file://~/.lakeshore"
 DEFAULT_QUEUE = "default"
+# A key whose record is missing is repaired only once its first submitter had this long to
+# finish: a younger one is probably still being written by a concurrent submit.
+KEY_REPAIR_GRACE_S = 30.0
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -181,7 +185,9 @@ class Dispatch:
             priority if priority is not None else (udf.priority if udf.priority is not None else 5)
         )
         band(prio)  # validates the priority before anything is written
-        attempts = max_attempts or udf.max_attempts or self.max_attempts
+        attempts = next(
+            a for a in (max_attempts, udf.max_attempts, self.max_attempts) if a is not None
+        )
         tmo = timeout_s if timeout_s is not None else udf.timeout_s
         if (
             attempts < 1
@@ -206,7 +212,7 @@ class Dispatch:
             fn_pickle=udf.pickled(),
             args=Blob(inline=b""),
             key=key,
-            input_hash=hashlib.sha256(udf.ref.encode() + b"\0" + payload).hexdigest(),
+            input_hash=_input_hash(udf, args, kwargs),
             priority=prio,
             max_attempts=attempts,
             timeout_s=tmo,
@@ -216,17 +222,23 @@ class Dispatch:
         ops = self.ops(udf.queue)
         inv = new_id()
         if key is not None:
-            existing = self._claim_key(ops, key, inv, draft.input_hash, strict_key)
-            if existing is not None:
-                try:
-                    ops.read(existing)
-                except NotFound:
-                    # The first submitter died after the key object, before the record: write
-                    # the record now (create-only, so a slow original still wins).
-                    with contextlib.suppress(Conflict):
-                        self._publish(ops, existing, draft, payload, deadline_s)
+            existing, since = self._claim_key(ops, key, inv, draft.input_hash, strict_key)
+            if existing != inv:
+                if since > KEY_REPAIR_GRACE_S:
+                    try:
+                        ops.read(existing)
+                    except NotFound:
+                        # The first submitter died after the key object, before the record:
+                        # write the record now (create-only, so a slow original still wins).
+                        with contextlib.suppress(Conflict):
+                            self._publish(ops, existing, draft, payload, deadline_s)
                 return existing
-        self._publish(ops, inv, draft, payload, deadline_s)
+        try:
+            self._publish(ops, inv, draft, payload, deadline_s)
+        except Conflict:
+            if key is None:
+                raise
+            # Only a key repair can have created our record first: the invocation exists.
         return inv
 
     def _publish(
@@ -247,12 +259,14 @@ class Dispatch:
 
     def _claim_key(
         self, ops: QueueOps, key: str, inv: str, input_hash: str, strict: bool
-    ) -> str | None:
-        """Create the key object for ``inv``; if the key exists, return the id it names."""
-        body = codec.encode({"id": inv, "input_hash": input_hash})
+    ) -> tuple[str, float]:
+        """Create the key object for ``inv``. Returns the id the key names (``inv`` if we
+        created it) and the seconds since the key was created."""
+        now = self.store.now()
+        body = codec.encode({"id": inv, "input_hash": input_hash, "at": now})
         try:
             self.store.put(ops.keys.idem(key), body, CREATE)
-            return None
+            return inv, 0.0
         except Conflict:
             pass
         held = codec.decode(self.store.get(ops.keys.idem(key))[0], "idempotency key")
@@ -263,7 +277,7 @@ class Dispatch:
                 "use a new key, or drop _strict_key to get the existing id back",
                 id=held["id"],
             )
-        return str(held["id"])
+        return str(held["id"]), now - float(held.get("at", 0.0))
 
     def _index(self, inv: str, queue: str) -> None:
         with contextlib.suppress(Conflict):
@@ -275,8 +289,9 @@ class Dispatch:
         inv = check_id(inv)
         tried: list[str] = []
         cached = self._where.get(inv)
-        candidates = [cached] if cached else []
-        candidates += [q for q in (DEFAULT_QUEUE, *self.queues()) if q not in candidates]
+        candidates = list(
+            dict.fromkeys([*([cached] if cached else []), DEFAULT_QUEUE, *self.queues()])
+        )
         for queue in candidates:
             ops = self.ops(queue)
             try:
@@ -429,6 +444,27 @@ class Dispatch:
     async def acancel(self, inv: str, reason: str = "cancelled") -> bool:
         """:meth:`cancel` for asyncio code."""
         return await asyncio.to_thread(self.cancel, inv, reason)
+
+
+def _input_hash(udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A digest of the call that does not depend on how it was spelled: arguments are bound to
+    the function's signature (positional or keyword, any order, defaults filled in).
+
+    Raises:
+        InvalidArgument: the arguments do not fit the function's signature.
+    """
+    try:
+        bound = inspect.signature(udf.fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        canonical: Any = sorted(bound.arguments.items())
+    except TypeError as e:
+        raise InvalidArgument(
+            f"submit {udf.ref}", f"the arguments do not fit the function: {e}", "fix the call"
+        ) from None
+    except ValueError:  # no signature (some builtins): fall back to the call as spelled
+        canonical = (args, sorted(kwargs.items()))
+    data = codec.encode(canonical, f"arguments of {udf.ref}")
+    return hashlib.sha256(udf.ref.encode() + b"\0" + data).hexdigest()
 
 
 def _job_error(rec: Record) -> JobError:

@@ -10,8 +10,11 @@ crash between two requests never loses an invocation:
   the ready hint. The lease hint exists before the record says running, so a crashed claimer's
   job is always found by the reaper.
 * **back to queued** (retry, expiry): put ready hint → CAS record to queued → delete lease
-  hint. A hint that points at a record in any other state is stale; whoever finds it deletes
-  it with ``if_match`` on the etag it listed, so a hint rewritten meanwhile survives.
+  hint.
+* **stale hints**: a hint is deleted only when its record is terminal (or, for a ready hint,
+  missing for longer than ``ORPHAN_GRACE_S``), with ``if_match`` on the etag that was listed.
+  A ready hint next to a *running* record may be a requeue in flight, and a lease hint next
+  to a *queued* record may be a claim in flight: both are left alone, or the job could be lost.
 * **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
   last write) → delete lease hint. A fenced-out attempt's result is dropped.
 
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from lakeshore import lifecycle
 from lakeshore.errors import Conflict, NotFound, StoreError
 from lakeshore.keys import QueueKeys
-from lakeshore.record import Blob, Record, RecordError
+from lakeshore.record import Blob, NewerRecord, Record, RecordError
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
 __all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
@@ -39,6 +42,7 @@ __all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
 _CANDIDATES = 16  # ready hints read per claim
 _SPREAD = 4  # after a lost race, the next claim tries the head of the queue in random order
+_SCAN = 5000  # ready hints looked at (listed, not read) per claim at most
 
 
 @dataclass
@@ -57,6 +61,9 @@ class QueueOps:
         self.store = store
         self.keys = keys
         self._contended = False  # did our last claim lose a race? then spread out
+        # ids seen backing off (or in flight) -> when to look again: skipped without a GET,
+        # so a long run of retries at the head of the queue never hides the work behind it
+        self._later: dict[str, float] = {}
 
     # -- records -----------------------------------------------------------------------------
 
@@ -136,23 +143,34 @@ class QueueOps:
         """Try to take one queued invocation; None when there is nothing to take.
 
         Corrupt records found on the way are marked failed (and skipped) so they never block
-        the queue.
+        the queue; invocations backing off before a retry are remembered and skipped without
+        a GET until they are due, so they never hide the work queued behind them.
         """
-        head: list[ObjectInfo] = []
-        for info in self.ready_hints():
-            head.append(info)
-            if len(head) >= _CANDIDATES:
-                break
-        # Alone, a worker takes the oldest job first (FIFO within a priority). Once it has lost
-        # a race, it spreads over the head of the queue so competing workers stop colliding.
-        spread = head[:_SPREAD]
-        if self._contended:
-            random.shuffle(spread)
-        for info in spread + head[_SPREAD:]:
-            got = self._try_claim(info, worker, now)
-            if got is not None:
-                return got
-        return None
+        while True:
+            later = {k: t for k, t in self._later.items() if t > now}
+            self._later = dict(later)
+            head: list[ObjectInfo] = []
+            for scanned, info in enumerate(self.ready_hints()):
+                if scanned >= _SCAN:
+                    break
+                if QueueKeys.id_of(info.key) not in later:
+                    head.append(info)
+                    if len(head) >= _CANDIDATES:
+                        break
+            if not head:
+                return None
+            # Alone, a worker takes the oldest job first (FIFO within a priority). Once it has
+            # lost a race, it spreads over the head so competing workers stop colliding.
+            spread = head[:_SPREAD]
+            if self._contended:
+                random.shuffle(spread)
+            for info in spread + head[_SPREAD:]:
+                got = self._try_claim(info, worker, now)
+                if got is not None:
+                    return got
+            if len(self._later) == len(later):
+                return None  # nothing new learned: the rest is taken, stale or racing
+            # every candidate was backing off (now remembered): look further down the queue
 
     def _try_claim(self, info: ObjectInfo, worker: str, now: float) -> Claimed | None:
         inv = QueueKeys.id_of(info.key)
@@ -161,14 +179,20 @@ class QueueOps:
         except NotFound:
             if info.last_modified < now - ORPHAN_GRACE_S:
                 self.drop_hint(info)  # its submitter died before writing the record
+            else:
+                self._later[inv] = info.last_modified + ORPHAN_GRACE_S  # still in flight?
+            return None
+        except NewerRecord:
+            self._later[inv] = now + ORPHAN_GRACE_S  # for a newer lakeshore's workers
             return None
         except RecordError as e:
-            self._fail_corrupt(inv, e)
+            self._fail_corrupt(inv, e, now)
             self.drop_hint(info)
             return None
         if rec.state != "queued":
-            self.drop_hint(info)
-            return None
+            if rec.terminal:
+                self.drop_hint(info)
+            return None  # running: the hint may belong to a requeue in flight
         if lifecycle.past_deadline(rec, now):
             try:
                 self.cas(lifecycle.time_out(rec, now), etag)
@@ -177,7 +201,8 @@ class QueueOps:
             self.drop_hint(info)
             return None
         if rec.not_before > now:
-            return None  # backing off before a retry; the hint stays
+            self._later[inv] = rec.not_before  # backing off before a retry; the hint stays
+            return None
         token = secrets.token_hex(8)
         running = lifecycle.claim(rec, worker, token, now)
         self.store.put(self.keys.lease(inv), token.encode(), OVERWRITE)
@@ -190,7 +215,7 @@ class QueueOps:
         self.drop_hint(info)
         return Claimed(running, new_etag, token)
 
-    def _fail_corrupt(self, inv: str, err: RecordError) -> None:
+    def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> None:
         """Overwrite an unreadable record with a failed one that says why."""
         try:
             _, etag = self.store.get(self.keys.record(inv))
@@ -202,6 +227,7 @@ class QueueOps:
                 args=Blob(inline=b""),
                 state="failed",
                 error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
+                finished_at=now,
             )
             self.store.put(self.keys.record(inv), stub.to_bytes(), if_match(etag))
         except (Conflict, NotFound):
@@ -237,12 +263,16 @@ class QueueOps:
             inv = QueueKeys.id_of(info.key)
             try:
                 rec, etag = self.read(inv)
-            except (NotFound, RecordError):
+            except NotFound:
+                self.drop_hint(info)
+                continue
+            except RecordError:
+                continue  # corrupt ones are failed by claimers; newer ones are not ours
+            if rec.terminal:
                 self.drop_hint(info)
                 continue
             if rec.state != "running":
-                self.drop_hint(info)
-                continue
+                continue  # queued: a claim may be in flight, and it needs this hint
             if rec.lease is None or rec.lease.expires_at >= now:
                 continue
             nxt = lifecycle.expire(rec, now)

@@ -28,6 +28,7 @@ __all__ = [
     "TERMINAL",
     "Blob",
     "Lease",
+    "NewerRecord",
     "Record",
     "RecordError",
 ]
@@ -40,6 +41,10 @@ STATES = LIVE + TERMINAL
 
 class RecordError(StoreError):
     """A record object that cannot be used: corrupt, truncated, or of a newer schema."""
+
+
+class NewerRecord(RecordError):
+    """A record written by a newer lakeshore: left alone, never overwritten."""
 
 
 @dataclass(frozen=True)
@@ -139,13 +144,15 @@ class Record:
             raise RecordError(
                 f"read {where}",
                 f"not a valid record ({type(e).__name__})",
-                "the object is corrupt or truncated; `lakeshore show` prints its raw bytes",
+                "the object is corrupt or truncated; inspect or delete it with the store's tools",
             ) from None
         if not isinstance(obj, dict):
             raise RecordError(f"read {where}", "not a record (no field map)", "inspect it")
         v = obj.get("v")
-        if not isinstance(v, int) or v > SCHEMA_VERSION:
-            raise RecordError(
+        if not isinstance(v, int):
+            raise RecordError(f"read {where}", "the record has no schema version", "inspect it")
+        if v > SCHEMA_VERSION:
+            raise NewerRecord(
                 f"read {where}",
                 f"record schema v{v} is newer than this lakeshore understands (v{SCHEMA_VERSION})",
                 "upgrade lakeshore on this machine",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshore import codec
+from lakeshore.errors import LakeshoreError
 
 __all__ = ["Outcome", "run_in_process", "run_in_thread"]
 
@@ -56,8 +57,25 @@ STREAMING = ("generator", "asyncgen")
 
 
 def _result_bytes(kind: str, value: Any) -> bytes | None:
-    """The encoded return value; None for streaming bodies, whose result is their journal."""
-    return None if kind in STREAMING else codec.encode(value, "result")
+    """The encoded return value; None for streaming bodies, whose result is their journal.
+
+    Raises:
+        _Unsendable: the value cannot be encoded (running the body again would not help).
+    """
+    if kind in STREAMING:
+        return None
+    try:
+        return codec.encode(value, "result")
+    except LakeshoreError as e:
+        raise _Unsendable(str(e)) from None
+
+
+class _Unsendable(Exception):
+    pass
+
+
+def _fatal_error(e: BaseException) -> dict[str, str]:
+    return {**error_of(e), "type": "UnsendableResult", "fatal": "1"}
 
 
 class _Stopped(Exception):
@@ -126,6 +144,8 @@ def run_in_thread(
             box.append(Outcome("ok", value=_result_bytes(kind, value)))
         except _Stopped:
             box.append(Outcome("stopped"))
+        except _Unsendable as e:
+            box.append(Outcome("error", error=_fatal_error(e)))
         except BaseException as e:
             box.append(Outcome("error", error=error_of(e)))
         finally:
@@ -160,6 +180,8 @@ def _child(ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: A
 
         value = _call(fn, kind, tuple(args), kwargs, threading.Event(), emit)
         conn.send(("ok", _result_bytes(kind, value)))
+    except _Unsendable as e:
+        conn.send(("error", _fatal_error(e)))
     except BaseException as e:
         conn.send(("error", error_of(e)))
     finally:

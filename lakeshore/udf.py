@@ -172,7 +172,7 @@ def resolve(ref: str, registry: dict[str, Udf[Any, Any]]) -> Udf[Any, Any] | Cal
         where = (
             "it lives in a script's __main__: decorate it on this plane, or move it to a module"
             if module_name in ("__main__", "__mp_main__")
-            else "install the module on the worker and pass --import, or check the name"
+            else "install the module where the worker runs, or check the name"
         )
         raise UnknownFunction(
             f"resolve {ref}", f"cannot load the function ({type(e).__name__}: {e})", where, ref=ref

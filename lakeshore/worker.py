@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec, lifecycle
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, StoreError
+from lakeshore.errors import (
+    Conflict,
+    InvalidArgument,
+    LakeshoreError,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+)
 from lakeshore.journal import END, ERROR, JournalWriter
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, RecordError
@@ -142,12 +149,18 @@ def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_
                 log.warning("claim on %s failed: %s", q.keys.queue, e)
             if held is not None:
                 turn = (turn + i + 1) % len(ops)
-                _attempt(state, q, held)
+                try:
+                    _attempt(state, q, held)
+                except LakeshoreError as e:
+                    # The outcome could not be written (store down?): the lease will expire
+                    # and the reaper retries the invocation. Keep serving.
+                    log.error("attempt of %s could not be concluded: %s", held.record.id, e)
                 with state.lock:
                     state.done += 1
                 break
         if held is not None:
             delay, idle_since = 0.005, time.monotonic()
+            _maybe_reap(state, ops)  # busy workers reap too, at the same modest rate
             continue
         state.give_back()
         _maybe_reap(state, ops)
@@ -267,8 +280,11 @@ def _execute(
 ) -> Outcome:
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}")
+        args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
         target = _load(rec, state.plane)
-    except (UnknownFunction, StoreError) as e:
+    except StoreUnavailable as e:  # may work next time
+        return Outcome("error", error=error_of(e))
+    except LakeshoreError as e:  # missing, tampered or undecodable input; unknown function
         return _fatal(e)
     fn = target.fn if isinstance(target, Udf) else target
     kind = target.kind if isinstance(target, Udf) else body_kind(fn)
@@ -277,10 +293,6 @@ def _execute(
         isolation = "process" if rec.timeout_s is not None else "thread"
     if isolation == "process":
         return run_in_process(rec.fn, rec.fn_pickle, kind, payload, stop, journal.add)
-    try:
-        args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
-    except LakeshoreError as e:
-        return _fatal(e)
 
     def emit(item: Any) -> None:
         journal.add(codec.encode(item, "yielded value"))

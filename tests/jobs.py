@@ -148,3 +148,11 @@ def hold_after_first(flag: str) -> Iterator[str]:
             raise TimeoutError("no reader saw the first frame")
         time.sleep(0.01)
     yield "second"
+
+
+def unsendable() -> object:
+    return threading.Lock()
+
+
+def kw(a: int, b: int = 2, *, c: int = 3) -> int:
+    return a + b + c

@@ -1,0 +1,100 @@
+"""Protocol edges found in review: hints in flight must survive, newer records are left alone,
+concurrent keyed submits, head-of-line retries, and inputs that must fail fast."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+import lakeshore as dls
+from lakeshore import codec, lifecycle
+from lakeshore.record import SCHEMA_VERSION
+from tests import jobs
+
+
+def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(plane: Any) -> None:
+    q = plane
+    inv = q.udf(jobs.add_one).submit(1)
+    ops = q.ops("default")
+    held = ops.claim("w1", q.store.now())
+    assert held is not None
+    # A retry is half done: the ready hint is back, the record still says running.
+    back = lifecycle.fail(held.record, held.token, {"type": "E"}, q.store.now())
+    ops.put_ready(back)
+    assert ops.claim("w2", q.store.now()) is None  # finds the hint, must leave it
+    assert [i.key for i in ops.ready_hints()] == [ops.keys.ready(back.priority, inv)]
+    ops.finish(held, back)  # the retry completes: the job is findable
+    time.sleep(max(0.0, back.not_before - q.store.now()) + 0.01)  # wait out the backoff itself
+    again = ops.claim("w2", q.store.now())
+    assert again is not None and again.record.attempt == 2
+
+
+def test_lease_hint_of_a_claim_in_flight_survives_the_reaper(plane: Any) -> None:
+    q = plane
+    inv = q.udf(jobs.add_one).submit(1)
+    ops = q.ops("default")
+    q.store.put(ops.keys.lease(inv), b"claim in flight")  # step 1 of a claim, record still queued
+    assert ops.reap(q.store.now() + 3600) == 0
+    assert [i.key for i in q.store.list(ops.keys.leases_prefix)] == [ops.keys.lease(inv)]
+
+
+def test_newer_records_are_left_alone(plane: Any) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)
+    future, ok = f.submit(1), f.submit(2)
+    ops = q.ops("default")
+    raw, _ = q.store.get(ops.keys.record(future))
+    newer = raw.replace(b"\xa1v" + bytes([SCHEMA_VERSION]), b"\xa1v" + bytes([SCHEMA_VERSION + 1]))
+    q.store.put(ops.keys.record(future), newer)
+    assert dls.run_worker(q, idle_exit=0.3) == 1
+    assert q.result(ok) == 3
+    assert q.store.get(ops.keys.record(future))[0] == newer  # untouched
+    assert ops.reap(q.store.now() + 3600) == 0
+
+
+def test_a_young_key_without_record_is_not_repaired(plane: Any) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)
+    ops = q.ops("default")
+    first = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    body = codec.encode({"id": first, "input_hash": "?", "at": q.store.now()})
+    q.store.put(ops.keys.idem("race"), body)  # a first submitter is between key and record
+    assert f.submit(5, _key="race") == first
+    with pytest.raises(dls.NotFound):
+        q.get(first)  # the second caller did not write its own arguments under that id
+
+
+def test_retries_at_the_head_do_not_hide_work_behind_them(plane: Any) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)
+    ops = q.ops("default")
+    for i in range(20):
+        inv = f.submit(i)
+        rec, etag = ops.read(inv)
+        ops.cas(rec.next_write(not_before=q.store.now() + 3600), etag)  # backing off an hour
+    fresh = f.submit(100)
+    assert dls.run_worker(q, once=True) == 1
+    assert q.result(fresh, timeout=5) == 101
+
+
+def test_bad_options_and_calls_fail_at_submit(plane: Any) -> None:
+    f = plane.udf(jobs.kw)
+    with pytest.raises(dls.InvalidArgument, match="max_attempts"):
+        f.submit(1, _max_attempts=0)
+    with pytest.raises(dls.InvalidArgument, match="do not fit"):
+        f.submit(1, 2, 3)  # c is keyword-only
+    a = f.submit(1, b=2, _key="same", _strict_key=True)
+    assert f.submit(b=2, a=1, _key="same", _strict_key=True) == a  # same call, other spelling
+    assert f.submit(1, _key="same", _strict_key=True) == a  # defaults filled in
+    with pytest.raises(dls.KeyReused):
+        f.submit(1, b=5, _key="same", _strict_key=True)
+
+
+def test_an_unsendable_result_fails_without_retrying(plane: Any) -> None:
+    inv = plane.udf(jobs.unsendable).submit()
+    assert dls.run_worker(plane, once=True) == 1
+    with pytest.raises(dls.Failed, match="UnsendableResult"):
+        plane.result(inv)
+    assert plane.get(inv).attempt == 1
