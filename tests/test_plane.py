@@ -300,3 +300,21 @@ def test_one_worker_takes_priority_then_fifo(plane: Any) -> None:
     assert [f"{tag}{x}" for x in ["urgent", "0", "1", "2", "3", "4", "later"]] == jobs.ORDER
     with pytest.raises(dls.InvalidArgument, match="priority"):
         f.submit("x", _priority=10)
+
+
+def test_default_plane_and_module_level_udf(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import lakeshore.dispatch
+
+    monkeypatch.setattr(lakeshore.dispatch, "_default", None)
+    monkeypatch.delenv("LAKESHORE_URL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert dls.Dispatch().store.url == f"file://{tmp_path}/.lakeshore"  # the embedded default
+    monkeypatch.setenv("LAKESHORE_URL", f"file://{tmp_path}/shared")
+    g = dls.udf(queue="default")(jobs.add_one)  # bound to the default plane, lazily
+    inv = g.submit(4)
+    plane = dls.default_plane()
+    assert plane.store.url == f"file://{tmp_path}/shared"
+    assert dls.run_worker(plane, once=True) == 1
+    assert dls.Dispatch().result(inv) == 5  # any plane on the same store reads it
