@@ -18,6 +18,7 @@ All probe objects live under ``lakeshore-doctor/<ulid>/`` and are removed afterw
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -317,8 +318,7 @@ def _clock(s: Store) -> Check:
 
 
 def _cleanup(s: Store, base: str) -> None:
-    try:
+    # Best effort: the prefix is named for the doctor and can be removed by hand.
+    with contextlib.suppress(LakeshoreError):
         for obj in list(s.list(f"{base}/")):
             s.delete(obj.key)
-    except LakeshoreError:
-        pass  # best effort: the prefix is named for the doctor and can be removed by hand
