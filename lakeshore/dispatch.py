@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from inspect import Parameter
 from typing import Any, TypeVar, overload
 
 from lakeshore import codec, lifecycle
@@ -354,13 +355,17 @@ class Dispatch:
             return [f.value for f in follow(ops, rec.id, 0, None, _job_error)]
         return codec.decode(ops.get_blob(rec.result or Blob(inline=b"\xc0"), f"result of {inv}"))
 
-    def stream(self, inv: str, since: int = 0, timeout: float | None = None) -> Iterator[Frame]:
+    def stream(
+        self, inv: str, since: int = 0, timeout: float | None = None, attempt: int | None = None
+    ) -> Iterator[Frame]:
         """Follow the frames a generator body yields, from ``since`` (0-based) on.
 
         Works while the body runs and long after it ended, from any process. Each frame has
-        ``seq``, ``value`` and ``attempt``; resume after a disconnect with ``since=seq + 1``.
-        If an attempt fails and is retried, the stream continues with the new attempt's
-        frames from seq 0. Non-generator invocations stream no frames.
+        ``seq``, ``value`` and ``attempt``; resume after a disconnect with ``since=seq + 1``
+        and ``attempt=frame.attempt`` (if a retry replaced that attempt meanwhile, reading
+        restarts at the new attempt's seq 0). If an attempt fails and is retried while you
+        read, the stream continues with the new attempt's frames from seq 0. Non-generator
+        invocations stream no frames.
 
         Raises:
             Failed, Killed, TimedOut: the invocation ended that way (after its frames).
@@ -370,13 +375,13 @@ class Dispatch:
         if not isinstance(since, int) or since < 0:
             raise InvalidArgument(f"stream {inv}", f"since={since!r}", "pass an int >= 0")
         ops, rec, _ = self._locate(inv)
-        return follow(ops, rec.id, since, timeout, _job_error)
+        return follow(ops, rec.id, since, timeout, _job_error, since_attempt=attempt)
 
     async def astream(
-        self, inv: str, since: int = 0, timeout: float | None = None
+        self, inv: str, since: int = 0, timeout: float | None = None, attempt: int | None = None
     ) -> AsyncIterator[Frame]:
         """:meth:`stream` for asyncio code (each poll runs in a thread)."""
-        it = await asyncio.to_thread(self.stream, inv, since, timeout)
+        it = await asyncio.to_thread(self.stream, inv, since, timeout, attempt)
         done = object()
         while True:
             frame = await asyncio.to_thread(next, it, done)
@@ -446,6 +451,9 @@ class Dispatch:
         return await asyncio.to_thread(self.cancel, inv, reason)
 
 
+VAR_KEYWORD = Parameter.VAR_KEYWORD
+
+
 def _input_hash(udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """A digest of the call that does not depend on how it was spelled: arguments are bound to
     the function's signature (positional or keyword, any order, defaults filled in).
@@ -454,9 +462,13 @@ def _input_hash(udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         InvalidArgument: the arguments do not fit the function's signature.
     """
     try:
-        bound = inspect.signature(udf.fn).bind(*args, **kwargs)
+        sig = inspect.signature(udf.fn)
+        bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        canonical: Any = sorted(bound.arguments.items())
+        canonical: Any = [
+            (name, sorted(value.items()) if sig.parameters[name].kind is VAR_KEYWORD else value)
+            for name, value in sorted(bound.arguments.items())
+        ]
     except TypeError as e:
         raise InvalidArgument(
             f"submit {udf.ref}", f"the arguments do not fit the function: {e}", "fix the call"

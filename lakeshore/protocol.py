@@ -192,7 +192,9 @@ class QueueOps:
         if rec.state != "queued":
             if rec.terminal:
                 self.drop_hint(info)
-            return None  # running: the hint may belong to a requeue in flight
+            else:  # running: the hint may belong to a requeue in flight; look again later
+                self._later[inv] = now + min(5.0, rec.lease_s / 3)
+            return None
         if lifecycle.past_deadline(rec, now):
             try:
                 self.cas(lifecycle.time_out(rec, now), etag)
@@ -218,22 +220,23 @@ class QueueOps:
     def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> None:
         """Overwrite an unreadable record with a failed one that says why."""
         try:
-            _, etag = self.store.get(self.keys.record(inv))
-            stub = Record(
-                id=inv,
-                ns=self.keys.ns,
-                queue=self.keys.queue,
-                fn="?",
-                args=Blob(inline=b""),
-                state="failed",
-                error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
-                finished_at=now,
-            )
+            data, etag = self.store.get(self.keys.record(inv))
+        except NotFound:
+            return
+        if _usable(data):
+            return  # rewritten meanwhile (or of a newer schema): not ours to fail
+        stub = Record(
+            id=inv,
+            ns=self.keys.ns,
+            queue=self.keys.queue,
+            fn="?",
+            args=Blob(inline=b""),
+            state="failed",
+            error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
+            finished_at=now,
+        )
+        with contextlib.suppress(Conflict):
             self.store.put(self.keys.record(inv), stub.to_bytes(), if_match(etag))
-        except (Conflict, NotFound):
-            pass
-        except RecordError:
-            pass
 
     def heartbeat(self, held: Claimed, now: float) -> Claimed:
         """Push the lease out. Raises Conflict when the record changed (cancel, expiry)."""
@@ -285,3 +288,14 @@ class QueueOps:
             self.drop_hint(info)
             moved += 1
         return moved
+
+
+def _usable(data: bytes) -> bool:
+    """True unless ``data`` is a corrupt record (a newer schema is not corrupt)."""
+    try:
+        Record.from_bytes(data)
+    except NewerRecord:
+        return True
+    except RecordError:
+        return False
+    return True

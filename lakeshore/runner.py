@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.errors import LakeshoreError
+from lakeshore.errors import InvalidArgument, LakeshoreError
 
 __all__ = ["Outcome", "run_in_process", "run_in_thread"]
 
@@ -75,7 +75,7 @@ class _Unsendable(Exception):
 
 
 def _fatal_error(e: BaseException) -> dict[str, str]:
-    return {**error_of(e), "type": "UnsendableResult", "fatal": "1"}
+    return {**error_of(e), "type": "UnsendableValue", "fatal": "1"}
 
 
 class _Stopped(Exception):
@@ -83,6 +83,13 @@ class _Stopped(Exception):
 
 
 Emit = Callable[[Any], None]
+
+
+def _emit(emit: Emit, item: Any) -> None:
+    try:
+        emit(item)
+    except InvalidArgument as e:  # the codec refused the value: a retry would yield it again
+        raise _Unsendable(str(e)) from None
 
 
 def _call(
@@ -101,7 +108,7 @@ def _call(
         gen = fn(*args, **kwargs)
         try:
             for item in gen:
-                emit(item)
+                _emit(emit, item)
                 if stop.is_set():
                     raise _Stopped
         finally:
@@ -121,7 +128,7 @@ def _call(
 
     async def drain() -> None:
         async for item in fn(*args, **kwargs):
-            emit(item)
+            _emit(emit, item)
 
     return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else drain()))
 

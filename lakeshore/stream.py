@@ -35,8 +35,11 @@ def follow(
     timeout: float | None,
     job_error: Callable[[Record], JobError],
     max_poll_s: float = 0.5,
+    since_attempt: int | None = None,
 ) -> Iterator[Frame]:
-    """Yield the frames of ``inv`` from ``since``; see the module docstring.
+    """Yield the frames of ``inv`` from ``since``; see the module docstring. When
+    ``since_attempt`` names the attempt the cursor belongs to and the invocation has moved to
+    another attempt since, reading starts at that attempt's seq 0 instead.
 
     Raises:
         JobError: the invocation ended failed, killed or timed out.
@@ -45,6 +48,8 @@ def follow(
     deadline = None if timeout is None else time.monotonic() + timeout
     rec = ops.read(inv)[0]
     attempt, cursor, last_key = rec.attempt, since, None
+    if since_attempt is not None and since_attempt != rec.attempt:
+        cursor = 0  # the cursor belongs to an earlier attempt, whose frames were replaced
     delay = 0.005
     settled = False  # saw the terminal record, and drained the journal after that
     while True:
@@ -84,10 +89,11 @@ def follow(
             raise NotFinished(
                 f"stream {inv}",
                 f"still {rec.state} after {timeout} s (read up to seq {cursor - 1})",
-                f"resume with since={cursor}",
+                f"resume with since={cursor}, attempt={attempt}",
                 id=inv,
                 state=rec.state,
                 since=cursor,
+                attempt=attempt,
             )
         if fresh:
             delay = 0.005

@@ -336,21 +336,20 @@ def _conclude(state: _State, att: _Attempt, outcome: Outcome, journal: JournalWr
                 return "fenced (lease lost; result dropped)"
         if att.why == "timeout":
             _quietly(journal.close)
-            final = lifecycle.time_out(rec, now, token)
+            final = _with_journal(lifecycle.time_out(rec, now, token), journal, ended=False)
         elif outcome.kind == "ok":
             final = _succeeded(state, ops, rec, token, now, outcome, journal, streamed)
         else:
             err = dict(outcome.error or {})
             fatal = err.pop("fatal", None) is not None
             final = lifecycle.fail(rec, token, err, now, retry=not fatal)
-            meta = {"attempt": rec.attempt, "frames": journal.frames, "ended": False}
-            if final.state == "failed":
-                meta["ended"] = True
-                if not _quietly(journal.close, ERROR, codec.encode(err, "error")):
-                    meta["ended"] = False
+            ended = False
+            if final.state == "failed" and journal.frames:
+                # Only a stream gets an ERROR frame, and only when no retry follows.
+                ended = _quietly(journal.close, ERROR, codec.encode(err, "error"))
             else:
                 _quietly(journal.close)
-            final = dataclasses.replace(final, journal=meta if journal.frames else None)
+            final = _with_journal(final, journal, ended)
         try:
             ops.finish(held, final)
         except Conflict:
@@ -380,6 +379,14 @@ def _succeeded(
         ops.keys.result(rec.id, rec.attempt), outcome.value or b"\xc0", state.plane.spill_bytes
     )
     return lifecycle.succeed(rec, token, blob, now)
+
+
+def _with_journal(rec: Record, journal: JournalWriter, ended: bool) -> Record:
+    """The attempt's journal summary on its outcome record (None when nothing streamed)."""
+    if not journal.frames:
+        return rec
+    meta = {"attempt": journal.attempt, "frames": journal.frames, "ended": ended}
+    return dataclasses.replace(rec, journal=meta)
 
 
 def _quietly(fn: Any, *args: Any) -> bool:

@@ -156,3 +156,8 @@ def unsendable() -> object:
 
 def kw(a: int, b: int = 2, *, c: int = 3) -> int:
     return a + b + c
+
+
+def yields_a_lock() -> Iterator[object]:
+    yield "fine"
+    yield threading.Lock()

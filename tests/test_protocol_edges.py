@@ -10,6 +10,7 @@ import pytest
 
 import lakeshore as dls
 from lakeshore import codec, lifecycle
+from lakeshore.protocol import QueueOps
 from lakeshore.record import SCHEMA_VERSION
 from tests import jobs
 
@@ -27,7 +28,8 @@ def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(plane: Any) -> Non
     assert [i.key for i in ops.ready_hints()] == [ops.keys.ready(back.priority, inv)]
     ops.finish(held, back)  # the retry completes: the job is findable
     time.sleep(max(0.0, back.not_before - q.store.now()) + 0.01)  # wait out the backoff itself
-    again = ops.claim("w2", q.store.now())
+    other = QueueOps(q.store, ops.keys)  # another worker (the first remembers to look later)
+    again = other.claim("w2", q.store.now())
     assert again is not None and again.record.attempt == 2
 
 
@@ -95,6 +97,12 @@ def test_bad_options_and_calls_fail_at_submit(plane: Any) -> None:
 def test_an_unsendable_result_fails_without_retrying(plane: Any) -> None:
     inv = plane.udf(jobs.unsendable).submit()
     assert dls.run_worker(plane, once=True) == 1
-    with pytest.raises(dls.Failed, match="UnsendableResult"):
+    with pytest.raises(dls.Failed, match="UnsendableValue"):
         plane.result(inv)
     assert plane.get(inv).attempt == 1
+
+
+def test_strict_key_ignores_the_order_of_extra_keywords(plane: Any) -> None:
+    e = plane.udf(jobs.echo)
+    a = e.submit(x=1, y=2, _key="kw", _strict_key=True)
+    assert e.submit(y=2, x=1, _key="kw", _strict_key=True) == a

@@ -190,3 +190,29 @@ def test_async_stream(plane: Any) -> None:
         return [f.value async for f in q.astream(inv, since=1)]
 
     assert asyncio.run(read()) == [1, 2, 3]
+
+
+def test_resume_with_a_cursor_of_a_replaced_attempt(plane: Any, tmp_path: Path) -> None:
+    q = plane
+    inv = q.udf(jobs.flaky_stream).submit(str(tmp_path / "m"), 10)
+    dls.run_worker(q, max_jobs=2, idle_exit=10)
+    assert q.get(inv).attempt == 2
+    # A reader that stopped at seq 4 of attempt 1 resumes: attempt 2 replaced those frames.
+    assert [f.seq for f in q.stream(inv, since=5, attempt=1)] == list(range(10))
+    assert [f.seq for f in q.stream(inv, since=5, attempt=2)] == list(range(5, 10))
+
+
+def test_unsendable_yield_fails_without_retry(plane: Any) -> None:
+    inv = plane.udf(jobs.yields_a_lock).submit()
+    dls.run_worker(plane, once=True)
+    with pytest.raises(dls.Failed, match="UnsendableValue"):
+        plane.result(inv)
+    rec = plane.get(inv)
+    assert rec.attempt == 1 and rec.journal == {"attempt": 1, "frames": 2, "ended": True}
+
+
+def test_plain_failure_writes_no_journal(plane: Any) -> None:
+    inv = plane.udf(jobs.fail_always, max_attempts=1).submit("x")
+    dls.run_worker(plane, once=True)
+    assert plane.get(inv).journal is None
+    assert list(plane.store.list(plane.ops("default").keys.journal_prefix(inv, 1))) == []
