@@ -63,6 +63,13 @@ def report(pytestconfig: pytest.Config) -> list[str]:
     return pytestconfig.stash[_report_key]
 
 
+@pytest.fixture(autouse=True)
+def _count_seaweed_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "seaweed" in request.fixturenames:  # also counts fixtures requested on the fly
+        request.config.stash[_seaweed_key]["tests"] += 1
+
+
 @pytest.fixture(scope="session")
 def seaweed(pytestconfig: pytest.Config) -> Iterator[Seaweed]:
     info = pytestconfig.stash[_seaweed_key]
@@ -139,9 +146,7 @@ def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if kind == "moto":
         store: Store = request.getfixturevalue("moto_store")
         return store
-    server = request.getfixturevalue("seaweed")
-    request.config.stash[_seaweed_key]["tests"] += 1
-    return seaweed_store(server)
+    return seaweed_store(request.getfixturevalue("seaweed"))
 
 
 _ALL = [
@@ -172,7 +177,6 @@ def atomic_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
 @pytest.fixture
 def seaweed_s3(seaweed: Seaweed, request: pytest.FixtureRequest) -> Iterator[Store]:
     """A fresh S3Store on SeaweedFS, for tests that are about S3 in particular."""
-    request.config.stash[_seaweed_key]["tests"] += 1
     s = seaweed_store(seaweed)
     yield s
     s.close()

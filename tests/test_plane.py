@@ -173,11 +173,7 @@ def test_corrupt_record_is_failed_and_skipped(plane: Any) -> None:
 
 def test_spill_large_arguments_and_results(plane: Any) -> None:
     q = plane
-    n = (
-        20 * 1024 * 1024
-        if "seaweedfs" not in q.store.url and "moto" not in q.store.url
-        else 4 * 1024 * 1024
-    )
+    n = 20 * 1024 * 1024
     measure, make = q.udf(jobs.size_of), q.udf(jobs.big)
     a, b = measure.submit(b"a" * n), make.submit(n)
     rec = q.get(a)

@@ -78,16 +78,33 @@ def test_worker_processes_share_a_directory(tmp_path: Path) -> None:
     assert len(pids) >= 2  # the work was really shared
 
 
-def test_sigkill_mid_job_another_worker_finishes(tmp_path: Path) -> None:
-    url = f"file://{tmp_path}/plane"
-    q = dls.Dispatch(url, lease_s=1.0, retry_backoff_s=0.05)
+def _process_url(store: Any) -> tuple[str, dict[str, str] | None]:
+    """The URL (and environment) another process needs to open the same store."""
+    if not store.url.startswith("s3://"):
+        return store.url, None
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "lakeshore-test", "AWS_SECRET_ACCESS_KEY": "x"}
+    return f"{store.url}?endpoint_url={store.client.meta.endpoint_url}", env
+
+
+@pytest.mark.parametrize("tier", ["local", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)])
+def test_sigkill_mid_job_another_worker_finishes(
+    tmp_path: Path, tier: str, request: pytest.FixtureRequest
+) -> None:
+    if tier == "local":
+        store: Any = dls.open_store(f"file://{tmp_path}/plane")
+    else:
+        from tests.conftest import seaweed_store
+
+        store = seaweed_store(request.getfixturevalue("seaweed"))
+    url, env = _process_url(store)
+    q = make_plane(store, lease_s=1.0)
     marker = tmp_path / "started"
     inv = q.udf(jobs.slow_first_time).submit(str(marker), 60)
     code = (
         "import lakeshore as dls, sys;"
         "dls.run_worker(dls.Dispatch(sys.argv[1], lease_s=1.0), once=True)"
     )
-    victim = subprocess.Popen([sys.executable, "-c", code, url])
+    victim = subprocess.Popen([sys.executable, "-c", code, url], env=env)
     _poll(marker.exists, 60, "the first attempt to start")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait(10)
@@ -100,8 +117,8 @@ def test_sigkill_mid_job_another_worker_finishes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_cancel_running_stops_the_body(tmp_path: Path, isolation: str) -> None:
-    q = make_plane(dls.open_store(f"file://{tmp_path}/plane"), lease_s=0.9)
+def test_cancel_running_stops_the_body(atomic_store: Any, tmp_path: Path, isolation: str) -> None:
+    q = make_plane(atomic_store, lease_s=0.9)
     fn = jobs.sleep_async if isolation == "thread" else jobs.touch_then_sleep
     f = q.udf(fn)
     started = tmp_path / "pid"
@@ -142,8 +159,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_timeout_stops_a_sync_body(tmp_path: Path) -> None:
-    q = make_plane(dls.open_store(f"file://{tmp_path}/plane"))
+def test_timeout_stops_a_sync_body(atomic_store: Any, tmp_path: Path) -> None:
+    q = make_plane(atomic_store)
     started = tmp_path / "pid"
     inv = q.udf(jobs.touch_then_sleep, timeout_s=0.5).submit(str(started), 60)
     assert dls.run_worker(q, once=True) == 1  # auto isolation: a child process
