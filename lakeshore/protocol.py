@@ -186,8 +186,8 @@ class QueueOps:
             self._later[inv] = now + ORPHAN_GRACE_S  # for a newer lakeshore's workers
             return None
         except RecordError as e:
-            self._fail_corrupt(inv, e, now)
-            self.drop_hint(info)
+            if self._fail_corrupt(inv, e, now):
+                self.drop_hint(info)  # the record is failed now: its hint is stale
             return None
         if rec.state != "queued":
             if rec.terminal:
@@ -217,14 +217,14 @@ class QueueOps:
         self.drop_hint(info)
         return Claimed(running, new_etag, token)
 
-    def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> None:
-        """Overwrite an unreadable record with a failed one that says why."""
+    def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> bool:
+        """Overwrite an unreadable record with a failed one that says why; True if done."""
         try:
             data, etag = self.store.get(self.keys.record(inv))
         except NotFound:
-            return
+            return False
         if _usable(data):
-            return  # rewritten meanwhile (or of a newer schema): not ours to fail
+            return False  # rewritten meanwhile (or of a newer schema): not ours to fail
         stub = Record(
             id=inv,
             ns=self.keys.ns,
@@ -235,8 +235,11 @@ class QueueOps:
             error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
             finished_at=now,
         )
-        with contextlib.suppress(Conflict):
+        try:
             self.store.put(self.keys.record(inv), stub.to_bytes(), if_match(etag))
+        except Conflict:
+            return False
+        return True
 
     def heartbeat(self, held: Claimed, now: float) -> Claimed:
         """Push the lease out. Raises Conflict when the record changed (cancel, expiry)."""
