@@ -15,6 +15,7 @@ assert q.result(inv) == 2
 
 from __future__ import annotations
 
+from lakeshore.admission import QueueFull
 from lakeshore.dispatch import DEFAULT_URL, Dispatch, KeyReused, default_plane
 from lakeshore.errors import (
     Conflict,
@@ -31,6 +32,7 @@ from lakeshore.errors import (
     TimedOut,
 )
 from lakeshore.journal import Frame
+from lakeshore.queueconf import QueueConfig
 from lakeshore.record import Record
 from lakeshore.store import open_store
 from lakeshore.topic import Topic, TopicClosed
@@ -53,6 +55,8 @@ __all__ = [
     "NotFinished",
     "NotFound",
     "PermissionDenied",
+    "QueueConfig",
+    "QueueFull",
     "Record",
     "StoreError",
     "StoreUnavailable",

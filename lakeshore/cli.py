@@ -11,10 +11,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from lakeshore import __version__
 from lakeshore.doctor import Check
-from lakeshore.errors import LakeshoreError
+from lakeshore.errors import InvalidArgument, LakeshoreError
 
 __all__ = ["DEFAULT_URL", "main"]
 
@@ -57,6 +58,43 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _progress(check: Check) -> None:
     print(check.line(), flush=True)
+
+
+def _parse_setting(text: str) -> tuple[str, Any]:
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise InvalidArgument("queue set", f"{text!r} is not NAME=VALUE", "e.g. max_depth=100")
+    value: Any = raw
+    if raw.lower() in ("none", "null", ""):
+        value = None
+    else:
+        for cast in (int, float):
+            try:
+                value = cast(raw)
+                break
+            except ValueError:
+                continue
+    return name, value
+
+
+def _cmd_queue(args: argparse.Namespace) -> int:
+    from lakeshore.dispatch import Dispatch
+
+    q = Dispatch(args.url, ns=args.ns)
+    if args.action == "set":
+        if not args.settings:
+            raise InvalidArgument("queue set", "no settings given", "pass NAME=VALUE pairs")
+        conf = q.configure(args.queue, **dict(map(_parse_setting, args.settings)))
+    else:
+        conf = q.queue_config(args.queue)
+    data = conf.public()
+    if args.json:
+        print(json.dumps({"queue": args.queue, "ns": args.ns, "rev": conf.rev, **data}, indent=2))
+    else:
+        print(f"queue {args.ns}/{args.queue} on {q.store.url} (rev {conf.rev})")
+        for k, v in data.items():
+            print(f"  {k:<20} {'-' if v is None else v}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -104,6 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
         "url", nargs="?", help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}"
     )
     demo.set_defaults(func=_cmd_demo)
+    queue = sub.add_parser(
+        "queue",
+        help="show or change a queue's settings (admission, defaults)",
+        description=(
+            "Show a queue's record, or change fields of it by compare-and-swap: "
+            "lakeshore queue set jobs max_depth=100 on_full=block rate_limit=20/s. "
+            "VALUE 'none' clears a limit."
+        ),
+    )
+    queue.add_argument("action", choices=["show", "set"])
+    queue.add_argument("queue", help="queue name")
+    queue.add_argument("settings", nargs="*", metavar="NAME=VALUE")
+    queue.add_argument("--url", help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}")
+    queue.add_argument("--ns", default="default", help="namespace (default: default)")
+    queue.add_argument("--json", action="store_true", help="machine-readable output")
+    queue.set_defaults(func=_cmd_queue)
     return parser
 
 

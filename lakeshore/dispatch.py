@@ -19,6 +19,7 @@ from inspect import Parameter
 from typing import Any, TypeVar, overload
 
 from lakeshore import codec, lifecycle
+from lakeshore.admission import admit, give_back_rate
 from lakeshore.errors import (
     Conflict,
     Failed,
@@ -33,6 +34,8 @@ from lakeshore.errors import (
 from lakeshore.journal import Frame
 from lakeshore.keys import QueueKeys, band, check_id, check_name, id_index, new_id
 from lakeshore.protocol import QueueOps
+from lakeshore.queueconf import QueueConfig
+from lakeshore.queues import QueueSettings
 from lakeshore.record import Blob, Record
 from lakeshore.store import Store, open_store
 from lakeshore.store.base import CREATE
@@ -99,6 +102,7 @@ class Dispatch:
         self.allow_pickle = allow_pickle
         self.registry: dict[str, Udf[Any, Any]] = {}
         self._ops: dict[str, QueueOps] = {}
+        self.settings = QueueSettings(self.store, self.ns)
         self._where: dict[str, str] = {}  # id -> queue; ids never move, so this never goes stale
         self._lock = threading.Lock()
 
@@ -175,21 +179,29 @@ class Dispatch:
         timeout_s: float | None = None,
         deadline_s: float | None = None,
         strict_key: bool = False,
+        submit_timeout: float = 60.0,
     ) -> str:
         """Enqueue ``udf(*args, **kwargs)``; see :meth:`Udf.submit`.
 
         Raises:
             InvalidArgument: unsendable arguments or a bad option.
             KeyReused: strict idempotency and the key names different arguments.
+            QueueFull: admission refused the submit (or no room came within
+                ``submit_timeout`` seconds on a blocking queue).
         """
+        conf = self.settings.get(udf.queue)
         prio = (
             priority if priority is not None else (udf.priority if udf.priority is not None else 5)
         )
         band(prio)  # validates the priority before anything is written
         attempts = next(
-            a for a in (max_attempts, udf.max_attempts, self.max_attempts) if a is not None
+            a
+            for a in (max_attempts, udf.max_attempts, conf.max_attempts, self.max_attempts)
+            if a is not None
         )
-        tmo = timeout_s if timeout_s is not None else udf.timeout_s
+        tmo = next((t for t in (timeout_s, udf.timeout_s, conf.timeout_s) if t is not None), None)
+        if deadline_s is None:
+            deadline_s = conf.deadline_cutoff_s
         if (
             attempts < 1
             or (tmo is not None and tmo <= 0)
@@ -217,30 +229,78 @@ class Dispatch:
             priority=prio,
             max_attempts=attempts,
             timeout_s=tmo,
-            retry_backoff_s=self.retry_backoff_s,
-            lease_s=self.lease_s,
+            retry_backoff_s=next(
+                b for b in (conf.retry_backoff_s, self.retry_backoff_s) if b is not None
+            ),
+            lease_s=conf.lease_s or self.lease_s,
         )
         ops = self.ops(udf.queue)
         inv = new_id()
+        limited = conf.max_depth is not None or conf.rate_limit is not None
         if key is not None:
-            existing, since = self._claim_key(ops, key, inv, draft.input_hash, strict_key)
-            if existing != inv:
-                if since > KEY_REPAIR_GRACE_S:
-                    try:
-                        ops.read(existing)
-                    except NotFound:
-                        # The first submitter died after the key object, before the record:
-                        # write the record now (create-only, so a slow original still wins).
-                        with contextlib.suppress(Conflict):
-                            self._publish(ops, existing, draft, payload, deadline_s)
-                return existing
+            # An existing key returns its invocation, never refused by admission; on a limited
+            # queue only look (admission comes before the key is taken).
+            found = self._claim_key(ops, key, inv, draft.input_hash, strict_key, create=not limited)
+            if found is not None and found[0] != inv:
+                return self._existing(ops, found, draft, payload, deadline_s)
+        slot, token = None, None
+        if limited:
+            slot, token = admit(
+                ops, inv, conf.max_depth, conf.rate, conf.on_full, submit_timeout, self.store.now
+            )
+            draft = dataclasses.replace(
+                draft, slot=slot.n if slot else None, slot_etag=slot.etag if slot else None
+            )
         try:
+            if key is not None and limited:
+                found = self._claim_key(ops, key, inv, draft.input_hash, strict_key, create=True)
+                if found is not None and found[0] != inv:  # a concurrent submit took the key
+                    self._undo_admission(ops, inv, draft, token)
+                    return self._existing(ops, found, draft, payload, deadline_s)
             self._publish(ops, inv, draft, payload, deadline_s)
         except Conflict:
             if key is None:
+                self._undo_admission(ops, inv, draft, token)
                 raise
             # Only a key repair can have created our record first: the invocation exists.
+        except BaseException:
+            self._undo_admission(ops, inv, draft, token)
+            raise
         return inv
+
+    def _existing(
+        self,
+        ops: QueueOps,
+        found: tuple[str, float],
+        draft: Record,
+        payload: bytes,
+        deadline_s: float | None,
+    ) -> str:
+        existing, since = found
+        if since > KEY_REPAIR_GRACE_S:
+            try:
+                ops.read(existing)
+            except NotFound:
+                # The first submitter died after the key object, before the record: write the
+                # record now (create-only, so a slow original still wins).
+                with contextlib.suppress(Conflict):
+                    self._publish(ops, existing, draft, payload, deadline_s)
+        return existing
+
+    def _undo_admission(
+        self, ops: QueueOps, inv: str, draft: Record, token: tuple[str, str] | None
+    ) -> None:
+        """A submit that was admitted but did not happen gives its slot and token back (the
+        slot only if the record really is not there)."""
+        try:
+            ops.read(inv)
+            return
+        except NotFound:
+            pass
+        except LakeshoreError:
+            return  # cannot tell: keep the slot (a leak is repaired later; excess never is)
+        ops.settle(dataclasses.replace(draft, id=inv, state="killed"))
+        give_back_rate(ops, token)
 
     def _publish(
         self, ops: QueueOps, inv: str, draft: Record, payload: bytes, deadline_s: float | None
@@ -259,18 +319,23 @@ class Dispatch:
         self._where[inv] = rec.queue
 
     def _claim_key(
-        self, ops: QueueOps, key: str, inv: str, input_hash: str, strict: bool
-    ) -> tuple[str, float]:
-        """Create the key object for ``inv``. Returns the id the key names (``inv`` if we
-        created it) and the seconds since the key was created."""
+        self, ops: QueueOps, key: str, inv: str, input_hash: str, strict: bool, create: bool
+    ) -> tuple[str, float] | None:
+        """Create the key object for ``inv`` (or only look, with ``create=False``). Returns the
+        id the key names (``inv`` if we created it) and the seconds since the key was created;
+        None when only looking and the key is free."""
         now = self.store.now()
-        body = codec.encode({"id": inv, "input_hash": input_hash, "at": now})
+        if create:
+            body = codec.encode({"id": inv, "input_hash": input_hash, "at": now})
+            try:
+                self.store.put(ops.keys.idem(key), body, CREATE)
+                return inv, 0.0
+            except Conflict:
+                pass
         try:
-            self.store.put(ops.keys.idem(key), body, CREATE)
-            return inv, 0.0
-        except Conflict:
-            pass
-        held = codec.decode(self.store.get(ops.keys.idem(key))[0], "idempotency key")
+            held = codec.decode(self.store.get(ops.keys.idem(key))[0], "idempotency key")
+        except NotFound:
+            return None
         if strict and held["input_hash"] != input_hash:
             raise KeyReused(
                 f"submit _key={key!r}",
@@ -417,12 +482,37 @@ class Dispatch:
         """
         ops, rec, etag = self._locate(inv)
         while not rec.terminal:
+            killed = lifecycle.cancel(rec, self.store.now(), reason)
             try:
-                ops.cas(lifecycle.cancel(rec, self.store.now(), reason), etag)
-                return True
+                ops.cas(killed, etag)
             except Conflict:
                 rec, etag = ops.read(rec.id)
+                continue
+            ops.settle(killed)
+            return True
         return False
+
+    def configure(self, queue: str = DEFAULT_QUEUE, **settings: Any) -> QueueConfig:
+        """Change settings of ``queue`` (admission: ``max_depth``, ``on_full``, ``rate_limit``,
+        ``deadline_cutoff_s``; defaults: ``timeout_s``, ``max_attempts``, ``lease_s``,
+        ``retry_backoff_s``; ``providerRef``, ``result_retention_s``). Fields not named keep
+        their value, also when others change the queue at the same time. Producers pick the
+        change up within a few seconds.
+
+        Raises:
+            InvalidArgument: a bad queue name, setting or value (nothing is written).
+        """
+        check_name(queue, "queue")
+        return self.settings.configure(queue, **settings)
+
+    def queue_config(self, queue: str = DEFAULT_QUEUE) -> QueueConfig:
+        """The settings of ``queue`` as stored now (defaults if it has no record yet).
+
+        Raises:
+            InvalidArgument: a bad queue name. RecordError: a corrupt queue record.
+        """
+        check_name(queue, "queue")
+        return self.settings.read(queue)[0]
 
     def topic(self, name: str) -> Topic:
         """The topic ``name`` of this plane's namespace (created by its first post).

@@ -10,6 +10,8 @@ Layout, relative to the store's root (the Dispatch URL's prefix)::
     lakeshore/<ns>/<queue>/_ready/<band>/<id>           hint: queued
     lakeshore/<ns>/<queue>/_leases/<id>                 hint: running
     lakeshore/<ns>/<queue>/_keys/<sha256(key)>          idempotency key (create-only)
+    lakeshore/<ns>/<queue>/_slots/<n>                   admission: a live invocation (max_depth)
+    lakeshore/<ns>/<queue>/_rate/<window>/<n>           admission: an accepted submit (rate)
     lakeshore/<ns>/_topics/<name>/<seq>                 topic journal
     lakeshore/<ns>/_ids/<id>                            which queue an id is in (non-default queues)
 
@@ -117,6 +119,8 @@ class QueueKeys:
         self.base = f"{ROOT}/{self.ns}/{self.queue}"
         self.ready_prefix = f"{self.base}/_ready/"
         self.leases_prefix = f"{self.base}/_leases/"
+        self.slots_prefix = f"{self.base}/_slots/"
+        self.rate_prefix = f"{self.base}/_rate/"
 
     @property
     def queue_record(self) -> str:
@@ -142,6 +146,15 @@ class QueueKeys:
 
     def lease(self, inv: str) -> str:
         return f"{self.leases_prefix}{inv}"
+
+    def slot(self, n: int) -> str:
+        return f"{self.slots_prefix}{n:07d}"
+
+    def rate_window_prefix(self, window: int) -> str:
+        return f"{self.rate_prefix}{window:012d}/"
+
+    def rate_token(self, window: int, n: int) -> str:
+        return f"{self.rate_window_prefix(window)}{n:07d}"
 
     def idem(self, key: str) -> str:
         """The create-only object that makes ``_key`` idempotent per namespace + queue."""

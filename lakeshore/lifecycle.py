@@ -148,7 +148,11 @@ def time_out(rec: Record, now: float, token: str | None = None) -> Record:
     if token is not None and holds(rec, token):
         message = f"attempt {rec.attempt} ran longer than timeout_s={rec.timeout_s}"
     elif token is None and past_deadline(rec, now):
-        message = f"still queued at its deadline ({rec.deadline_at:.3f} in the store's clock)"
+        waited = (rec.deadline_at or 0.0) - rec.submitted_at
+        message = (
+            f"never started: still queued at its deadline, {waited:g} s after submission "
+            "(the queue's deadline_cutoff_s or the submit's _deadline_s)"
+        )
     else:
         raise _illegal(rec, "timeout")
     error = {"type": "Timeout", "message": message, "traceback": ""}

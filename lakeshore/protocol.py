@@ -196,10 +196,12 @@ class QueueOps:
                 self._later[inv] = now + min(5.0, rec.lease_s / 3)
             return None
         if lifecycle.past_deadline(rec, now):
+            ended = lifecycle.time_out(rec, now)
             try:
-                self.cas(lifecycle.time_out(rec, now), etag)
+                self.cas(ended, etag)
             except Conflict:
                 return None
+            self.settle(ended)
             self.drop_hint(info)
             return None
         if rec.not_before > now:
@@ -241,6 +243,13 @@ class QueueOps:
             return False
         return True
 
+    def settle(self, rec: Record) -> None:
+        """After a terminal write: free the admission slot the invocation held, if any (only
+        if the slot is still the one it took)."""
+        if rec.terminal and rec.slot is not None and rec.slot_etag is not None:
+            with contextlib.suppress(Conflict):
+                self.store.delete(self.keys.slot(rec.slot), if_match=rec.slot_etag)
+
     def heartbeat(self, held: Claimed, now: float) -> Claimed:
         """Push the lease out. Raises Conflict when the record changed (cancel, expiry)."""
         rec = lifecycle.heartbeat(held.record, held.token, now)
@@ -256,6 +265,7 @@ class QueueOps:
             self.put_ready(final)
         etag = self.cas(final, held.etag)
         self._drop_lease(final.id)
+        self.settle(final)
         return etag
 
     def _drop_lease(self, inv: str) -> None:
@@ -288,6 +298,7 @@ class QueueOps:
                 self.cas(nxt, etag)
             except Conflict:
                 continue  # the holder renewed or someone else reaped: fine either way
+            self.settle(nxt)
             self.drop_hint(info)
             moved += 1
         return moved

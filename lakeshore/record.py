@@ -112,6 +112,8 @@ class Record:
     journal: dict[str, Any] | None = None  # attempt, frames, ended (streaming bodies)
     retry_backoff_s: float = 1.0
     lease_s: float = 30.0
+    slot: int | None = None  # admission slot held while live (queues with max_depth)
+    slot_etag: str | None = None
     rev: int = 0
     wid: str = field(default_factory=lambda: secrets.token_hex(8))
     v: int = SCHEMA_VERSION

@@ -141,11 +141,13 @@ class Udf(Generic[P, R]):
         ``_key`` (idempotency key, unique per namespace + queue), ``_priority`` (0-9, higher
         first), ``_max_attempts``, ``_timeout_s``, ``_deadline_s`` (seconds from now after
         which a still-queued invocation never starts), ``_strict_key`` (raise if ``_key`` was
-        used before with different arguments).
+        used before with different arguments), ``_submit_timeout`` (how long a submit to a
+        full queue with ``on_full="block"`` waits for room; default 60 s).
 
         Raises:
             InvalidArgument: an argument cannot be sent, or an option is malformed.
             KeyReused: ``_strict_key=True`` and ``_key`` names different arguments.
+            QueueFull: the queue's admission refused the submit.
             StoreError: the store failed.
         """
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec, lifecycle
+from lakeshore.admission import sweep_rate
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
@@ -181,6 +182,7 @@ def _maybe_reap(state: _State, ops: list[QueueOps]) -> None:
             moved = q.reap(q.store.now())
             if moved:
                 log.info("reaped %d expired lease(s) on %s", moved, q.keys.queue)
+            sweep_rate(q, q.store.now())  # rate tokens of long-past windows
         except StoreError as e:
             log.warning("reap on %s failed: %s", q.keys.queue, e)
 

@@ -1,0 +1,194 @@
+"""Admission: ``max_depth`` and ``rate_limit`` held for every producer together, with nothing
+but the bucket.
+
+**Depth by slots.** A queue with ``max_depth = D`` has D possible slot objects
+``_slots/0000000`` … ``_slots/<D-1>``. A submit must create one of them (create-only) before its
+invocation exists, and the slot is deleted when the invocation ends (any terminal state). There
+can never be more than D slot objects, so there can never be more than D live (queued or
+running) invocations: the bound is exact, for any number of producers, and a submit costs one
+LIST of the slots plus one PUT — never a scan of the queue. A retry keeps its slot.
+
+A slot whose invocation ended without deleting it (a crash in between) makes the queue look
+fuller than it is, never emptier. When a queue looks full, the submitter checks a few of its
+oldest slots and frees those whose invocation is terminal or missing.
+
+**Rate by window tokens.** ``rate_limit = N/period`` splits the store's clock into windows of
+``period`` seconds; a submit must create one of the N token objects of the current window
+``_rate/<window>/<n>``. At most N submits are accepted per window; over any span of T seconds
+at most N × (T/period + 1). Workers delete the tokens of past windows when they reap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lakeshore.errors import Conflict, LakeshoreError, NotFound
+from lakeshore.keys import QueueKeys
+from lakeshore.protocol import QueueOps
+from lakeshore.record import RecordError
+from lakeshore.store.base import CREATE, ObjectInfo
+
+__all__ = [
+    "SLOT_REPAIR_AGE_S",
+    "QueueFull",
+    "Slot",
+    "acquire_rate",
+    "acquire_slot",
+    "admit",
+    "give_back_rate",
+    "sweep_rate",
+]
+
+SLOT_REPAIR_AGE_S = 30.0  # younger slots are not checked for leaks (their submit may be running)
+_REPAIR_SAMPLE = 4
+_TRIES = 8
+
+
+class QueueFull(LakeshoreError):
+    """Admission refused a submit: the queue is at ``max_depth`` or past its ``rate_limit``.
+
+    Attributes: ``queue``, ``reason`` ("max_depth" or "rate_limit"), ``limit``.
+    """
+
+
+@dataclass(frozen=True)
+class Slot:
+    n: int
+    etag: str
+
+
+def acquire_slot(ops: QueueOps, inv: str, max_depth: int, now: float) -> Slot | None:
+    """Take a free slot for ``inv``; None when all ``max_depth`` are taken."""
+    for _ in range(_TRIES):
+        infos = list(ops.store.list(ops.keys.slots_prefix))
+        taken = {int(QueueKeys.id_of(i.key)) for i in infos}
+        free = [n for n in range(max_depth) if n not in taken]
+        if not free and _repair(ops, infos, now):
+            continue
+        if not free:
+            return None
+        random.shuffle(free)  # producers racing for room spread over different slots
+        body = f"{inv} {secrets.token_hex(4)}".encode()
+        for n in free[:_TRIES]:
+            try:
+                return Slot(n, ops.store.put(ops.keys.slot(n), body, CREATE))
+            except Conflict:
+                continue
+    return None
+
+
+def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
+    """Free leaked slots among the oldest few; True if any was freed."""
+    old = sorted(
+        (i for i in infos if i.last_modified < now - SLOT_REPAIR_AGE_S),
+        key=lambda i: i.last_modified,
+    )
+    freed = False
+    for info in old[:_REPAIR_SAMPLE]:
+        try:
+            holder = ops.store.get(info.key)[0].decode().split(" ")[0]
+            rec, _ = ops.read(holder)
+            leaked = rec.terminal
+        except NotFound:
+            leaked = True  # the submit died before its record, or the record was removed
+        except (RecordError, UnicodeDecodeError, LakeshoreError):
+            continue
+        if leaked:
+            with contextlib.suppress(Conflict):
+                ops.store.delete(info.key, if_match=info.etag)
+                freed = True
+    return freed
+
+
+def acquire_rate(
+    ops: QueueOps, inv: str, limit: int, period: int, now: float
+) -> tuple[str, str] | float:
+    """Take a token of the current window: ``(key, etag)``, or the store time at which the
+    next window opens when this one is spent."""
+    window = int(now // period)
+    prefix = ops.keys.rate_window_prefix(window)
+    for _ in range(_TRIES):
+        taken = {int(QueueKeys.id_of(i.key)) for i in ops.store.list(prefix)}
+        free = [n for n in range(limit) if n not in taken]
+        if not free:
+            return float((window + 1) * period)
+        random.shuffle(free)
+        for n in free[:_TRIES]:
+            key = ops.keys.rate_token(window, n)
+            try:
+                return key, ops.store.put(key, inv.encode(), CREATE)
+            except Conflict:
+                continue
+    return float((window + 1) * period)
+
+
+def give_back_rate(ops: QueueOps, token: tuple[str, str] | None) -> None:
+    """Return a token when the submit it admitted did not happen after all."""
+    if token is not None:
+        with contextlib.suppress(Conflict):
+            ops.store.delete(token[0], if_match=token[1])
+
+
+def sweep_rate(ops: QueueOps, now: float, keep_s: float = 7200.0) -> int:
+    """Delete rate tokens of windows that ended more than ``keep_s`` ago (any period up to an
+    hour stays countable). Returns how many were deleted."""
+    gone = 0
+    for info in ops.store.list(ops.keys.rate_prefix):
+        if info.last_modified >= now - keep_s:
+            break  # tokens list oldest window first
+        ops.store.delete(info.key)
+        gone += 1
+    return gone
+
+
+def admit(
+    ops: QueueOps,
+    inv: str,
+    max_depth: int | None,
+    rate: tuple[int, int] | None,
+    on_full: str,
+    wait_s: float,
+    now: Callable[[], float],
+) -> tuple[Slot | None, tuple[str, str] | None]:
+    """Take what the queue's admission block asks for: a rate token, then a slot.
+
+    Raises:
+        QueueFull: no room (``on_full="reject"``), or none came within ``wait_s`` ("block").
+    """
+    deadline = time.monotonic() + wait_s
+    delay = 0.01
+    while True:
+        token: tuple[str, str] | None = None
+        reason, limit = "", 0
+        if rate is not None:
+            got = acquire_rate(ops, inv, rate[0], rate[1], now())
+            if isinstance(got, tuple):
+                token = got
+            else:
+                reason, limit = "rate_limit", rate[0]
+        if not reason and max_depth is not None:
+            slot = acquire_slot(ops, inv, max_depth, now())
+            if slot is None:
+                give_back_rate(ops, token)
+                reason, limit = "max_depth", max_depth
+            else:
+                return slot, token
+        elif not reason:
+            return None, token
+        if on_full == "reject" or time.monotonic() >= deadline:
+            waited = "" if on_full == "reject" else f" after waiting {wait_s:g} s"
+            raise QueueFull(
+                f"submit to {ops.keys.queue}",
+                f"the queue is full ({reason} = {limit}){waited}",
+                "retry later, raise the limit (lakeshore queue set), or use on_full='block'",
+                queue=ops.keys.queue,
+                reason=reason,
+                limit=limit,
+            )
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # waiting for room
+        delay = min(delay * 2, 0.5)

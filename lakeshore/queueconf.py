@@ -1,0 +1,155 @@
+"""The queue record: a queue's settings and its admission block, validated and versioned.
+
+Stored as msgpack at ``lakeshore/<ns>/<queue>/_queue`` and changed by compare-and-swap, so two
+operators changing different fields at the same time both keep their change. Pure: no store
+here (the plane reads and writes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from lakeshore.errors import InvalidArgument
+from lakeshore.record import RecordError
+
+__all__ = ["ON_FULL", "QueueConfig", "parse_rate"]
+
+ON_FULL = ("reject", "block")
+_RATE = re.compile(r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*\Z")
+_PERIODS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
+_PERIODS |= {"h": 3600, "hour": 3600}
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """``"20/s"`` → ``(20, 1)``; ``"600/min"`` → ``(600, 60)``: (count, window seconds).
+
+    Raises:
+        InvalidArgument: not ``<positive int>/<s|min|h>``.
+    """
+    m = _RATE.match(rate) if isinstance(rate, str) else None
+    if not m or int(m.group(1)) < 1:
+        raise InvalidArgument(
+            "rate_limit",
+            f"{rate!r} is not a rate",
+            "write it as <count>/<unit> with a positive count, e.g. '10/s', '600/min', '5000/h'",
+        )
+    return int(m.group(1)), _PERIODS[m.group(2)]
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Settings of one queue. ``None`` means "no limit" / "use the plane's default".
+
+    Admission (enforced at submit, for every producer together):
+        max_depth: most invocations that may be live (queued or running) at once.
+        on_full: ``"reject"`` (raise QueueFull at once) or ``"block"`` (wait for room).
+        rate_limit: accepted submits per window, e.g. ``"20/s"``, ``"600/min"``.
+        deadline_cutoff_s: an invocation still queued this long after submission never starts.
+    Defaults for invocations: timeout_s, max_attempts, lease_s, retry_backoff_s.
+    Other: providerRef (None: workers are attached by hand), result_retention_s (kept for
+    the garbage collector).
+    """
+
+    max_depth: int | None = None
+    on_full: str = "reject"
+    rate_limit: str | None = None
+    deadline_cutoff_s: float | None = None
+    providerRef: str | None = None
+    timeout_s: float | None = None
+    max_attempts: int | None = None
+    lease_s: float | None = None
+    retry_backoff_s: float | None = None
+    result_retention_s: float | None = None
+    rev: int = 0
+    wid: str = field(default_factory=lambda: secrets.token_hex(8))
+    v: int = 1
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_depth is not None and (
+            not isinstance(self.max_depth, int)
+            or isinstance(self.max_depth, bool)
+            or self.max_depth < 1
+        ):
+            problems.append(f"max_depth must be an integer >= 1 or None, got {self.max_depth!r}")
+        if self.on_full not in ON_FULL:
+            problems.append(f"on_full must be one of {ON_FULL}, got {self.on_full!r}")
+        if self.rate_limit is not None:
+            parse_rate(self.rate_limit)
+        for name in ("deadline_cutoff_s", "timeout_s", "lease_s", "result_retention_s"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int | float) or value <= 0):
+                problems.append(f"{name} must be a positive number or None, got {value!r}")
+        if self.retry_backoff_s is not None and (
+            not isinstance(self.retry_backoff_s, int | float) or self.retry_backoff_s < 0
+        ):
+            problems.append(f"retry_backoff_s must be >= 0 or None, got {self.retry_backoff_s!r}")
+        if self.max_attempts is not None and (
+            not isinstance(self.max_attempts, int) or self.max_attempts < 1
+        ):
+            problems.append(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        if self.providerRef is not None and not isinstance(self.providerRef, str):
+            problems.append(f"providerRef must be a string or None, got {self.providerRef!r}")
+        if problems:
+            raise InvalidArgument(
+                "queue config", "; ".join(problems), "fix the setting(s) and try again"
+            )
+
+    @property
+    def rate(self) -> tuple[int, int] | None:
+        return parse_rate(self.rate_limit) if self.rate_limit else None
+
+    def with_changes(self, **changes: Any) -> QueueConfig:
+        """A validated copy with ``changes`` applied, ``rev`` + 1 and a fresh ``wid``.
+
+        Raises:
+            InvalidArgument: an unknown field or an invalid value.
+        """
+        known = {f.name for f in dataclasses.fields(self)} - {"rev", "wid", "v"}
+        unknown = set(changes) - known
+        if unknown:
+            raise InvalidArgument(
+                "queue config",
+                f"unknown setting(s) {sorted(unknown)}",
+                f"known settings: {sorted(known)}",
+            )
+        return dataclasses.replace(self, **changes, rev=self.rev + 1, wid=secrets.token_hex(8))
+
+    def public(self) -> dict[str, Any]:
+        """The settings as a plain dict (without rev/wid/v)."""
+        d = dataclasses.asdict(self)
+        for k in ("rev", "wid", "v"):
+            d.pop(k)
+        return d
+
+    def to_bytes(self) -> bytes:
+        data: bytes = msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+        return data
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "queue record") -> QueueConfig:
+        """Raises: RecordError for a corrupt or newer queue record."""
+        try:
+            obj = msgpack.unpackb(data, raw=False)
+            if obj.get("v", 1) > 1:
+                raise RecordError(
+                    f"read {where}",
+                    f"queue record schema v{obj['v']} is newer than this lakeshore",
+                    "upgrade lakeshore",
+                )
+            known = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in obj.items() if k in known})
+        except RecordError:
+            raise
+        except Exception as e:
+            raise RecordError(
+                f"read {where}",
+                f"not a valid queue record ({type(e).__name__}: {e})",
+                "rewrite it with `lakeshore queue set` or q.configure()",
+            ) from None
