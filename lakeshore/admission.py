@@ -67,19 +67,35 @@ def acquire_slot(ops: QueueOps, inv: str, max_depth: int, now: float) -> Slot | 
     for _ in range(_TRIES):
         infos = list(ops.store.list(ops.keys.slots_prefix))
         taken = {int(QueueKeys.id_of(i.key)) for i in infos}
-        free = [n for n in range(max_depth) if n not in taken]
+        free = _free(taken, max_depth)
         if not free and _repair(ops, infos, now):
             continue
         if not free:
             return None
-        random.shuffle(free)  # producers racing for room spread over different slots
         body = f"{inv} {secrets.token_hex(4)}".encode()
-        for n in free[:_TRIES]:
+        for n in free:
             try:
                 return Slot(n, ops.store.put(ops.keys.slot(n), body, CREATE))
             except Conflict:
                 continue
     return None
+
+
+def _free(taken: set[int], limit: int) -> list[int]:
+    """Up to a few free numbers below ``limit``, in random order (racing producers spread out)
+    — without building a list of ``limit`` numbers when most are free."""
+    if len(taken) >= limit:
+        return []
+    if len(taken) < limit // 2:
+        picks: set[int] = set()
+        while len(picks) < min(_TRIES, limit - len(taken)):
+            n = random.randrange(limit)
+            if n not in taken:
+                picks.add(n)
+        return list(picks)
+    free = [n for n in range(limit) if n not in taken]
+    random.shuffle(free)
+    return free[:_TRIES]
 
 
 def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
@@ -114,11 +130,10 @@ def acquire_rate(
     prefix = ops.keys.rate_window_prefix(window)
     for _ in range(_TRIES):
         taken = {int(QueueKeys.id_of(i.key)) for i in ops.store.list(prefix)}
-        free = [n for n in range(limit) if n not in taken]
+        free = _free(taken, limit)
         if not free:
             return float((window + 1) * period)
-        random.shuffle(free)
-        for n in free[:_TRIES]:
+        for n in free:
             key = ops.keys.rate_token(window, n)
             try:
                 return key, ops.store.put(key, inv.encode(), CREATE)
