@@ -161,3 +161,21 @@ def kw(a: int, b: int = 2, *, c: int = 3) -> int:
 def yields_a_lock() -> Iterator[object]:
     yield "fine"
     yield threading.Lock()
+
+
+def submit_loop(plane: Any, queue: str, n: int, seconds: float, start: float) -> list[int]:
+    """A producer for admission tests: submit ``n`` jobs (or for ``seconds`` from ``start``,
+    a wall-clock time all producers share); return [accepted, rejected]."""
+    import lakeshore as dls
+
+    f = plane.udf(queue=queue)(add_one)
+    acc = rej = i = 0
+    time.sleep(max(0.0, start - time.time()))  # all producers start together
+    while (i < n) if n else (time.time() < start + seconds):
+        try:
+            f.submit(i, _submit_timeout=600)
+            acc += 1
+        except dls.QueueFull:
+            rej += 1
+        i += 1
+    return [acc, rej]

@@ -31,25 +31,12 @@ def _url_env(store: Store) -> tuple[str, dict[str, str] | None]:
     return f"{store.url}?endpoint_url={store.client.meta.endpoint_url}", env  # type: ignore[attr-defined]
 
 
-PRODUCER = """
-import json, sys, time
-import lakeshore as dls
-from tests import jobs
-url, n, seconds, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-f = dls.Dispatch(url).udf(queue="adm")(jobs.add_one)
-acc = rej = 0
-time.sleep(max(0.0, start - time.time()))  # all producers start together
-t_end = start + seconds
-i = 0
-while (i < n) if n else (time.time() < t_end):
-    try:
-        f.submit(i, _submit_timeout=600)
-        acc += 1
-    except dls.QueueFull:
-        rej += 1
-    i += 1
-print(json.dumps([acc, rej]))
-"""
+PRODUCER = (
+    "import json, sys, lakeshore as dls; from tests.jobs import submit_loop;"
+    "q = dls.Dispatch(sys.argv[1]);"
+    "a = sys.argv;"
+    "print(json.dumps(submit_loop(q, 'adm', int(a[2]), float(a[3]), float(a[4]))))"
+)
 
 
 def _produce(store: Store, producers: int, n: int = 0, seconds: float = 0.0) -> list[list[int]]:
@@ -60,18 +47,8 @@ def _produce(store: Store, producers: int, n: int = 0, seconds: float = 0.0) -> 
         out: list[list[int]] = []
 
         def run() -> None:
-            f = dls.Dispatch(store.url, store=store).udf(queue=QUEUE)(jobs.add_one)
-            acc = rej = i = 0
-            time.sleep(max(0.0, start - time.time()))
-            t_end = start + seconds
-            while (i < n) if n else (time.time() < t_end):
-                try:
-                    f.submit(i, _submit_timeout=600)
-                    acc += 1
-                except dls.QueueFull:
-                    rej += 1
-                i += 1
-            out.append([acc, rej])
+            q = dls.Dispatch(store.url, store=store)
+            out.append(jobs.submit_loop(q, QUEUE, n, seconds, start))
 
         threads = [threading.Thread(target=run) for _ in range(producers)]
         for t in threads:
