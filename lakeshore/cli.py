@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from lakeshore import __version__
+from lakeshore.dispatch import DEFAULT_URL
 from lakeshore.doctor import Check
 from lakeshore.errors import InvalidArgument, LakeshoreError
 
-__all__ = ["DEFAULT_URL", "main"]
-
-DEFAULT_URL = "file://~/.lakeshore"
+__all__ = ["main"]
 
 
 def _default_url() -> str:
