@@ -15,6 +15,7 @@ assert q.result(inv) == 2
 
 from __future__ import annotations
 
+from lakeshore import run
 from lakeshore.admission import QueueFull
 from lakeshore.dispatch import DEFAULT_URL, Dispatch, KeyReused, default_plane
 from lakeshore.errors import (
@@ -34,6 +35,7 @@ from lakeshore.errors import (
 from lakeshore.journal import Frame
 from lakeshore.queueconf import QueueConfig
 from lakeshore.record import Record
+from lakeshore.run import DataRoot, UnreturnedWrite, scope
 from lakeshore.store import open_store
 from lakeshore.topic import Topic, TopicClosed
 from lakeshore.udf import Udf, UnknownFunction, udf
@@ -44,6 +46,7 @@ __version__ = "0.2.0"
 __all__ = [
     "DEFAULT_URL",
     "Conflict",
+    "DataRoot",
     "Dispatch",
     "Failed",
     "Frame",
@@ -65,9 +68,12 @@ __all__ = [
     "TopicClosed",
     "Udf",
     "UnknownFunction",
+    "UnreturnedWrite",
     "__version__",
     "default_plane",
     "open_store",
+    "run",
     "run_worker",
+    "scope",
     "udf",
 ]

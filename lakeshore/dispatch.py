@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
 from inspect import Parameter
 from typing import Any, TypeVar, overload
 
@@ -37,6 +38,9 @@ from lakeshore.protocol import QueueOps
 from lakeshore.queueconf import QueueConfig
 from lakeshore.queues import QueueSettings
 from lakeshore.record import Blob, Record
+from lakeshore.run import DataRoot, data_root, flush
+from lakeshore.run import scope as run_scope
+from lakeshore.scope import current_prefix
 from lakeshore.store import Store, open_store
 from lakeshore.store.base import CREATE
 from lakeshore.stream import follow
@@ -69,6 +73,14 @@ class Dispatch:
         spill_bytes: arguments and results larger than this go to their own object.
         max_attempts, lease_s, retry_backoff_s: defaults for invocations on this plane.
         allow_pickle: accept pickled callables (both submitter and worker must opt in).
+        data: the data root for ``dls.run.read/write``: any fsspec URL (``s3://bucket/data``,
+            ``file:///scratch/data``, ``memory://x``); default ``$LAKESHORE_DATA``, else the
+            folder ``data/<ns>`` beside the store (an S3 store's bucket and prefix, a local
+            store's directory, a private ``memory://`` folder for ``":memory:"``).
+        data_options: fsspec storage options for ``data``; an ``s3://`` root on an S3 plane
+            reuses the plane's endpoint and credentials when none are given.
+        cache_dir: where read files are cached and written ones staged (default
+            ``$LAKESHORE_CACHE``, else a per-user folder in the temporary directory).
 
     Raises:
         InvalidArgument: bad URL, namespace or setting.
@@ -85,6 +97,9 @@ class Dispatch:
         lease_s: float = 30.0,
         retry_backoff_s: float = 1.0,
         allow_pickle: bool = False,
+        data: str | None = None,
+        data_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         self.url = url or os.environ.get("LAKESHORE_URL") or DEFAULT_URL
         self.ns = check_name(ns, "namespace")
@@ -103,11 +118,46 @@ class Dispatch:
         self.registry: dict[str, Udf[Any, Any]] = {}
         self._ops: dict[str, QueueOps] = {}
         self.settings = QueueSettings(self.store, self.ns)
+        self._data = (data or os.environ.get("LAKESHORE_DATA") or "", data_options, cache_dir)
+        self._data_root: DataRoot | None = None
         self._where: dict[str, str] = {}  # id -> queue; ids never move, so this never goes stale
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Dispatch({self.url!r}, ns={self.ns!r})"
+
+    @property
+    def data_root(self) -> DataRoot:
+        """Where this plane's bodies read and write files (see ``data`` above).
+
+        Raises:
+            InvalidArgument: the data root URL is unusable or its fsspec driver is missing.
+        """
+        if self._data_root is None:
+            url, options, cache = self._data
+            if not url or (options is None and url.startswith("s3://")):
+                try:
+                    base, store_options = self.store.files_location()
+                except InvalidArgument as e:
+                    base, store_options = "", {"why": e.what}
+                if not url:
+                    url, options = (f"{base}/data/{self.ns}" if base else ""), store_options
+                elif base.startswith("s3://"):  # same endpoint and credentials
+                    options = store_options
+            self._data_root = (
+                data_root(url, options, cache or "") if url else DataRoot("", options or {})
+            )
+        return self._data_root
+
+    def scope(self, prefix: str = "") -> AbstractContextManager[str]:
+        """``dls.scope`` bound to this plane's data root: inside the block, ``dls.run.read``
+        and ``dls.run.write`` use this plane's files, written files upload before each
+        submit and when the block ends, and submits record the scope.
+
+        Raises:
+            InvalidArgument: a bad prefix, or an unusable data root.
+        """
+        return run_scope(prefix, root=self.data_root)
 
     # -- functions ------------------------------------------------------------------------------
 
@@ -217,6 +267,7 @@ class Dispatch:
                 f"submit {udf.ref}", f"_key must be a non-empty str, got {key!r}", "pass a str"
             )
         payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
+        prefix = current_prefix()
         draft = Record(
             id="",
             ns=self.ns,
@@ -225,7 +276,8 @@ class Dispatch:
             fn_pickle=udf.pickled(),
             args=Blob(inline=b""),
             key=key,
-            input_hash=_input_hash(udf, args, kwargs),
+            input_hash=_input_hash(udf, args, kwargs, prefix),
+            prefix=prefix,
             priority=prio,
             max_attempts=attempts,
             timeout_s=tmo,
@@ -257,6 +309,7 @@ class Dispatch:
                 if found is not None and found[0] != inv:  # a concurrent submit took the key
                     self._undo_admission(ops, inv, draft, token)
                     return self._existing(ops, found, draft, payload, deadline_s)
+            flush()  # the files this producer wrote for the job exist before the job does
             self._publish(ops, inv, draft, payload, deadline_s)
         except Conflict:
             if key is None:
@@ -544,9 +597,12 @@ class Dispatch:
 VAR_KEYWORD = Parameter.VAR_KEYWORD
 
 
-def _input_hash(udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def _input_hash(
+    udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], prefix: str = ""
+) -> str:
     """A digest of the call that does not depend on how it was spelled: arguments are bound to
-    the function's signature (positional or keyword, any order, defaults filled in).
+    the function's signature (positional or keyword, any order, defaults filled in). The
+    scope is part of the call: the same keys under another scope are other files.
 
     Raises:
         InvalidArgument: the arguments do not fit the function's signature.
@@ -566,7 +622,8 @@ def _input_hash(udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
     except ValueError:  # no signature (some builtins): fall back to the call as spelled
         canonical = (args, sorted(kwargs.items()))
     data = codec.encode(canonical, f"arguments of {udf.ref}")
-    return hashlib.sha256(udf.ref.encode() + b"\0" + data).hexdigest()
+    scoped = f"\0scope={prefix}".encode() if prefix else b""
+    return hashlib.sha256(udf.ref.encode() + b"\0" + data + scoped).hexdigest()
 
 
 def _job_error(rec: Record) -> JobError:

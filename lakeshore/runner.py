@@ -29,8 +29,10 @@ from typing import Any
 
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.run import DataRoot, RunContext
+from lakeshore.scope import at
 
-__all__ = ["Outcome", "run_in_process", "run_in_thread"]
+__all__ = ["Outcome", "RunSpec", "run_in_process", "run_in_thread"]
 
 _POLL = 0.02  # how often a waiting supervisor or async body looks at the stop flag
 
@@ -71,11 +73,15 @@ def _result_bytes(kind: str, value: Any) -> bytes | None:
 
 
 class _Unsendable(Exception):
-    pass
+    """An error that would repeat on every attempt: the invocation fails without retries."""
+
+    def __init__(self, message: str, kind: str = "UnsendableValue") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
-def _fatal_error(e: BaseException) -> dict[str, str]:
-    return {**error_of(e), "type": "UnsendableValue", "fatal": "1"}
+def _fatal_error(e: _Unsendable) -> dict[str, str]:
+    return {**error_of(e), "type": e.kind, "fatal": "1"}
 
 
 class _Stopped(Exception):
@@ -92,6 +98,24 @@ def _emit(emit: Emit, item: Any) -> None:
         raise _Unsendable(str(e)) from None
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """The files side of an attempt: the data root, the recorded scope, a tag for staging
+    folder names. Picklable, so a child process builds its own run context from it."""
+
+    root: DataRoot
+    prefix: str = ""
+    tag: str = "run"
+
+
+def _files(step: Callable[[Any], None], value: Any) -> None:
+    """Publish or finish a body's files; contract errors repeat on a retry, so are final."""
+    try:
+        step(value)
+    except InvalidArgument as e:
+        raise _Unsendable(str(e), type(e).__name__) from None
+
+
 def _call(
     fn: Callable[..., Any],
     kind: str,
@@ -99,16 +123,48 @@ def _call(
     kwargs: dict[str, Any],
     stop: threading.Event,
     emit: Emit,
+    spec: RunSpec | None = None,
+    in_child: bool = False,
 ) -> Any:
-    """Run a body of any kind to completion. Generator bodies hand each yield to ``emit``
-    (the journal) and return None; they stop at the next yield once ``stop`` is set."""
+    """Run a body of any kind to completion under its run context (scope and files).
+    Generator bodies hand each yield to ``emit`` (the journal) after uploading the files it
+    names, and return None; they stop at the next yield once ``stop`` is set."""
+    if spec is None:
+        return _body(fn, kind, args, kwargs, stop, emit, None)
+    ctx = RunContext(spec.root, "body", prefix=spec.prefix, tag=spec.tag, in_child=in_child)
+    try:
+        with ctx.activate(), at(spec.prefix):
+            value = _body(fn, kind, args, kwargs, stop, emit, ctx)
+        if stop.is_set():
+            raise _Stopped  # cancelled or timed out meanwhile: publish nothing
+        verb = "yield" if kind in STREAMING else "return"
+        _files(lambda v: ctx.finish(v, verb), value)
+        return value
+    finally:
+        ctx.close()
+
+
+def _body(
+    fn: Callable[..., Any],
+    kind: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    stop: threading.Event,
+    emit: Emit,
+    ctx: RunContext | None,
+) -> Any:
+    def out(item: Any) -> None:
+        if ctx is not None:
+            _files(ctx.publish, item)
+        _emit(emit, item)
+
     if kind == "sync":
         return fn(*args, **kwargs)
     if kind == "generator":
         gen = fn(*args, **kwargs)
         try:
             for item in gen:
-                _emit(emit, item)
+                out(item)
                 if stop.is_set():
                     raise _Stopped
         finally:
@@ -128,7 +184,7 @@ def _call(
 
     async def drain() -> None:
         async for item in fn(*args, **kwargs):
-            _emit(emit, item)
+            out(item)
 
     return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else drain()))
 
@@ -140,6 +196,7 @@ def run_in_thread(
     kwargs: dict[str, Any],
     stop: threading.Event,
     emit: Emit,
+    spec: RunSpec | None = None,
 ) -> Outcome:
     """Run the body in a thread; return when it ends or ``stop`` fires (whichever is first)."""
     box: list[Outcome] = []
@@ -147,7 +204,7 @@ def run_in_thread(
 
     def body() -> None:
         try:
-            value = _call(fn, kind, args, kwargs, stop, emit)
+            value = _call(fn, kind, args, kwargs, stop, emit, spec)
             box.append(Outcome("ok", value=_result_bytes(kind, value)))
         except _Stopped:
             box.append(Outcome("stopped"))
@@ -174,7 +231,9 @@ def unpickle(data: bytes) -> Any:
     return pickle.loads(data)
 
 
-def _child(ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: Any) -> None:
+def _child(
+    ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: Any, spec: RunSpec | None
+) -> None:
     from lakeshore.udf import Udf, resolve
 
     try:
@@ -185,7 +244,7 @@ def _child(ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: A
         def emit(item: Any) -> None:
             conn.send(("frame", codec.encode(item, "yielded value")))
 
-        value = _call(fn, kind, tuple(args), kwargs, threading.Event(), emit)
+        value = _call(fn, kind, tuple(args), kwargs, threading.Event(), emit, spec, in_child=True)
         conn.send(("ok", _result_bytes(kind, value)))
     except _Unsendable as e:
         conn.send(("error", _fatal_error(e)))
@@ -202,12 +261,15 @@ def run_in_process(
     payload: bytes,
     stop: threading.Event,
     emit_encoded: Callable[[bytes], None],
+    spec: RunSpec | None = None,
 ) -> Outcome:
     """Run the body in a spawned child; kill it when ``stop`` fires. Yields arrive encoded
     and go to ``emit_encoded`` in this process (the child never touches the store)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(ref, fn_pickle, kind, payload, child), daemon=True)
+    proc = ctx.Process(
+        target=_child, args=(ref, fn_pickle, kind, payload, child, spec), daemon=True
+    )
     proc.start()
     child.close()
     try:

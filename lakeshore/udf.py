@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.run import call_local
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
@@ -132,7 +133,10 @@ class Udf(Generic[P, R]):
         return self._plane
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(*args, **kwargs)
+        """Run the body here, now, with the same files contract as on a worker (keys it
+        writes upload to the plane's data root once returned or yielded)."""
+        root = lambda: self.plane.data_root  # noqa: E731 - resolved only if files are used
+        return call_local(self.fn, self.kind, args, kwargs, root)  # type: ignore[no-any-return]
 
     def submit(self, *args: Any, **kwargs: Any) -> str:
         """Enqueue a call; return its invocation id (a ULID string).

@@ -32,7 +32,14 @@ from lakeshore.errors import (
 from lakeshore.journal import END, ERROR, JournalWriter
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, RecordError
-from lakeshore.runner import Outcome, error_of, run_in_process, run_in_thread, unpickle
+from lakeshore.runner import (
+    Outcome,
+    RunSpec,
+    error_of,
+    run_in_process,
+    run_in_thread,
+    unpickle,
+)
 from lakeshore.udf import Udf, UnknownFunction, body_kind, resolve
 
 if TYPE_CHECKING:
@@ -293,13 +300,14 @@ def _execute(
     isolation = state.isolation
     if isolation == "auto":
         isolation = "process" if rec.timeout_s is not None else "thread"
+    spec = RunSpec(state.plane.data_root, rec.prefix, tag=f"{rec.id}-{rec.attempt}")
     if isolation == "process":
-        return run_in_process(rec.fn, rec.fn_pickle, kind, payload, stop, journal.add)
+        return run_in_process(rec.fn, rec.fn_pickle, kind, payload, stop, journal.add, spec)
 
     def emit(item: Any) -> None:
         journal.add(codec.encode(item, "yielded value"))
 
-    return run_in_thread(fn, kind, tuple(args), kwargs, stop, emit)
+    return run_in_thread(fn, kind, tuple(args), kwargs, stop, emit, spec)
 
 
 def _load(rec: Record, plane: Dispatch) -> Any:

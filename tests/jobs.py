@@ -179,3 +179,92 @@ def submit_loop(plane: Any, queue: str, n: int, seconds: float, start: float) ->
             rej += 1
         i += 1
     return [acc, rej]
+
+
+# -- bodies that read and write files (dls.run) ---------------------------------------------
+
+GATE = threading.Event()  # a generator body waits on it after its first yield
+
+
+def case_pair(name: str) -> list[str]:
+    """Read one input, write two outputs, return their keys."""
+    import lakeshore as dls
+
+    text = Path(dls.run.read(name)).read_text()
+    upper, lower = dls.run.write(["out/upper.txt", "out/lower.txt"])
+    Path(upper).write_text(text.upper())
+    Path(lower).write_text(text.lower())
+    return ["out/upper.txt", "out/lower.txt"]
+
+
+async def async_case_pair(name: str) -> dict[str, str]:
+    import lakeshore as dls
+
+    await asyncio.sleep(0)
+    text = Path(dls.run.read(name)).read_text()
+    paths = dls.run.write({"up": "out/upper.txt", "low": "out/lower.txt"})
+    Path(paths["up"]).write_text(text.upper())
+    Path(paths["low"]).write_text(text.lower())
+    return {"up": "out/upper.txt", "low": "out/lower.txt"}
+
+
+def tiles(n: int, gated: bool = False) -> Iterator[str]:
+    """Write and yield one key per tile; with ``gated``, wait for GATE after the first."""
+    import lakeshore as dls
+
+    for i in range(n):
+        key = f"tiles/{i:03d}.txt"
+        Path(dls.run.write(key)).write_text(f"tile {i}")
+        yield key
+        if gated and i == 0:
+            GATE.wait(30)
+
+
+async def async_tiles(n: int) -> AsyncIterator[str]:
+    import lakeshore as dls
+
+    for i in range(n):
+        key = f"tiles/{i:03d}.txt"
+        Path(dls.run.write(key)).write_text(f"tile {i}")
+        await asyncio.sleep(0)
+        yield key
+
+
+def forgets_a_key() -> list[str]:
+    import lakeshore as dls
+
+    kept, forgotten = dls.run.write(["kept.txt", "forgotten.txt"])
+    Path(kept).write_text("kept")
+    Path(forgotten).write_text("forgotten")
+    return ["kept.txt"]
+
+
+def tiles_forgets_last(n: int) -> Iterator[str]:
+    import lakeshore as dls
+
+    for i in range(n):
+        key = f"tiles/{i:03d}.txt"
+        Path(dls.run.write(key)).write_text(f"tile {i}")
+        if i < n - 1:
+            yield key
+
+
+def climbs(key: str) -> str:
+    import lakeshore as dls
+
+    return str(dls.run.read(key))
+
+
+def sub_scope() -> list[str]:
+    """Nested scope inside a body: returned keys are relative to the invocation's scope."""
+    import lakeshore as dls
+
+    with dls.scope("sub"):
+        Path(dls.run.write("deep.txt")).write_text("deep")
+    return ["sub/deep.txt"]
+
+
+def writes_and_returns_none() -> None:
+    import lakeshore as dls
+
+    Path(dls.run.write("lost.txt")).write_text("x")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lakeshore.errors import Conflict, InvalidArgument, NotFound
 
@@ -206,6 +206,20 @@ class Store(abc.ABC):
             StoreError: the clock could not be read (S3: no response yet and the store is
                 unreachable).
         """
+
+    def files_location(self) -> tuple[str, dict[str, Any]]:
+        """Where files kept beside this store live: an fsspec URL and the storage options
+        that reach it with this store's endpoint and credentials (the default data root of
+        a plane is a folder under it). Options may hold credentials: never log them.
+
+        Raises:
+            InvalidArgument: this store has no natural place for files.
+        """
+        raise InvalidArgument(
+            "data root",
+            f"{type(self).__name__} has no default place for files",
+            "pass Dispatch(..., data='<fsspec URL>')",
+        )
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release connections or file handles. The store must not be used afterwards."""

@@ -35,6 +35,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
 from lakeshore.store.base import (
@@ -91,6 +92,9 @@ class LocalStore(Store):
                 "pick a writable directory or fix its permissions",
                 path=str(path),
             ) from e
+
+    def files_location(self) -> tuple[str, dict[str, Any]]:
+        return self.url, {}
 
     # -- paths and locks -------------------------------------------------------------------
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import secrets
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from lakeshore.store.base import (
     OVERWRITE,
@@ -48,6 +50,11 @@ class MemoryStore(Store):
         self._keys: list[str] = []  # sorted; str order is code-point order = UTF-8 byte order
         self._counter = itertools.count(1)
         self._instance = f"{id(self):x}"
+        self._files = secrets.token_hex(6)  # ids of dead objects come back; this does not
+
+    def files_location(self) -> tuple[str, dict[str, Any]]:
+        # fsspec's memory filesystem is shared by the process: one folder per store.
+        return f"memory://lakeshore-{self._files}", {}
 
     def _etag(self) -> str:
         return f'"m{self._instance}-{next(self._counter)}"'

@@ -166,6 +166,7 @@ class S3Store(Store):
         self._no_date = False
         self._rng = random.Random()
         self._rng_lock = threading.Lock()
+        self._files_options: dict[str, Any] = {}
         if client is None:
             session = boto3.session.Session(
                 aws_access_key_id=aws_access_key_id,
@@ -184,12 +185,18 @@ class S3Store(Store):
                 read_timeout=read_timeout,
                 s3={"addressing_style": addressing},
             )
+            region_name = region or _region_from_env() or session.region_name or "us-east-1"
             client = session.client(
-                "s3",
-                endpoint_url=endpoint_url,
-                region_name=region or _region_from_env() or session.region_name or "us-east-1",
-                config=config,
+                "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
             )
+            for name, value in (
+                ("key", aws_access_key_id),
+                ("secret", aws_secret_access_key),
+                ("token", aws_session_token),
+                ("profile", profile),
+            ):
+                if value:
+                    self._files_options[name] = value
         elif client.meta.config.retries.get("total_max_attempts") != 1:
             raise InvalidArgument(
                 "S3Store",
@@ -198,6 +205,17 @@ class S3Store(Store):
             )
         self.client = client
         client.meta.events.register("after-call.s3", self._sample_clock)
+
+    def files_location(self) -> tuple[str, dict[str, Any]]:
+        # s3fs reaches the bucket the way our client does: same endpoint, region, addressing
+        # and (when they were given explicitly) credentials; otherwise the same AWS chain.
+        meta = self.client.meta
+        addressing = (getattr(meta.config, "s3", None) or {}).get("addressing_style", "auto")
+        options: dict[str, Any] = {
+            "client_kwargs": {"endpoint_url": meta.endpoint_url, "region_name": meta.region_name},
+            "config_kwargs": {"s3": {"addressing_style": addressing}},
+        }
+        return self.url, options | self._files_options
 
     # -- plumbing --------------------------------------------------------------------------
 

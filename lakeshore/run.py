@@ -1,0 +1,534 @@
+"""``dls.run``: reading and writing files of a body, through fsspec.
+
+File bytes never ride the queue. A body asks for local paths — ``run.read(key)`` fetches the
+object at ``<data root>/<scope>/<key>`` into a per-worker cache, ``run.write(key)`` hands out
+a staging path — and returns (or yields) the keys it wrote. Those files are uploaded when the
+body returns, or, for generators, when the yield that names them is made. A key written and
+never returned fails the invocation, naming the key: otherwise the output would be orphaned
+in storage with nobody knowing it exists.
+
+This is the only module of lakeshore that imports fsspec. A *run context* is the state of one
+body execution (or of one producer's ``q.scope`` block): the data root, the keys written and
+not yet uploaded, and a staging directory. Contexts live in a context variable, so concurrent
+bodies in one worker never see each other's files.
+
+Uploads are atomic for readers: object stores (S3, memory) publish an object whole when its
+PUT completes; on a local filesystem the file is copied beside its target and renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lakeshore.errors import (
+    InvalidArgument,
+    LakeshoreError,
+    NotFound,
+    PermissionDenied,
+    StoreUnavailable,
+)
+from lakeshore.scope import at, current_prefix, keys_in, mirror, prefixed, resolve
+
+__all__ = [
+    "DataRoot",
+    "RunContext",
+    "UnreturnedWrite",
+    "active",
+    "call_local",
+    "data_root",
+    "flush",
+    "read",
+    "scope",
+    "write",
+]
+
+_CTX: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "lakeshore_run", default=None
+)
+_LOCAL_PROTOCOLS = ("file", "local")
+
+
+class UnreturnedWrite(InvalidArgument):
+    """A body wrote a key and did not return or yield it."""
+
+
+@dataclass(frozen=True)
+class DataRoot:
+    """Where a plane's files live: an fsspec URL, the options to reach it, and the local
+    directory for the cache and staging files (default ``$LAKESHORE_CACHE``, else a
+    per-user folder in the system's temporary directory)."""
+
+    url: str
+    options: dict[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
+    cache_dir: str = ""
+
+    @property
+    def protocol(self) -> str:
+        head, sep, _ = self.url.partition("://")
+        return head if sep else "file"
+
+    def local_dir(self) -> Path:
+        base = self.cache_dir or os.environ.get("LAKESHORE_CACHE") or ""
+        if not base:
+            base = os.path.join(tempfile.gettempdir(), f"lakeshore-{_user()}")
+        return Path(base).expanduser()
+
+
+def _user() -> str:
+    try:
+        return str(os.getuid())
+    except AttributeError:  # pragma: no cover - Windows
+        return os.environ.get("USERNAME", "user")
+
+
+def data_root(url: str, options: dict[str, Any] | None = None, cache_dir: str = "") -> DataRoot:
+    """A data root for ``url`` (a path becomes ``file://``). The fsspec driver is loaded on
+    first use, so a plane whose bodies touch no files needs none.
+
+    Raises:
+        InvalidArgument: no URL given.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidArgument("data root", f"no URL given ({url!r})", "e.g. 's3://bucket/data'")
+    url = url.strip().rstrip("/") or "/"
+    if "://" not in url:
+        url = "file://" + os.path.abspath(os.path.expanduser(url))
+    elif url.startswith("file://~"):
+        url = "file://" + os.path.expanduser(url[len("file://") :])
+    return DataRoot(url, dict(options or {}), cache_dir)
+
+
+class RunContext:
+    """The files of one body run (``kind="body"``), one local call (``"local"``) or one
+    producer block (``"producer"``). ``root`` may be a callable, resolved on first use, so a
+    body that touches no files never opens anything."""
+
+    def __init__(
+        self,
+        root: DataRoot | Callable[[], DataRoot],
+        kind: str,
+        prefix: str = "",
+        tag: str = "run",
+        in_child: bool = False,
+    ) -> None:
+        self._root = root
+        self.kind = kind
+        self.prefix = prefix  # the scope returned keys are read in
+        self.tag = tag
+        self.in_child = in_child
+        self.pending: dict[str, Path] = {}
+        self._fs: Any = None
+        self._base = ""
+        self._staging: Path | None = None
+
+    @property
+    def root(self) -> DataRoot:
+        if callable(self._root):
+            self._root = self._root()
+        return self._root
+
+    def _filesystem(self, op: str) -> tuple[Any, str]:
+        if self._fs is None:
+            root = self.root
+            if not root.url:
+                raise InvalidArgument(
+                    op,
+                    f"this plane has no data root ({root.options.get('why', 'none set')})",
+                    "pass Dispatch(..., data='<fsspec URL>') or set LAKESHORE_DATA",
+                )
+            if root.protocol == "memory" and self.in_child:
+                raise InvalidArgument(
+                    op,
+                    f"the data root {root.url} lives in the worker's memory; this body runs "
+                    "in a child process that cannot see it",
+                    "run the worker with isolation='thread', or use a file:// or s3:// root",
+                )
+            import fsspec
+
+            try:
+                self._fs = fsspec.filesystem(root.protocol, **root.options)
+            except (ImportError, ValueError) as e:
+                s3 = root.protocol in ("s3", "s3a")
+                raise InvalidArgument(
+                    op,
+                    f"cannot open the data root {root.url}: {e}",
+                    "pip install 'lakeshore-queue[s3]'" if s3 else "install its fsspec driver",
+                ) from None
+            self._base = self._fs._strip_protocol(root.url).rstrip("/")
+        return self._fs, self._base
+
+    def same_root(self, root: DataRoot) -> bool:
+        return self._root is root or (not callable(self._root) and self._root == root)
+
+    def location(self, full: str) -> str:
+        """The URL of a full key under the data root."""
+        return f"{self.root.url}/{full}"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, full: str) -> str:
+        """A local path holding the object ``full`` (this run's own writes first).
+
+        Raises:
+            NotFound: no such object. PermissionDenied, StoreUnavailable: the root failed.
+        """
+        mine = self.pending.get(full)
+        if mine is not None and mine.exists():
+            return str(mine)
+        op = f"run.read {full!r}"
+        fs, base = self._filesystem(op)
+        remote = f"{base}/{full}"
+        try:
+            fs.invalidate_cache(remote)  # a listing cached by the driver may be stale
+            info = fs.info(remote)
+        except Exception as e:
+            raise _io_error(op, self.location(full), e) from None
+        if info.get("type") == "directory":
+            raise NotFound(op, f"{self.location(full)} is a folder, not an object", "name a file")
+        if self.root.protocol in _LOCAL_PROTOCOLS:
+            return str(remote)  # already a local file: no copy (treat it as read-only)
+        return self._cached(fs, remote, full, info, op)
+
+    def _cached(self, fs: Any, remote: str, full: str, info: dict[str, Any], op: str) -> str:
+        digest = hashlib.sha256(self.root.url.encode()).hexdigest()[:16]
+        local = self.root.local_dir() / "cache" / digest / _slot(full)
+        meta = local.with_name(f".{local.name}.lakeshore-meta")
+        stamp = _fingerprint(info)
+        if local.exists() and meta.exists():
+            st = local.stat()
+            if meta.read_text() == f"{stamp}|{st.st_size}|{st.st_mtime_ns}":
+                return str(local)  # unchanged remotely, untouched locally
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.{secrets.token_hex(6)}")
+        try:
+            fs.get_file(remote, str(tmp))
+            os.replace(tmp, local)
+        except Exception as e:
+            tmp.unlink(missing_ok=True)
+            raise _io_error(op, self.location(full), e) from None
+        st = local.stat()
+        meta.write_text(f"{stamp}|{st.st_size}|{st.st_mtime_ns}")
+        return str(local)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, full: str) -> str:
+        """A local path to write ``full`` to; uploaded when the body returns it."""
+        path = self.pending.get(full)
+        if path is None:
+            if self._staging is None:
+                base = self.root.local_dir() / "staging"
+                base.mkdir(parents=True, exist_ok=True)
+                self._staging = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=base))
+            path = self._staging / _slot(full)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.pending[full] = path
+        return str(path)
+
+    def publish(self, value: Any) -> None:
+        """Upload the pending keys ``value`` (a yielded item) names.
+
+        Raises:
+            InvalidArgument: a named key's file was never created.
+            StoreUnavailable, PermissionDenied: the upload failed.
+        """
+        if self.pending:
+            for full in sorted(keys_in(value, self.prefix) & self.pending.keys()):
+                self._upload(full)
+
+    def finish(self, value: Any, verb: str = "return") -> None:
+        """End of a body: every written key must be in ``value`` (what it returned, or all it
+        yielded — ``verb`` says which, for the message); upload them all.
+
+        Raises:
+            UnreturnedWrite: a key was written and not returned (nothing is uploaded).
+            InvalidArgument: a returned key's file was never created.
+        """
+        if not self.pending:
+            return
+        named = keys_in(value, self.prefix)
+        missing = sorted(set(self.pending) - named)
+        if missing and self.kind != "producer":
+            shown = ", ".join(repr(self._relative(k)) for k in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise UnreturnedWrite(
+                "run.write",
+                f"the body wrote {shown}{more} but did not {verb} it",
+                "return (or yield) every key you write — or don't write it — so the output is "
+                "never orphaned in storage",
+                keys=[self.location(k) for k in missing],
+            )
+        for full in sorted(self.pending):
+            self._upload(full)
+
+    def flush(self) -> None:
+        """Upload every pending key (producer blocks, before a submit and at block end)."""
+        for full in sorted(self.pending):
+            self._upload(full)
+
+    def _relative(self, full: str) -> str:
+        p = f"{self.prefix}/" if self.prefix else ""
+        return full[len(p) :] if p and full.startswith(p) else full
+
+    def _upload(self, full: str) -> None:
+        path = self.pending[full]
+        op = f"run.write {self._relative(full)!r}"
+        if not path.is_file():
+            raise InvalidArgument(
+                op,
+                f"the path run.write gave ({path}) was never written",
+                "create the file before returning its key, or don't return the key",
+            )
+        fs, base = self._filesystem(op)
+        remote = f"{base}/{full}"
+        try:
+            if self.root.protocol in _LOCAL_PROTOCOLS:
+                # a plain copy is visible half-written: copy beside the target, then rename
+                folder, _, name = remote.rpartition("/")
+                fs.makedirs(folder, exist_ok=True)
+                tmp = f"{folder}/.{name}.lakeshore-{secrets.token_hex(6)}"
+                try:
+                    fs.put_file(str(path), tmp)
+                    fs.mv(tmp, remote)
+                finally:
+                    with contextlib.suppress(OSError):
+                        fs.rm_file(tmp)
+            else:
+                fs.put_file(str(path), remote)
+        except Exception as e:
+            raise _io_error(op, self.location(full), e) from None
+        del self.pending[full]
+        path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Forget what was not uploaded and remove the staging directory."""
+        self.pending.clear()
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[RunContext]:
+        token = _CTX.set(self)
+        try:
+            yield self
+        finally:
+            _CTX.reset(token)
+
+
+def _slot(full: str) -> str:
+    """A local relative path for a full key: a folder per key (named by its digest) holding
+    the key's file name. Keys ``a`` and ``a/b`` may both exist in an object store; as plain
+    local paths one would have to be a file and a folder at once."""
+    digest = hashlib.sha256(full.encode()).hexdigest()
+    return f"{digest[:2]}/{digest[2:24]}/{full.rpartition('/')[2]}"
+
+
+def _fingerprint(info: dict[str, Any]) -> str:
+    change = next(
+        (info[k] for k in ("ETag", "etag", "mtime", "LastModified", "created") if k in info), ""
+    )
+    return f"{info.get('size')}:{change}"
+
+
+def _io_error(op: str, where: str, e: Exception) -> LakeshoreError:
+    """fsspec drivers raise OSError kinds; turn them into the lakeshore tree."""
+    if isinstance(e, LakeshoreError):
+        return e
+    if isinstance(e, FileNotFoundError):
+        return NotFound(
+            op,
+            f"no object at {where}",
+            "check the key and the scope; inputs must be written before the submit",
+            location=where,
+        )
+    if isinstance(e, FileExistsError | NotADirectoryError | IsADirectoryError):
+        return InvalidArgument(
+            op,
+            f"{where}: a file and a folder cannot share a name on this data root ({e})",
+            "rename one of the keys (object stores allow both; filesystems do not)",
+            location=where,
+        )
+    if isinstance(e, PermissionError):
+        return PermissionDenied(op, f"access to {where} denied ({e})", "check the credentials")
+    return StoreUnavailable(
+        op, f"{where}: {type(e).__name__}: {e}", "check that the data root is reachable"
+    )
+
+
+def active() -> RunContext | None:
+    """The run context in effect here, if any."""
+    return _CTX.get()
+
+
+def _context(op: str, writing: bool) -> RunContext:
+    ctx = _CTX.get()
+    if ctx is not None:
+        return ctx
+    if writing:
+        raise InvalidArgument(
+            op,
+            "run.write outside a body needs a block that uploads the files",
+            "write inside `with q.scope(prefix):` — files upload before each submit in it "
+            "and when it ends",
+        )
+    return RunContext(_default_root, "producer")
+
+
+def read(keys: Any) -> Any:
+    """Local path(s) for the object(s) at ``keys`` in the current scope: a str, or a list,
+    tuple or dict of them (the result has the same shape).
+
+    Inside a body the worker's data root is used; in a producer, the one of the enclosing
+    ``q.scope(...)`` block (else the default plane's). Objects are cached per worker and
+    fetched again only when they changed; treat the paths as read-only.
+
+    Raises:
+        NotFound: no object at a key (the message names the full location).
+        InvalidArgument: a malformed key, or one that climbs out of the data root.
+        PermissionDenied, StoreUnavailable: the data root refused or failed.
+    """
+    ctx = _context("run.read", writing=False)
+    return mirror(keys, lambda k: ctx.read(resolve(k, f"run.read {k!r}")), "run.read")
+
+
+def write(keys: Any) -> Any:
+    """Local path(s) to write the object(s) at ``keys`` to (a str, or a list, tuple or dict
+    of them; the result has the same shape). The files are uploaded when the body returns
+    (or yields) the keys; a body that writes a key must return it.
+
+    Raises:
+        InvalidArgument: a malformed key, or ``write`` outside a body and a scope block.
+    """
+    ctx = _context("run.write", writing=True)
+    return mirror(keys, lambda k: ctx.write(resolve(k, f"run.write {k!r}")), "run.write")
+
+
+def flush() -> None:
+    """Upload the files written so far in the current producer block (``submit`` does this
+    itself). Inside a body it does nothing: the body's return uploads its files.
+
+    Raises:
+        InvalidArgument: a written path was never created.
+        PermissionDenied, StoreUnavailable: the upload failed.
+    """
+    ctx = _CTX.get()
+    if ctx is not None and ctx.kind == "producer":
+        ctx.flush()
+
+
+@contextlib.contextmanager
+def scope(prefix: str = "", *, root: DataRoot | None = None) -> Iterator[str]:
+    """Resolve data keys under ``prefix`` inside the block; yields the full prefix.
+
+    Scopes nest (prefixes join) and ``..`` climbs to a parent scope, never out of the data
+    root. ``submit`` records the scope in the invocation, and the worker re-installs it
+    around the body, so a key names the same object in both places. Outside a body, the
+    outermost block also collects the files ``run.write`` hands out and uploads them before
+    each ``submit`` inside it and when it ends (an exception discards them). ``q.scope``
+    binds the block to plane ``q``'s data root; ``dls.scope`` to the enclosing block's, else
+    the default plane's.
+
+    Raises:
+        InvalidArgument: ``prefix`` is absolute, a URL, or climbs out of the data root.
+    """
+    with prefixed(prefix) as full:
+        ctx = _CTX.get()
+        if ctx is not None and (root is None or ctx.same_root(root)):
+            yield full
+            return
+        fresh = RunContext(root or _default_root, "producer", prefix=full)
+        try:
+            with fresh.activate():
+                yield full
+            fresh.flush()
+        finally:
+            fresh.close()
+
+
+def call_local(
+    fn: Callable[..., Any],
+    kind: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    root: Callable[[], DataRoot],
+) -> Any:
+    """Call a decorated function directly (no queue) under the same files contract as on a
+    worker: its writes go to ``root`` (or the enclosing body's root) once it returns or
+    yields their keys. Generators and coroutines are wrapped, so the contract applies when
+    they are iterated or awaited."""
+    outer = _CTX.get()
+    ctx = RunContext(outer._root if outer is not None else root, "local", prefix=current_prefix())
+    if kind == "generator":
+        return _local_gen(ctx, fn(*args, **kwargs))
+    if kind == "asyncgen":
+        return _local_agen(ctx, fn(*args, **kwargs))
+    if kind == "async":
+        return _local_coro(ctx, fn(*args, **kwargs))
+    try:
+        with ctx.activate():
+            value = fn(*args, **kwargs)
+        ctx.finish(value)
+        return value
+    finally:
+        ctx.close()
+
+
+def _local_gen(ctx: RunContext, gen: Any) -> Any:
+    try:
+        while True:
+            # only while the body runs, in the scope it was called in: the caller's code
+            # between yields must not see the body's files
+            with ctx.activate(), at(ctx.prefix):
+                try:
+                    item = next(gen)
+                except StopIteration:
+                    break
+            ctx.publish(item)
+            yield item
+        ctx.finish(None, "yield")
+    finally:
+        gen.close()
+        ctx.close()
+
+
+async def _local_agen(ctx: RunContext, agen: Any) -> Any:
+    try:
+        while True:
+            with ctx.activate(), at(ctx.prefix):
+                try:
+                    item = await agen.__anext__()
+                except StopAsyncIteration:
+                    break
+            ctx.publish(item)
+            yield item
+        ctx.finish(None, "yield")
+    finally:
+        await agen.aclose()
+        ctx.close()
+
+
+async def _local_coro(ctx: RunContext, coro: Any) -> Any:
+    try:
+        with ctx.activate(), at(ctx.prefix):
+            value = await coro
+        ctx.finish(value)
+        return value
+    finally:
+        ctx.close()
+
+
+def _default_root() -> DataRoot:
+    from lakeshore.dispatch import default_plane
+
+    return default_plane().data_root
