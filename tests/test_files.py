@@ -335,6 +335,7 @@ def test_keys_that_name_a_folder_are_refused(fplane: Any) -> None:
 def test_a_key_and_a_key_under_it(fplane: Any) -> None:
     """Object stores hold both ``a`` and ``a/b``; filesystems cannot, and say so clearly.
     The local cache and staging folders never collide either way."""
+
     def write_both() -> None:
         with fplane.scope("nest"):
             a, ab = dls.run.write(["a", "a/b"])
