@@ -7,6 +7,7 @@ Layout, relative to the store's root (the Dispatch URL's prefix)::
     lakeshore/<ns>/<queue>/<id>/args                    spilled arguments (create-only)
     lakeshore/<ns>/<queue>/<id>/result-<attempt>        spilled result of one attempt
     lakeshore/<ns>/<queue>/<id>/journal/<attempt>/<seq> journal segments (create-only)
+    lakeshore/<ns>/<queue>/<id>/logs/<attempt>/<seq>    captured output of an attempt
     lakeshore/<ns>/<queue>/_ready/<band>/<id>           hint: queued
     lakeshore/<ns>/<queue>/_leases/<id>                 hint: running
     lakeshore/<ns>/<queue>/_keys/<sha256(key)>          idempotency key (create-only)
@@ -14,6 +15,7 @@ Layout, relative to the store's root (the Dispatch URL's prefix)::
     lakeshore/<ns>/<queue>/_rate/<window>/<n>           admission: an accepted submit (rate)
     lakeshore/<ns>/_topics/<name>/<seq>                 topic journal
     lakeshore/<ns>/_ids/<id>                            which queue an id is in (non-default queues)
+    lakeshore/<ns>/_workers/<name>                      a worker's last sign of life (status)
 
 Why it sorts correctly by construction, also on servers that list by walking directories
 (SeaweedFS): inside any one listed folder, every name has the same length and alphabet —
@@ -44,6 +46,8 @@ __all__ = [
     "new_id",
     "topic_prefix",
     "topic_seq_key",
+    "worker_key",
+    "workers_prefix",
 ]
 
 ROOT = "lakeshore"
@@ -141,6 +145,22 @@ class QueueKeys:
     def journal(self, inv: str, attempt: int, seq: int) -> str:
         return self.journal_prefix(inv, attempt) + seq_name(seq)
 
+    def logs_prefix(self, inv: str, attempt: int | None = None) -> str:
+        base = f"{self.base}/{inv}/logs/"
+        return base if attempt is None else f"{base}{attempt:0{_ATTEMPT_WIDTH}d}/"
+
+    def logs(self, inv: str, attempt: int, seq: int) -> str:
+        return self.logs_prefix(inv, attempt) + seq_name(seq)
+
+    def invocation_prefix(self, inv: str) -> str:
+        """Every object of one invocation lives under this prefix (hints and keys do not)."""
+        return f"{self.base}/{inv}/"
+
+    @property
+    def ids_prefix(self) -> str:
+        """Invocation folders sort before the ``_`` folders: ULIDs are 0-9 and A-Z."""
+        return f"{self.base}/"
+
     def ready(self, priority: int, inv: str) -> str:
         return f"{self.ready_prefix}{band(priority)}/{inv}"
 
@@ -177,6 +197,16 @@ def topic_prefix(ns: str, name: str) -> str:
 
 def topic_seq_key(ns: str, name: str, seq: int) -> str:
     return topic_prefix(ns, name) + seq_name(seq)
+
+
+def worker_key(ns: str, worker: str) -> str:
+    """A worker's sign-of-life object; the worker name is reduced to safe characters."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker)[:200] or "worker"
+    return f"{ROOT}/{check_name(ns, 'namespace')}/_workers/{safe}"
+
+
+def workers_prefix(ns: str) -> str:
+    return f"{ROOT}/{check_name(ns, 'namespace')}/_workers/"
 
 
 def id_index(ns: str, inv: str) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "heartbeat",
     "holds",
     "past_deadline",
+    "release",
     "succeed",
     "time_out",
 ]
@@ -64,14 +65,18 @@ def past_deadline(rec: Record, now: float) -> bool:
     return rec.state == "queued" and rec.deadline_at is not None and now > rec.deadline_at
 
 
-def claim(rec: Record, worker: str, token: str, now: float) -> Record:
-    """queued -> running: the next attempt, leased to ``worker`` until ``now + lease_s``."""
+def claim(rec: Record, worker: str, token: str, now: float, lease_s: float | None = None) -> Record:
+    """queued -> running: the next attempt, leased to ``worker`` until ``now + lease_s``
+    (the worker's lease length when it sets one, else the invocation's; the record keeps
+    the one in force, which heartbeats use)."""
     if rec.state != "queued" or rec.not_before > now or past_deadline(rec, now):
         raise _illegal(rec, "claim")
+    lease_s = lease_s or rec.lease_s
     return rec.next_write(
         state="running",
         attempt=rec.attempt + 1,
-        lease=Lease(worker, token, now + rec.lease_s),
+        lease_s=lease_s,
+        lease=Lease(worker, token, now + lease_s),
         started_at=now,
         journal=None,
     )
@@ -112,7 +117,7 @@ def fail(
             raise _illegal(rec, "expire")
     elif not holds(rec, token):
         raise _illegal(rec, "fail")
-    if retry and rec.attempt < rec.max_attempts:
+    if retry and rec.attempt - rec.released < rec.max_attempts:
         return rec.next_write(
             state="queued",
             lease=None,
@@ -121,6 +126,16 @@ def fail(
             journal=journal,
         )
     return rec.next_write(state="failed", lease=None, error=error, finished_at=now, journal=journal)
+
+
+def release(rec: Record, token: str, now: float) -> Record:
+    """running -> queued at once, by the lease holder that is shutting down (a preempted
+    cluster job): the attempt is handed back and does not count against ``max_attempts``."""
+    if not holds(rec, token):
+        raise _illegal(rec, "release")
+    return rec.next_write(
+        state="queued", lease=None, not_before=now, released=rec.released + 1, journal=None
+    )
 
 
 def expire(rec: Record, now: float) -> Record:

@@ -139,8 +139,9 @@ class QueueOps:
     def ready_hints(self) -> Iterator[ObjectInfo]:
         return self.store.list(self.keys.ready_prefix)
 
-    def claim(self, worker: str, now: float) -> Claimed | None:
+    def claim(self, worker: str, now: float, lease_s: float | None = None) -> Claimed | None:
         """Try to take one queued invocation; None when there is nothing to take.
+        ``lease_s`` overrides the invocation's lease length for this attempt.
 
         Corrupt records found on the way are marked failed (and skipped) so they never block
         the queue; invocations backing off before a retry are remembered and skipped without
@@ -165,14 +166,16 @@ class QueueOps:
             if self._contended:
                 random.shuffle(spread)
             for info in spread + head[_SPREAD:]:
-                got = self._try_claim(info, worker, now)
+                got = self._try_claim(info, worker, now, lease_s)
                 if got is not None:
                     return got
             if len(self._later) == len(later):
                 return None  # nothing new learned: the rest is taken, stale or racing
             # every candidate was backing off (now remembered): look further down the queue
 
-    def _try_claim(self, info: ObjectInfo, worker: str, now: float) -> Claimed | None:
+    def _try_claim(
+        self, info: ObjectInfo, worker: str, now: float, lease_s: float | None = None
+    ) -> Claimed | None:
         inv = QueueKeys.id_of(info.key)
         try:
             rec, etag = self.read(inv)
@@ -208,7 +211,7 @@ class QueueOps:
             self._later[inv] = rec.not_before  # backing off before a retry; the hint stays
             return None
         token = secrets.token_hex(8)
-        running = lifecycle.claim(rec, worker, token, now)
+        running = lifecycle.claim(rec, worker, token, now, lease_s)
         self.store.put(self.keys.lease(inv), token.encode(), OVERWRITE)
         try:
             new_etag = self.cas(running, etag)

@@ -112,6 +112,7 @@ class Record:
     journal: dict[str, Any] | None = None  # attempt, frames, ended (streaming bodies)
     retry_backoff_s: float = 1.0
     lease_s: float = 30.0
+    released: int = 0  # attempts handed back by a stopping worker: they do not count
     slot: int | None = None  # admission slot held while live (queues with max_depth)
     slot_etag: str | None = None
     rev: int = 0

@@ -8,9 +8,9 @@ Two isolations:
     ``yield``, but a plain function that never returns cannot be stopped — the worker stops
     waiting for it, drops whatever it returns, and the thread runs on until it ends.
 ``process``
-    The body runs in a fresh child process (``spawn``) that imports the function by reference.
-    Stopping kills the child, so any body stops at once; a crash of the body (segfault,
-    ``os._exit``) cannot take the worker down. Costs a process start per job.
+    The body runs in the slot's child process (see :mod:`lakeshore.child`), which imports the
+    function by reference. Stopping kills the child, so any body stops at once; a crash of the
+    body (segfault, ``os._exit``) cannot take the worker down.
 
 Results come back as encoded bytes (``codec.encode``); errors as text (type, message,
 traceback), never as pickled exceptions.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing as mp
 import threading
 import traceback
 from collections.abc import Callable
@@ -29,12 +28,23 @@ from typing import Any
 
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.logs import Sink, capture
 from lakeshore.run import DataRoot, RunContext
 from lakeshore.scope import at
 
-__all__ = ["Outcome", "RunSpec", "run_in_process", "run_in_thread"]
+__all__ = [
+    "Outcome",
+    "RunSpec",
+    "Unsendable",
+    "call_body",
+    "error_of",
+    "fatal_error",
+    "result_bytes",
+    "run_in_thread",
+    "unpickle",
+]
 
-_POLL = 0.02  # how often a waiting supervisor or async body looks at the stop flag
+POLL_S = 0.02  # how often a waiting supervisor or async body looks at the stop flag
 
 
 @dataclass
@@ -58,21 +68,21 @@ def error_of(e: BaseException) -> dict[str, str]:
 STREAMING = ("generator", "asyncgen")
 
 
-def _result_bytes(kind: str, value: Any) -> bytes | None:
+def result_bytes(kind: str, value: Any) -> bytes | None:
     """The encoded return value; None for streaming bodies, whose result is their journal.
 
     Raises:
-        _Unsendable: the value cannot be encoded (running the body again would not help).
+        Unsendable: the value cannot be encoded (running the body again would not help).
     """
     if kind in STREAMING:
         return None
     try:
         return codec.encode(value, "result")
     except LakeshoreError as e:
-        raise _Unsendable(str(e)) from None
+        raise Unsendable(str(e)) from None
 
 
-class _Unsendable(Exception):
+class Unsendable(Exception):
     """An error that would repeat on every attempt: the invocation fails without retries."""
 
     def __init__(self, message: str, kind: str = "UnsendableValue") -> None:
@@ -80,7 +90,7 @@ class _Unsendable(Exception):
         self.kind = kind
 
 
-def _fatal_error(e: _Unsendable) -> dict[str, str]:
+def fatal_error(e: Unsendable) -> dict[str, str]:
     return {**error_of(e), "type": e.kind, "fatal": "1"}
 
 
@@ -95,7 +105,7 @@ def _emit(emit: Emit, item: Any) -> None:
     try:
         emit(item)
     except InvalidArgument as e:  # the codec refused the value: a retry would yield it again
-        raise _Unsendable(str(e)) from None
+        raise Unsendable(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -113,10 +123,10 @@ def _files(step: Callable[[Any], None], value: Any) -> None:
     try:
         step(value)
     except InvalidArgument as e:
-        raise _Unsendable(str(e), type(e).__name__) from None
+        raise Unsendable(str(e), type(e).__name__) from None
 
 
-def _call(
+def call_body(
     fn: Callable[..., Any],
     kind: str,
     args: tuple[Any, ...],
@@ -174,7 +184,7 @@ def _body(
     async def watch(awaitable: Any) -> Any:
         task = asyncio.ensure_future(awaitable)
         while not task.done():
-            await asyncio.wait({task}, timeout=_POLL)
+            await asyncio.wait({task}, timeout=POLL_S)
             if stop.is_set():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -197,26 +207,33 @@ def run_in_thread(
     stop: threading.Event,
     emit: Emit,
     spec: RunSpec | None = None,
+    log: Sink | None = None,
+    prelude: Callable[[], Any] | None = None,
 ) -> Outcome:
-    """Run the body in a thread; return when it ends or ``stop`` fires (whichever is first)."""
+    """Run the body in a thread; return when it ends or ``stop`` fires (whichever is first).
+    Its prints and log records go to ``log``; ``prelude`` (the ``before_job`` hook) runs
+    first, in the body's thread and context."""
     box: list[Outcome] = []
     done = threading.Event()
 
     def body() -> None:
         try:
-            value = _call(fn, kind, args, kwargs, stop, emit, spec)
-            box.append(Outcome("ok", value=_result_bytes(kind, value)))
+            with capture(log):
+                if prelude is not None:
+                    prelude()
+                value = call_body(fn, kind, args, kwargs, stop, emit, spec)
+            box.append(Outcome("ok", value=result_bytes(kind, value)))
         except _Stopped:
             box.append(Outcome("stopped"))
-        except _Unsendable as e:
-            box.append(Outcome("error", error=_fatal_error(e)))
+        except Unsendable as e:
+            box.append(Outcome("error", error=fatal_error(e)))
         except BaseException as e:
             box.append(Outcome("error", error=error_of(e)))
         finally:
             done.set()
 
     threading.Thread(target=body, name="lakeshore-body", daemon=True).start()
-    while not done.wait(_POLL):
+    while not done.wait(POLL_S):
         if stop.is_set():
             # Give a cooperative body (async, generator) a moment to unwind, then leave it.
             done.wait(1.0)
@@ -229,81 +246,3 @@ def unpickle(data: bytes) -> Any:
     import pickle
 
     return pickle.loads(data)
-
-
-def _child(
-    ref: str, fn_pickle: bytes | None, kind: str, payload: bytes, conn: Any, spec: RunSpec | None
-) -> None:
-    from lakeshore.udf import Udf, resolve
-
-    try:
-        target = unpickle(fn_pickle) if fn_pickle is not None else resolve(ref, {})
-        fn = target.fn if isinstance(target, Udf) else target
-        args, kwargs = codec.decode(payload, "arguments")
-
-        def emit(item: Any) -> None:
-            conn.send(("frame", codec.encode(item, "yielded value")))
-
-        value = _call(fn, kind, tuple(args), kwargs, threading.Event(), emit, spec, in_child=True)
-        conn.send(("ok", _result_bytes(kind, value)))
-    except _Unsendable as e:
-        conn.send(("error", _fatal_error(e)))
-    except BaseException as e:
-        conn.send(("error", error_of(e)))
-    finally:
-        conn.close()
-
-
-def run_in_process(
-    ref: str,
-    fn_pickle: bytes | None,
-    kind: str,
-    payload: bytes,
-    stop: threading.Event,
-    emit_encoded: Callable[[bytes], None],
-    spec: RunSpec | None = None,
-) -> Outcome:
-    """Run the body in a spawned child; kill it when ``stop`` fires. Yields arrive encoded
-    and go to ``emit_encoded`` in this process (the child never touches the store)."""
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(
-        target=_child, args=(ref, fn_pickle, kind, payload, child, spec), daemon=True
-    )
-    proc.start()
-    child.close()
-    try:
-        while True:
-            if parent.poll(_POLL):
-                try:
-                    tag, data = parent.recv()
-                except EOFError:
-                    break
-                if tag == "frame":
-                    try:
-                        emit_encoded(data)
-                    except BaseException as e:
-                        proc.kill()
-                        return Outcome("error", error=error_of(e))
-                    continue
-                proc.join(5)
-                return Outcome("ok", value=data) if tag == "ok" else Outcome("error", error=data)
-            if stop.is_set():
-                proc.kill()
-                proc.join(5)
-                return Outcome("stopped")
-            if not proc.is_alive() and not parent.poll():
-                break
-        proc.join(5)
-        return Outcome(
-            "error",
-            error={
-                "type": "WorkerChildDied",
-                "message": f"the body's process exited with code {proc.exitcode} before answering",
-                "traceback": "",
-            },
-        )
-    finally:
-        parent.close()
-        if proc.is_alive():
-            proc.kill()

@@ -1,0 +1,316 @@
+"""One attempt on a worker: heartbeat, run the body, write the outcome.
+
+The attempt's record is held with its etag; every write is one conditional PUT on it, so a
+worker that lost its lease (reaped, cancelled) finds out at its next write and drops its
+outcome instead of overwriting someone else's. Each attempt gets a heartbeat thread that
+pushes the lease out every ``lease_s / 3`` seconds; when that write meets a changed record it
+re-reads it and stops the body if the invocation was cancelled or the lease was lost. A
+worker that cannot heartbeat for a whole lease stops the body itself (it must assume another
+worker has taken over). A worker shutting down *releases* its attempts: back to queued at
+once, not counted as a failed attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from lakeshore import codec, lifecycle
+from lakeshore.child import ChildProcess, Hooks, Job
+from lakeshore.errors import (
+    Conflict,
+    LakeshoreError,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+)
+from lakeshore.journal import END, ERROR, JournalWriter
+from lakeshore.logs import log_writer, text_sink
+from lakeshore.protocol import Claimed, QueueOps
+from lakeshore.record import Record, RecordError
+from lakeshore.runner import Outcome, RunSpec, error_of, run_in_thread, unpickle
+from lakeshore.udf import Udf, UnknownFunction, body_kind, resolve
+
+if TYPE_CHECKING:
+    from lakeshore.dispatch import Dispatch
+
+__all__ = ["Attempt", "Running", "Slot", "run_attempt"]
+
+log = logging.getLogger("lakeshore.worker")
+
+
+@dataclass
+class Slot:
+    """What one worker slot keeps between attempts: its child process (process isolation)."""
+
+    plane: Dispatch
+    isolation: str
+    hooks: Hooks
+    child: ChildProcess | None = None
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            self.child = None
+
+
+class Attempt:
+    """One running attempt: the held record (guarded), its stop flag and why it stopped."""
+
+    def __init__(self, ops: QueueOps, held: Claimed) -> None:
+        self.ops = ops
+        self.held = held
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.why = ""  # "killed" | "lost" | "timeout" | "released"
+        self.finished = threading.Event()
+        self.final = ""
+
+    def halt(self, why: str) -> None:
+        if not self.stop.is_set():
+            self.why = why
+            self.stop.set()
+
+    def heartbeat_loop(self) -> None:
+        rec = self.held.record
+        every = rec.lease_s / 3
+        last_ok = time.monotonic()
+        while not self.finished.wait(every):
+            with self.lock:
+                try:
+                    self.held = self.ops.heartbeat(self.held, self.ops.store.now())
+                    last_ok = time.monotonic()
+                    continue
+                except Conflict:
+                    self._recheck()
+                except (StoreError, lifecycle.IllegalTransition) as e:
+                    log.warning("heartbeat of %s failed: %s", rec.id, e)
+            if time.monotonic() - last_ok > rec.lease_s:
+                self.halt("lost")  # self-fence: someone may have reaped us by now
+            if self.stop.is_set():
+                return
+
+    def _recheck(self) -> None:
+        try:
+            rec, etag = self.ops.read(self.held.record.id)
+        except (NotFound, RecordError, StoreError):
+            self.halt("lost")
+            return
+        if rec.state == "killed":
+            self.halt("killed")
+        elif not lifecycle.holds(rec, self.held.token):
+            self.halt("lost")
+        else:  # our own write landed although the answer was lost: carry on from it
+            self.held = Claimed(rec, etag, self.held.token)
+
+
+class Running(Protocol):
+    """Where a worker keeps its running attempts (to release them when it stops)."""
+
+    def add(self, att: Attempt) -> None: ...
+
+    def discard(self, att: Attempt) -> None: ...
+
+
+def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> Attempt:
+    """Run one claimed attempt to its end and write the outcome. ``running`` holds the
+    attempt while it runs, so a stopping worker can release it.
+
+    Raises:
+        HookFailed: the child's ``on_start`` hook raised (the attempt was released first).
+        LakeshoreError: the outcome could not be written (the lease will expire).
+    """
+    rec = held.record
+    t0 = time.monotonic()
+    att = Attempt(ops, held)
+    beat = threading.Thread(
+        target=att.heartbeat_loop, name=f"lakeshore-heartbeat-{rec.id}", daemon=True
+    )
+    beat.start()
+    timer = None
+    if rec.timeout_s is not None:
+        timer = threading.Timer(rec.timeout_s, att.halt, args=("timeout",))
+        timer.daemon = True
+        timer.start()
+    journal = JournalWriter(
+        ops.store, lambda seq: ops.keys.journal(rec.id, rec.attempt, seq), rec.attempt
+    )
+    logs = log_writer(ops.store, ops.keys, rec.id, rec.attempt)
+    running.add(att)
+    try:
+        outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs))
+    except BaseException:
+        att.halt("released")
+        outcome = Outcome("stopped")
+        raise
+    finally:
+        running.discard(att)
+        att.finished.set()
+        if timer:
+            timer.cancel()
+        beat.join()
+        _quietly(logs.close)
+        final_state = _conclude(slot, att, outcome, journal)
+    log.info(
+        "%s %s attempt %d -> %s in %.3fs",
+        rec.fn,
+        rec.id,
+        rec.attempt,
+        final_state,
+        time.monotonic() - t0,
+    )
+    att.final = final_state
+    return att
+
+
+def _fatal(e: LakeshoreError) -> Outcome:
+    """An error that would repeat on every attempt: not retried."""
+    return Outcome(
+        "error", error={"type": type(e).__name__, "message": str(e), "traceback": "", "fatal": "1"}
+    )
+
+
+def _execute(
+    slot: Slot,
+    rec: Record,
+    stop: threading.Event,
+    ops: QueueOps,
+    journal: JournalWriter,
+    log_sink: Any,
+) -> Outcome:
+    try:
+        payload = ops.get_blob(rec.args, f"arguments of {rec.id}")
+        args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
+        target = _load(rec, slot.plane)
+    except StoreUnavailable as e:  # may work next time
+        return Outcome("error", error=error_of(e))
+    except LakeshoreError as e:  # missing, tampered or undecodable input; unknown function
+        return _fatal(e)
+    fn = target.fn if isinstance(target, Udf) else target
+    kind = target.kind if isinstance(target, Udf) else body_kind(fn)
+    isolation = slot.isolation
+    if isolation == "auto":
+        isolation = "process" if rec.timeout_s is not None else "thread"
+    spec = RunSpec(slot.plane.data_root, rec.prefix, tag=f"{rec.id}-{rec.attempt}")
+    if isolation == "process":
+        if slot.child is None:
+            slot.child = ChildProcess(slot.hooks)
+        job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec)
+        return slot.child.run(job, stop, journal.add, log_sink)
+
+    def emit(item: Any) -> None:
+        journal.add(codec.encode(item, "yielded value"))
+
+    before = slot.hooks.before_job
+    prelude = (lambda: before(rec)) if before is not None else None
+    return run_in_thread(fn, kind, tuple(args), kwargs, stop, emit, spec, log_sink, prelude)
+
+
+def _load(rec: Record, plane: Dispatch) -> Any:
+    """The callable an invocation names; pickled ones only where the worker opted in."""
+    if rec.fn_pickle is None:
+        return resolve(rec.fn, plane.registry)
+    if not plane.allow_pickle:
+        raise UnknownFunction(
+            f"load {rec.fn}",
+            "the invocation carries a pickled callable and this worker does not accept them",
+            "start the worker with Dispatch(allow_pickle=True) if you trust every submitter",
+            ref=rec.fn,
+        )
+    return unpickle(rec.fn_pickle)
+
+
+def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter) -> str:
+    """Write the attempt's outcome; returns the state it left the invocation in.
+
+    The journal's last segment (with END, or ERROR when the failure is final) is written
+    before the record's terminal CAS, so a reader that sees the terminal record finds the
+    whole journal. A retried attempt gets no END/ERROR: readers move on to the next attempt.
+    """
+    ops = att.ops
+    with att.lock:
+        held = att.held
+        rec, token = held.record, held.token
+        now = ops.store.now()
+        streamed = journal.frames > 0 or (outcome.kind == "ok" and outcome.value is None)
+        if outcome.kind == "stopped" and att.why == "released":
+            _quietly(journal.close)
+            try:
+                ops.finish(held, lifecycle.release(rec, token, now))
+            except (Conflict, lifecycle.IllegalTransition):
+                return "fenced (record changed while releasing)"
+            return "released (queued again, attempt not counted)"
+        if outcome.kind == "stopped" or att.why in ("killed", "lost"):
+            _quietly(journal.close)
+            if att.why == "killed":
+                ops.store.delete(ops.keys.lease(rec.id))  # the record is terminal: hint is stale
+                return "killed"
+            if att.why != "timeout":
+                return "fenced (lease lost; result dropped)"
+        if att.why == "timeout":
+            _quietly(journal.close)
+            final = _with_journal(lifecycle.time_out(rec, now, token), journal, ended=False)
+        elif outcome.kind == "ok":
+            final = _succeeded(slot, ops, rec, token, now, outcome, journal, streamed)
+        else:
+            err = dict(outcome.error or {})
+            fatal = err.pop("fatal", None) is not None
+            final = lifecycle.fail(rec, token, err, now, retry=not fatal)
+            ended = False
+            if final.state == "failed" and journal.frames:
+                # Only a stream gets an ERROR frame, and only when no retry follows.
+                ended = _quietly(journal.close, ERROR, codec.encode(err, "error"))
+            else:
+                _quietly(journal.close)
+            final = _with_journal(final, journal, ended)
+        try:
+            ops.finish(held, final)
+        except Conflict:
+            return "fenced (record changed; result dropped)"
+        return final.state
+
+
+def _succeeded(
+    slot: Slot,
+    ops: QueueOps,
+    rec: Record,
+    token: str,
+    now: float,
+    outcome: Outcome,
+    journal: JournalWriter,
+    streamed: bool,
+) -> Record:
+    if streamed:
+        try:
+            journal.close(END)
+        except Exception as e:  # frames were lost: the stream is incomplete, try again
+            return lifecycle.fail(rec, token, error_of(e), now)
+        meta = {"attempt": rec.attempt, "frames": journal.frames, "ended": True}
+        return lifecycle.succeed(rec, token, None, now, journal=meta)
+    journal.close()
+    blob = ops.put_blob(
+        ops.keys.result(rec.id, rec.attempt), outcome.value or b"\xc0", slot.plane.spill_bytes
+    )
+    return lifecycle.succeed(rec, token, blob, now)
+
+
+def _with_journal(rec: Record, journal: JournalWriter, ended: bool) -> Record:
+    """The attempt's journal summary on its outcome record (None when nothing streamed)."""
+    if not journal.frames:
+        return rec
+    meta = {"attempt": journal.attempt, "frames": journal.frames, "ended": ended}
+    return dataclasses.replace(rec, journal=meta)
+
+
+def _quietly(fn: Any, *args: Any) -> bool:
+    """Best-effort journal close on a path that is failing anyway; True if it worked."""
+    try:
+        fn(*args)
+        return True
+    except Exception as e:
+        log.warning("journal flush failed: %s", e)
+        return False

@@ -1,0 +1,264 @@
+"""Process isolation: each worker slot keeps one child process that runs bodies, one at a time.
+
+The child is started (``spawn``) when the slot first needs it and then serves job after job,
+so the ``on_start`` hook — load a model, open a connection — runs once per child, not once
+per job. Stopping a body (cancel, timeout, lease lost, shutdown) kills the child; the next job
+starts a fresh one. A body that crashes the interpreter takes only its child down.
+
+Parent and child talk over a pipe. The child never touches the queue's store: yields arrive
+as encoded frames and output as log text, and the parent writes them. (The child does its own
+file I/O through :mod:`lakeshore.run`.)
+
+Messages, child to parent: ``("ready",)``, ``("start_failed", error)``, ``("frame", bytes)``,
+``("log", text)``, ``("ok", bytes | None)``, ``("error", error)``. Parent to child:
+``("job", Job)``, ``("stop",)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lakeshore import codec
+from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.logs import Sink, capture
+from lakeshore.record import Record
+from lakeshore.runner import (
+    POLL_S,
+    Outcome,
+    RunSpec,
+    Unsendable,
+    call_body,
+    error_of,
+    fatal_error,
+    result_bytes,
+    unpickle,
+)
+
+__all__ = ["ChildProcess", "HookFailed", "Hooks", "Job"]
+
+
+class HookFailed(LakeshoreError):
+    """A worker lifecycle hook raised: the worker cannot serve jobs."""
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Worker lifecycle hooks: ``on_start()`` once per process that runs bodies, before its
+    first job; ``before_job(record)`` before every job, in the process and context of the
+    body; ``on_stop()`` when that process shuts down in order (best effort: not after a
+    kill). Hooks are module-level functions (a child process imports them by reference)."""
+
+    on_start: Callable[[], Any] | None = None
+    before_job: Callable[[Record], Any] | None = None
+    on_stop: Callable[[], Any] | None = None
+
+    @classmethod
+    def of(cls, on_start: Any = None, before_job: Any = None, on_stop: Any = None) -> Hooks:
+        """Hooks from callables or ``"module:function"`` references.
+
+        Raises:
+            InvalidArgument: a reference cannot be imported, or a hook is not callable.
+        """
+        from lakeshore.udf import UnknownFunction, resolve
+
+        def load(hook: Any, name: str) -> Any:
+            if hook is None or callable(hook):
+                return hook
+            if isinstance(hook, str):
+                try:
+                    return resolve(hook, {})
+                except UnknownFunction as e:
+                    raise InvalidArgument(f"worker hook {name}", e.what, e.todo) from None
+            raise InvalidArgument(
+                f"worker hook {name}", f"{hook!r} is not callable", "pass 'module:function'"
+            )
+
+        return cls(
+            load(on_start, "on_start"), load(before_job, "before_job"), load(on_stop, "on_stop")
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """One attempt, as sent to a child (picklable)."""
+
+    ref: str
+    fn_pickle: bytes | None
+    kind: str
+    payload: bytes
+    spec: RunSpec | None
+    record: Record
+
+
+def _serve(conn: Any, hooks: Hooks) -> None:
+    """The child's main loop."""
+    from lakeshore.udf import Udf, resolve
+
+    lock = threading.Lock()  # the body's thread and a logging thread may both send
+
+    def send(msg: tuple[Any, ...]) -> None:
+        with lock:
+            conn.send(msg)
+
+    try:
+        if hooks.on_start is not None:
+            hooks.on_start()
+    except BaseException as e:
+        send(("start_failed", error_of(e)))
+        return
+    send(("ready",))
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                return
+            if msg[0] != "job":
+                return
+            job: Job = msg[1]
+            with capture(lambda text: send(("log", text))):
+                try:
+                    if hooks.before_job is not None:
+                        hooks.before_job(job.record)
+                    target = (
+                        unpickle(job.fn_pickle)
+                        if job.fn_pickle is not None
+                        else resolve(job.ref, {})
+                    )
+                    fn = target.fn if isinstance(target, Udf) else target
+                    args, kwargs = codec.decode(job.payload, "arguments")
+
+                    def emit(item: Any) -> None:
+                        send(("frame", codec.encode(item, "yielded value")))
+
+                    value = call_body(
+                        fn, job.kind, tuple(args), kwargs, threading.Event(), emit, job.spec, True
+                    )
+                    send(("ok", result_bytes(job.kind, value)))
+                except Unsendable as e:
+                    send(("error", fatal_error(e)))
+                except BaseException as e:
+                    send(("error", error_of(e)))
+    finally:
+        if hooks.on_stop is not None:
+            with contextlib.suppress(BaseException):  # best effort: the process is ending
+                hooks.on_stop()
+        conn.close()
+
+
+class ChildProcess:
+    """The child of one worker slot."""
+
+    def __init__(self, hooks: Hooks) -> None:
+        self.hooks = hooks
+        self.proc: Any = None
+        self.conn: Any = None
+        self.starts = 0
+
+    def _start(self, stop: threading.Event) -> bool:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_serve, args=(child, self.hooks), daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        self.starts += 1
+        while not parent.poll(POLL_S):  # on_start may take long: loading a model, say
+            if stop.is_set() or not self.proc.is_alive():
+                self.kill()
+                return False
+        try:
+            msg = parent.recv()
+        except EOFError:
+            self.kill()
+            return False
+        if msg[0] == "start_failed":
+            self.kill()
+            err = msg[1]
+            raise HookFailed(
+                "worker on_start",
+                f"{err['type']}: {err['message']}",
+                "fix the hook; the worker stopped without running the job",
+                traceback=err.get("traceback", ""),
+            )
+        return True
+
+    def run(
+        self,
+        job: Job,
+        stop: threading.Event,
+        emit_encoded: Callable[[bytes], None],
+        log: Sink | None,
+    ) -> Outcome:
+        """Run one job in the child; kill the child when ``stop`` fires.
+
+        Raises:
+            HookFailed: a fresh child's ``on_start`` raised.
+        """
+        if (self.proc is None or not self.proc.is_alive()) and not self._start(stop):
+            return Outcome("stopped") if stop.is_set() else _died(self.proc)
+        try:
+            self.conn.send(("job", job))
+            while True:
+                if self.conn.poll(POLL_S):
+                    tag, *rest = self.conn.recv()
+                    if tag == "frame":
+                        try:
+                            emit_encoded(rest[0])
+                        except BaseException as e:
+                            self.kill()
+                            return Outcome("error", error=error_of(e))
+                    elif tag == "log":
+                        if log is not None:
+                            log(rest[0])
+                    elif tag == "ok":
+                        return Outcome("ok", value=rest[0])
+                    else:
+                        return Outcome("error", error=rest[0])
+                elif stop.is_set():
+                    self.kill()
+                    return Outcome("stopped")
+                elif not self.proc.is_alive() and not self.conn.poll():
+                    proc = self.proc
+                    self.kill()
+                    return _died(proc)
+        except (EOFError, OSError):
+            proc = self.proc
+            self.kill()
+            return _died(proc)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(5)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = self.conn = None
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the child in order (its ``on_stop`` runs), or kill it after ``timeout``."""
+        if self.proc is not None and self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+                self.proc.join(timeout)
+            except (OSError, EOFError):
+                pass
+        self.kill()
+
+
+def _died(proc: Any) -> Outcome:
+    code = getattr(proc, "exitcode", None)
+    return Outcome(
+        "error",
+        error={
+            "type": "WorkerChildDied",
+            "message": f"the body's process exited with code {code} before answering",
+            "traceback": "",
+        },
+    )
