@@ -34,6 +34,7 @@ from lakeshore.errors import (
 )
 from lakeshore.journal import Frame
 from lakeshore.keys import QueueKeys, band, check_id, check_name, id_index, new_id
+from lakeshore.logs import follow_logs, read_logs
 from lakeshore.protocol import QueueOps
 from lakeshore.queueconf import QueueConfig
 from lakeshore.queues import QueueSettings
@@ -544,6 +545,61 @@ class Dispatch:
             ops.settle(killed)
             return True
         return False
+
+    def retry(self, inv: str) -> int:
+        """Run a finished invocation (any terminal state) again, as a new attempt with the
+        same id, arguments and key; returns that attempt's number. Its previous result and
+        error are cleared; admission limits are not applied again.
+
+        Raises:
+            NotFound: no such invocation.
+            Conflict: it is still queued or running.
+        """
+        ops, rec, etag = self._locate(inv)
+        while True:
+            if not rec.terminal:
+                raise Conflict(
+                    f"retry {rec.id}",
+                    f"the invocation is still {rec.state}",
+                    "wait for it to finish, or cancel it first",
+                    id=rec.id,
+                    state=rec.state,
+                )
+            nxt = lifecycle.rerun(rec, self.store.now())
+            ops.put_ready(nxt)  # the hint exists before the record says queued
+            try:
+                ops.cas(nxt, etag)
+            except Conflict:
+                rec, etag = ops.read(rec.id)
+                continue
+            return rec.attempt + 1
+
+    def logs(self, inv: str, attempt: int | None = None) -> str:
+        """What the invocation's body printed and logged so far: every attempt in order (or
+        only ``attempt``). Output lands in storage within about a second.
+
+        Raises:
+            NotFound: no such invocation. InvalidArgument: a bad id.
+        """
+        ops, rec, _ = self._locate(inv)
+        return "".join(text for _k, _a, text in read_logs(self.store, ops.keys, rec.id, attempt))
+
+    def follow_logs(
+        self, inv: str, attempt: int | None = None, timeout: float | None = None
+    ) -> Iterator[str]:
+        """Yield the invocation's output as it is written, until it finished (or ``timeout``
+        seconds passed).
+
+        Raises:
+            NotFound: no such invocation. InvalidArgument: a bad id.
+        """
+        ops, rec, _ = self._locate(inv)
+
+        def finished() -> bool:
+            return ops.read(rec.id)[0].terminal
+
+        for _att, text in follow_logs(self.store, ops.keys, rec.id, finished, attempt, timeout):
+            yield text
 
     def configure(self, queue: str = DEFAULT_QUEUE, **settings: Any) -> QueueConfig:
         """Change settings of ``queue`` (admission: ``max_depth``, ``on_full``, ``rate_limit``,

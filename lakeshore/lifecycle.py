@@ -31,6 +31,7 @@ __all__ = [
     "holds",
     "past_deadline",
     "release",
+    "rerun",
     "succeed",
     "time_out",
 ]
@@ -135,6 +136,24 @@ def release(rec: Record, token: str, now: float) -> Record:
         raise _illegal(rec, "release")
     return rec.next_write(
         state="queued", lease=None, not_before=now, released=rec.released + 1, journal=None
+    )
+
+
+def rerun(rec: Record, now: float) -> Record:
+    """terminal -> queued: run a finished invocation again, as its next attempt (one more is
+    allowed even if its attempts were used up). The id, arguments and key stay the same."""
+    if not rec.terminal:
+        raise _illegal(rec, "retry")
+    return rec.next_write(
+        state="queued",
+        max_attempts=max(rec.max_attempts, rec.attempt - rec.released + 1),
+        not_before=now,
+        deadline_at=None,
+        lease=None,
+        result=None,
+        error=None,
+        finished_at=None,
+        journal=None,
     )
 
 

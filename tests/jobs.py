@@ -268,3 +268,53 @@ def writes_and_returns_none() -> None:
     import lakeshore as dls
 
     Path(dls.run.write("lost.txt")).write_text("x")
+
+
+# -- bodies and hooks for worker and CLI tests ----------------------------------------------
+
+
+def wait_for_file(path: str, timeout: float = 120.0) -> str:
+    """Block until ``path`` exists (a long job that a test can end)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.05)
+    return "done"
+
+
+def chatty(n: int) -> int:
+    """Prints and logs, for the log-capture tests."""
+    import logging
+    import sys
+
+    print(f"hello from the body, n={n}")
+    print("to stderr", file=sys.stderr)
+    logging.getLogger("tests.chatty").warning("a warning with n=%d", n)
+    return n
+
+
+def note_pid(x: int) -> int:
+    _hook_line(f"job {os.getpid()}")
+    return x
+
+
+def _hook_line(text: str) -> None:
+    with open(os.environ["LAKESHORE_TEST_HOOKS"], "a") as f:
+        f.write(text + "\n")
+
+
+def hook_start() -> None:
+    _hook_line(f"start {os.getpid()}")
+
+
+def hook_before(record: Any) -> None:
+    _hook_line(f"before {os.getpid()} {record.id}")
+
+
+def hook_stop() -> None:
+    _hook_line(f"stop {os.getpid()}")
+
+
+def hook_start_fails() -> None:
+    raise RuntimeError("model weights missing")

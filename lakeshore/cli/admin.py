@@ -1,28 +1,18 @@
-"""The ``lakeshore`` command line.
-
-Errors are one clear line on stderr and a non-zero exit; ``--json`` gives scripts the data.
-Exit codes: 0 ok, 1 the check found a problem, 2 bad usage or an error.
-"""
+"""``lakeshore doctor``, ``demo`` and ``queue``: the store and the queues' settings."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-from lakeshore import __version__
+from lakeshore.cli.common import add_common, default_url, require_queue
 from lakeshore.dispatch import DEFAULT_URL
 from lakeshore.doctor import Check
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import InvalidArgument
 
-__all__ = ["main"]
-
-
-def _default_url() -> str:
-    return os.environ.get("LAKESHORE_URL") or DEFAULT_URL
+__all__ = ["register"]
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -32,7 +22,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if args.threads < 2 or args.rounds < 1:
         print("lakeshore: doctor: --threads must be >= 2 and --rounds >= 1", file=sys.stderr)
         return 2
-    url = args.url or _default_url()
+    url = args.url or default_url()
     progress = None if args.json else _progress
     if progress:
         print(f"lakeshore doctor: {url}\n", flush=True)
@@ -80,6 +70,8 @@ def _cmd_queue(args: argparse.Namespace) -> int:
     from lakeshore.dispatch import Dispatch
 
     q = Dispatch(args.url, ns=args.ns)
+    if args.action == "show":
+        require_queue(q, args.queue)
     if args.action == "set":
         if not args.settings:
             raise InvalidArgument("queue set", "no settings given", "pass NAME=VALUE pairs")
@@ -102,14 +94,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo(args.url)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for documentation and tests)."""
-    parser = argparse.ArgumentParser(
-        prog="lakeshore",
-        description="A task queue whose only server is object storage.",
-    )
-    parser.add_argument("--version", action="version", version=f"lakeshore {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def register(sub: Any) -> None:
     doctor = sub.add_parser(
         "doctor",
         help="probe a store and say whether lakeshore is safe on it",
@@ -153,29 +138,5 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_argument("action", choices=["show", "set"])
     queue.add_argument("queue", help="queue name")
     queue.add_argument("settings", nargs="*", metavar="NAME=VALUE")
-    queue.add_argument("--url", help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}")
-    queue.add_argument("--ns", default="default", help="namespace (default: default)")
-    queue.add_argument("--json", action="store_true", help="machine-readable output")
+    add_common(queue)
     queue.set_defaults(func=_cmd_queue)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        code: int = args.func(args)
-    except LakeshoreError as e:
-        print(f"lakeshore: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,154 @@
+"""What is in a queue, at a cost that does not grow with its history.
+
+* **queued / running** come from the hints (``_ready/``, ``_leases/``): one LIST page per
+  1000 live invocations, whatever number have finished. Hints are derived and may briefly
+  disagree with the records (a move in flight); listings read the records they show.
+* **Oldest queued age** is the smallest id among the ready hints: ids are ULIDs, which
+  carry their submission time.
+* **Recent outcomes** read the records of the newest ``recent`` invocations. Invocation
+  folders sort by id, so the newest are found by listing backwards in time windows that
+  double in length (LIST pages for those windows only, then one GET per record).
+* **Workers seen** are the sign-of-life objects workers write every ~30 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ulid import ULID
+
+from lakeshore import codec
+from lakeshore.errors import LakeshoreError, NotFound
+from lakeshore.keys import QueueKeys, workers_prefix
+from lakeshore.protocol import QueueOps
+from lakeshore.record import Record, RecordError
+from lakeshore.store.base import Store
+
+__all__ = ["QueueStatus", "id_time", "newest_ids", "queue_status", "records", "workers_seen"]
+
+_FIRST_WINDOW_MS = 60_000
+
+
+def id_time(inv: str) -> float:
+    """Submission time (seconds since the epoch) carried by an id."""
+    return ULID.from_str(inv).timestamp
+
+
+def _floor(ms: int) -> str:
+    """The smallest id of millisecond ``ms``."""
+    return str(ULID.from_bytes(max(0, ms).to_bytes(6, "big") + bytes(10)))
+
+
+def _id_in(key: str, base: str) -> str | None:
+    rest = key[len(base) :]
+    head = rest.split("/", 1)[0]
+    return head if len(head) == 26 and not head.startswith("_") else None
+
+
+def ids_between(store: Store, keys: QueueKeys, lo: str | None, hi: str) -> Iterator[str]:
+    """Ids of invocation folders with ``lo <= id < hi`` (no lower bound when ``lo`` is None),
+    ascending. One LIST walk over just those folders."""
+    base = keys.ids_prefix
+    last = None
+    for info in store.list(base, start_after=f"{base}{lo}" if lo else None):
+        inv = _id_in(info.key, base)
+        if inv is None or inv >= hi:
+            return  # the "_" folders (and later ids) come after every id in the window
+        if inv != last:
+            last = inv
+            yield inv
+
+
+def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) -> Iterator[str]:
+    """Ids of the queue, newest first (older than ``before`` when given). Lists backwards
+    in time windows of doubling length, so finding the newest N costs about what listing N
+    does, however long the history."""
+    hi = before or _floor(int(now * 1000) + 60_000)
+    oldest = next(ids_between(store, keys, None, hi), None)
+    if oldest is None:
+        return
+    oldest_ms = ULID.from_str(oldest).milliseconds
+    hi_ms, window = ULID.from_str(hi).milliseconds, _FIRST_WINDOW_MS
+    while True:
+        lo_ms = max(hi_ms - window, oldest_ms)
+        lo = _floor(lo_ms)
+        yield from reversed(list(ids_between(store, keys, lo, hi)))
+        if lo_ms <= oldest_ms:
+            return
+        hi, hi_ms, window = lo, lo_ms, window * 2
+
+
+def records(ops: QueueOps, ids: list[str], threads: int = 16) -> list[Record]:
+    """The records of ``ids`` (read in parallel), skipping missing and unreadable ones."""
+
+    def one(inv: str) -> Record | None:
+        try:
+            return ops.read(inv)[0]
+        except (NotFound, RecordError):
+            return None
+
+    with ThreadPoolExecutor(max(1, min(threads, len(ids)))) as pool:
+        return [r for r in pool.map(one, ids) if r is not None]
+
+
+@dataclass
+class QueueStatus:
+    queue: str
+    queued: int = 0
+    running: int = 0
+    oldest_queued_s: float | None = None
+    recent: Counter[str] = field(default_factory=Counter)
+    recent_n: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "queued": self.queued,
+            "running": self.running,
+            "oldest_queued_s": self.oldest_queued_s,
+            "recent": {"invocations": self.recent_n, **dict(self.recent)},
+        }
+
+
+def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
+    """Counts for one queue (see the module docstring for what each costs)."""
+    st = QueueStatus(ops.keys.queue)
+    oldest = None
+    for info in ops.store.list(ops.keys.ready_prefix):
+        st.queued += 1
+        inv = QueueKeys.id_of(info.key)
+        oldest = inv if oldest is None or inv < oldest else oldest
+    if oldest is not None:
+        with contextlib.suppress(ValueError):
+            st.oldest_queued_s = max(0.0, now - id_time(oldest))
+    st.running = sum(1 for _ in ops.store.list(ops.keys.leases_prefix))
+    if recent > 0:
+        ids = []
+        for inv in newest_ids(ops.store, ops.keys, None, now):
+            ids.append(inv)
+            if len(ids) >= recent:
+                break
+        recs = records(ops, ids)
+        st.recent_n = len(recs)
+        st.recent = Counter(r.state for r in recs)
+    return st
+
+
+def workers_seen(
+    store: Store, ns: str, now: float, within_s: float = 300.0
+) -> list[dict[str, Any]]:
+    """Signs of life written in the last ``within_s`` seconds, newest first."""
+    seen = []
+    for info in store.list(workers_prefix(ns)):
+        try:
+            data = codec.decode(store.get(info.key)[0], "worker sign of life")
+        except (LakeshoreError, ValueError):
+            continue
+        if isinstance(data, dict) and now - float(data.get("seen_at", 0)) <= within_s:
+            seen.append(data)
+    return sorted(seen, key=lambda d: -float(d.get("seen_at", 0)))

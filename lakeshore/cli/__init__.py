@@ -1,0 +1,55 @@
+"""The ``lakeshore`` command line.
+
+Human-readable tables by default, ``--json`` for scripts. Errors are one clear line on
+stderr and a non-zero exit. Exit codes: 0 ok; 1 the answer is "no" (a failed job, an unsafe
+store, a wait with failures); 2 bad usage or an error; 3 a wait that timed out; 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from lakeshore import __version__
+from lakeshore.cli import admin, jobs, watch, work
+from lakeshore.errors import JobError, LakeshoreError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="lakeshore",
+        description="A task queue whose only server is object storage.",
+    )
+    parser.add_argument("--version", action="version", version=f"lakeshore {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (jobs, watch, work, admin):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        code: int = args.func(args)
+    except JobError as e:
+        print(f"lakeshore: {e}", file=sys.stderr)
+        return 1
+    except LakeshoreError as e:
+        print(f"lakeshore: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

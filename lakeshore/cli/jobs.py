@@ -1,0 +1,330 @@
+"""Commands on invocations by id: submit, show, result, tail, logs, cancel, wait, retry."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+from lakeshore.cli.common import add_common, ago, plane, print_json, wall
+from lakeshore.errors import InvalidArgument
+from lakeshore.record import TERMINAL, Record
+from lakeshore.udf import Udf, resolve
+
+__all__ = ["register"]
+
+
+def _json_arg(text: str | None, what: str, kind: type) -> Any:
+    if text is None:
+        return kind()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(
+            f"submit {what}", f"not valid JSON ({e})", "quote it: '{\"x\": 1}'"
+        ) from None
+    if not isinstance(value, kind):
+        raise InvalidArgument(
+            f"submit {what}", f"must be a JSON {kind.__name__}", "e.g. --kwargs '{\"x\": 1}'"
+        )
+    return value
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    kwargs = _json_arg(args.kwargs, "--kwargs", dict)
+    pos = _json_arg(args.args, "--args", list)
+    if ":" not in args.function:
+        raise InvalidArgument(
+            "submit", f"{args.function!r} is not module:function", "e.g. mypkg.jobs:resize"
+        )
+    q = plane(args)
+    target = resolve(args.function, {})
+    fn = target.fn if isinstance(target, Udf) else target
+    queue = args.queue or (target.queue if isinstance(target, Udf) else "default")
+    options: dict[str, Any] = {"_key": args.key} if args.key else {}
+    if args.priority is not None:
+        options["_priority"] = args.priority
+    inv = q.udf(queue=queue)(fn).submit(*pos, **kwargs, **options)
+    if args.json:
+        print_json({"id": inv, "queue": queue})
+    else:
+        print(inv)
+    return 0
+
+
+def record_dict(rec: Record) -> dict[str, Any]:
+    """A record as plain data (bytes shown by size)."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, bytes):
+            return {"bytes": len(v)}
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return {k: plain(v) for k, v in dataclasses.asdict(rec).items()}
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    q = plane(args)
+    rec = q.get(args.id)
+    if args.json:
+        print_json(record_dict(rec))
+        return 0
+    lease = rec.lease
+    run_s = (rec.finished_at or time.time()) - rec.started_at if rec.started_at else None
+    rows = [
+        ("id", rec.id),
+        ("function", rec.fn),
+        ("queue", f"{rec.ns}/{rec.queue}"),
+        ("state", rec.state),
+        (
+            "attempt",
+            f"{rec.attempt} of {rec.max_attempts}"
+            + (f" ({rec.released} released)" if rec.released else ""),
+        ),
+        ("priority", rec.priority),
+        ("key", rec.key or "-"),
+        ("scope", rec.prefix or "-"),
+        ("submitted", wall(rec.submitted_at)),
+        ("started", wall(rec.started_at)),
+        ("finished", wall(rec.finished_at)),
+        ("ran for", ago(run_s) if run_s is not None else "-"),
+        (
+            "worker",
+            f"{lease.worker} (lease {ago(lease.expires_at - time.time())} left)" if lease else "-",
+        ),
+        ("timeout", f"{rec.timeout_s}s" if rec.timeout_s else "-"),
+        (
+            "result",
+            "-"
+            if rec.result is None
+            else f"{rec.result.size or len(rec.result.inline or b'')} bytes"
+            + (" (spilled)" if rec.result.ref else ""),
+        ),
+        (
+            "stream",
+            "-"
+            if not rec.journal
+            else f"{rec.journal.get('frames')} frames of attempt {rec.journal.get('attempt')}",
+        ),
+    ]
+    if rec.error:
+        rows.append(("error", f"{rec.error.get('type')}: {rec.error.get('message')}"))
+    for name, value in rows:
+        print(f"{name:<10} {value}")
+    return 0
+
+
+def _cmd_result(args: argparse.Namespace) -> int:
+    q = plane(args)
+    value = q.result(args.id, timeout=args.timeout)
+    if args.json or not isinstance(value, str):
+        print(json.dumps(codec_plain(value), ensure_ascii=False, default=repr))
+    else:
+        print(value)
+    return 0
+
+
+def codec_plain(value: Any) -> Any:
+    """A decoded value made JSON-friendly (tuples as lists, bytes as text when UTF-8)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return {"bytes": len(value)}
+    if isinstance(value, list | tuple):
+        return [codec_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): codec_plain(v) for k, v in value.items()}
+    return value
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    q = plane(args)
+    for frame in q.stream(args.id, since=args.since, timeout=args.timeout):
+        if args.json:
+            print(
+                json.dumps(
+                    {"seq": frame.seq, "attempt": frame.attempt, "value": codec_plain(frame.value)},
+                    default=repr,
+                ),
+                flush=True,
+            )
+        else:
+            print(f"{frame.seq}\t{json.dumps(codec_plain(frame.value), default=repr)}", flush=True)
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    q = plane(args)
+    if args.follow:
+        for text in q.follow_logs(args.id, attempt=args.attempt, timeout=args.timeout):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    else:
+        sys.stdout.write(q.logs(args.id, attempt=args.attempt))
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    q = plane(args)
+    out = {inv: ("cancelled" if q.cancel(inv) else "already finished") for inv in args.ids}
+    if args.json:
+        print_json(out)
+    else:
+        for inv, what in out.items():
+            print(f"{inv}  {what}")
+    return 0
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    q = plane(args)
+    attempt = q.retry(args.id)
+    if args.json:
+        print_json({"id": args.id, "attempt": attempt})
+    else:
+        print(f"{args.id} queued again as attempt {attempt}")
+    return 0
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    q = plane(args)
+    states = {inv: q.status(inv) for inv in args.ids}  # every id checked before waiting
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    bar = not args.json and not args.quiet
+    delay = 0.05
+    while True:
+        done = sum(1 for s in states.values() if s in TERMINAL)
+        if bar:
+            width = 30
+            filled = width * done // len(states)
+            print(
+                f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{len(states)} finished",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+        if done == len(states) or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(delay)  # polling the store is the only way to learn
+        delay = min(delay * 1.5, 1.0)
+        for inv, s in states.items():
+            if s not in TERMINAL:
+                states[inv] = q.status(inv)
+    if bar:
+        print(file=sys.stderr)
+    counts: dict[str, int] = {}
+    for s in states.values():
+        counts[s] = counts.get(s, 0) + 1
+    if args.json:
+        print_json({"states": states, "counts": counts})
+    else:
+        print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        for inv, s in states.items():
+            if s != "succeeded":
+                print(f"  {inv}  {s}")
+    if any(s not in TERMINAL for s in states.values()):
+        return 3  # timed out waiting
+    return 0 if all(s == "succeeded" for s in states.values()) else 1
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "submit",
+        help="enqueue a call of module:function; prints the id",
+        description="Enqueue module:function with JSON arguments. Prints the "
+        "invocation id (the whole handle). Use --key to make a retry of this "
+        "command safe: the same key returns the same id.",
+    )
+    p.add_argument("function", help="module:function (importable here and by the workers)")
+    p.add_argument("--kwargs", help="keyword arguments as a JSON object")
+    p.add_argument("--args", help="positional arguments as a JSON array")
+    p.add_argument("--key", help="idempotency key (unique per namespace and queue)")
+    p.add_argument("--queue", help="queue (default: the function's @udf queue, else default)")
+    p.add_argument("--priority", type=int, help="0 (lowest) to 9 (highest); default 5")
+    add_common(p)
+    p.set_defaults(func=_cmd_submit)
+
+    p = sub.add_parser(
+        "show",
+        help="an invocation's record, readable",
+        description="Print the record of an invocation: state, attempts, "
+        "times, worker, error. --json prints every field.",
+    )
+    p.add_argument("id")
+    add_common(p)
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser(
+        "result",
+        help="wait for an invocation and print its value",
+        description="Wait for the invocation to finish and print its result "
+        "(JSON unless it is a string). Exit 1 if it failed, was killed or "
+        "timed out; the remote error is the message.",
+    )
+    p.add_argument("id")
+    p.add_argument("--timeout", type=float, help="seconds to wait (default: for good)")
+    add_common(p)
+    p.set_defaults(func=_cmd_result)
+
+    p = sub.add_parser(
+        "tail",
+        help="follow what a generator body yields",
+        description="Print the frames an invocation streams, as they come, "
+        "until it ends. One line per frame: seq, TAB, value as JSON.",
+    )
+    p.add_argument("id")
+    p.add_argument("--since", type=int, default=0, help="first seq to print (default 0)")
+    p.add_argument("--timeout", type=float, help="stop after this many seconds")
+    add_common(p)
+    p.set_defaults(func=_cmd_tail)
+
+    p = sub.add_parser(
+        "logs",
+        help="what an invocation's body printed and logged",
+        description="Print the captured stdout, stderr and logging output of "
+        "an invocation (every attempt, or --attempt N); --follow keeps "
+        "printing until it finishes.",
+    )
+    p.add_argument("id")
+    p.add_argument("--attempt", type=int, help="only this attempt")
+    p.add_argument("--follow", "-f", action="store_true", help="keep following new output")
+    p.add_argument("--timeout", type=float, help="with --follow: stop after this many seconds")
+    add_common(p, json_output=False)
+    p.set_defaults(func=_cmd_logs)
+
+    p = sub.add_parser(
+        "cancel",
+        help="cancel invocations (queued or running -> killed)",
+        description="Cancel invocations. A running body is stopped by its "
+        "worker within one heartbeat.",
+    )
+    p.add_argument("ids", nargs="+", metavar="ID")
+    add_common(p)
+    p.set_defaults(func=_cmd_cancel)
+
+    p = sub.add_parser(
+        "wait",
+        help="wait for invocations, with a progress bar and summary",
+        description="Wait until every id has finished. Exit 0 if all "
+        "succeeded, 1 if any did not, 3 if --timeout passed first.",
+    )
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("--timeout", type=float, help="seconds to wait (default: for good)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_common(p)
+    p.set_defaults(func=_cmd_wait)
+
+    p = sub.add_parser(
+        "retry",
+        help="run a finished invocation again as a new attempt",
+        description="Queue a finished (succeeded, failed, killed or timed out) "
+        "invocation again: same id, arguments and key; a new attempt.",
+    )
+    p.add_argument("id")
+    add_common(p)
+    p.set_defaults(func=_cmd_retry)

@@ -1,0 +1,132 @@
+"""``lakeshore status`` and ``lakeshore ls``: what a queue holds, at a flat cost."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lakeshore.census import newest_ids, queue_status, records, workers_seen
+from lakeshore.cli.common import add_common, ago, plane, print_json, require_queue, table
+from lakeshore.errors import InvalidArgument
+from lakeshore.keys import QueueKeys, check_id
+from lakeshore.record import STATES
+
+__all__ = ["register"]
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    q = plane(args)
+    now = q.store.now()
+    workers = workers_seen(q.store, q.ns, now)
+    if args.queues:
+        for name in args.queues:
+            require_queue(q, name)
+        names = list(args.queues)
+    else:  # the queues live workers serve, and the default one
+        names = sorted({"default", *(n for w in workers for n in w.get("queues", []))})
+    stats = [queue_status(q.ops(n), now, recent=args.recent) for n in names]
+    if args.json:
+        print_json({"queues": [s.as_dict() for s in stats], "workers": workers})
+        return 0
+    rows = [
+        [
+            s.queue,
+            str(s.queued),
+            str(s.running),
+            ago(s.oldest_queued_s),
+            ", ".join(f"{n} {k}" for k, n in sorted(s.recent.items())) or "-",
+        ]
+        for s in stats
+    ]
+    print(f"{q.store.url}  namespace {q.ns}\n")
+    header = ["QUEUE", "QUEUED", "RUNNING", "OLDEST QUEUED", f"LAST {args.recent} SUBMITTED"]
+    print(table(rows, header))
+    print(f"\nworkers seen in the last 5 minutes: {len(workers)}")
+    for w in workers:
+        print(
+            f"  {w.get('worker')}  {w.get('status')}  running {w.get('running')}  "
+            f"done {w.get('done')}  queues {','.join(w.get('queues', []))}  "
+            f"seen {ago(w.get('seen_at'), now)} ago"
+        )
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    q = plane(args)
+    require_queue(q, args.queue)
+    if args.state and args.state not in STATES:
+        raise InvalidArgument("ls", f"unknown state {args.state!r}", f"use one of {STATES}")
+    if args.limit < 1:
+        raise InvalidArgument("ls", "--limit must be >= 1", "e.g. --limit 20")
+    before = check_id(args.before) if args.before else None
+    ops = q.ops(args.queue)
+    now = q.store.now()
+    found = []
+    if args.state in ("queued", "running"):
+        # live states come from the hints: their cost does not grow with history
+        prefix = ops.keys.ready_prefix if args.state == "queued" else ops.keys.leases_prefix
+        ids = sorted({QueueKeys.id_of(i.key) for i in q.store.list(prefix)}, reverse=True)
+        ids = [i for i in ids if before is None or i < before]
+        for start in range(0, len(ids), 64):
+            found += [r for r in records(ops, ids[start : start + 64]) if r.state == args.state]
+            if len(found) >= args.limit:
+                break
+    else:
+        batch: list[str] = []
+        for inv in newest_ids(q.store, ops.keys, before, now):
+            batch.append(inv)
+            if len(batch) >= 64:
+                found += [r for r in records(ops, batch) if not args.state or r.state == args.state]
+                batch = []
+                if len(found) >= args.limit:
+                    break
+        found += [r for r in records(ops, batch) if not args.state or r.state == args.state]
+    found = sorted(found, key=lambda r: r.id, reverse=True)[: args.limit]
+    more = found[-1].id if len(found) == args.limit else None
+    if args.json:
+        print_json({"invocations": [_row(r) for r in found], "next_before": more})
+        return 0
+    rows = [[r.id, r.state, str(r.attempt), ago(r.submitted_at, now), r.fn] for r in found]
+    print(table(rows, ["ID", "STATE", "ATTEMPT", "SUBMITTED", "FUNCTION"]))
+    if more:
+        print(f"\nmore: lakeshore ls {args.queue} --before {more}")
+    return 0
+
+
+def _row(r: Any) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "state": r.state,
+        "attempt": r.attempt,
+        "fn": r.fn,
+        "submitted_at": r.submitted_at,
+        "finished_at": r.finished_at,
+    }
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="per queue: queued, running, recent outcomes, oldest queued age, workers",
+        description="Counts per queue without reading finished history: queued and running "
+        "come from the live hints, recent outcomes from the newest --recent invocations, "
+        "workers from their signs of life. Without QUEUE: the queues live workers serve, "
+        "and default.",
+    )
+    p.add_argument("queues", nargs="*", metavar="QUEUE")
+    p.add_argument("--recent", type=int, default=100, help="newest invocations to count")
+    add_common(p)
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser(
+        "ls",
+        help="list invocations of a queue, newest first",
+        description="List invocations newest first, --limit per page; the last line gives "
+        "the --before cursor of the next page. --state queued|running reads only live hints.",
+    )
+    p.add_argument("queue", nargs="?", default="default", help="queue (default: default)")
+    p.add_argument("--state", help=f"only this state ({', '.join(STATES)})")
+    p.add_argument("--limit", type=int, default=20, help="rows per page (default 20)")
+    p.add_argument("--before", metavar="ID", help="page cursor: only ids older than this")
+    add_common(p)
+    p.set_defaults(func=_cmd_ls)

@@ -1,0 +1,168 @@
+"""Garbage collection: remove finished invocations once their retention has passed.
+
+An invocation *expires* when it is terminal and finished more than the retention ago. The
+retention is ``older_than`` (``lakeshore gc --older-than 7d``), but never shorter than the
+queue's own ``result_retention_s``: a queue that promises to keep results a month keeps them.
+
+What goes, per expired invocation, in this order:
+
+1. the **record** (one conditional delete on the etag read: an invocation retried or
+   rewritten meanwhile is left alone) — from here on the invocation does not exist;
+2. everything else under its folder: spilled arguments and results, journals, logs;
+3. its hints (ready, lease), its id index entry, and its idempotency key when the key still
+   names it (conditional on the key object's etag).
+
+A crash between steps leaves objects without a record; a later run finds them (folders with
+no record whose id is older than the cutoff) and removes them too.
+
+Cost: ids sort by submission time and an invocation cannot finish before it was submitted,
+so only folders with ids older than the cutoff are listed — one LIST walk over those, one
+GET per record, one DELETE per object removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from ulid import ULID
+
+from lakeshore import codec
+from lakeshore.census import ids_between
+from lakeshore.errors import Conflict, InvalidArgument, NotFound
+from lakeshore.keys import id_index
+from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
+from lakeshore.queues import QueueSettings
+from lakeshore.record import RecordError
+
+__all__ = ["GcReport", "collect", "parse_age"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` or plain seconds -> seconds.
+
+    Raises:
+        InvalidArgument: not an age.
+    """
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _UNITS else raw
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise InvalidArgument("age", f"{text!r} is not an age", "write e.g. 7d, 12h, 30m or 45s")
+    return value
+
+
+@dataclass
+class GcReport:
+    """What a collection found (``dry_run``) or removed."""
+
+    expired: list[str] = field(default_factory=list)  # invocation ids
+    objects: list[str] = field(default_factory=list)  # keys removed (or that would be)
+    orphans: list[str] = field(default_factory=list)  # ids whose record was already gone
+    kept_by_retention: int = 0
+
+
+def collect(
+    ops: QueueOps,
+    settings: QueueSettings,
+    older_than_s: float | None,
+    now: float,
+    dry_run: bool = False,
+) -> GcReport:
+    """Collect one queue. See the module docstring.
+
+    Raises:
+        InvalidArgument: no retention at all (neither ``older_than_s`` nor the queue's).
+        StoreError: the store failed (what was removed so far stays removed).
+    """
+    conf = settings.read(ops.keys.queue)[0]
+    keep = [r for r in (older_than_s, conf.result_retention_s) if r is not None]
+    if not keep:
+        raise InvalidArgument(
+            f"gc {ops.keys.queue}",
+            "no retention given and the queue sets none",
+            "pass --older-than (e.g. 7d) or set the queue's result_retention_s",
+        )
+    cutoff = now - max(keep)
+    report = GcReport()
+    top = str(ULID.from_bytes(int(cutoff * 1000).to_bytes(6, "big") + bytes(10)))
+    for inv in list(ids_between(ops.store, ops.keys, None, top)):
+        try:
+            rec, etag = ops.read(inv)
+        except NotFound:
+            if now - ULID.from_str(inv).timestamp > ORPHAN_GRACE_S:  # else: a submit in flight
+                report.orphans.append(inv)
+                _remove_folder(ops, inv, report, dry_run)
+            continue
+        except RecordError:
+            continue  # corrupt or newer: never ours to delete
+        if not rec.terminal or rec.finished_at is None:
+            continue
+        if rec.finished_at >= cutoff:
+            if older_than_s is not None and rec.finished_at < now - older_than_s:
+                report.kept_by_retention += 1
+            continue
+        report.expired.append(inv)
+        record_key = ops.keys.record(inv)
+        if dry_run:
+            report.objects.append(record_key)
+        else:
+            try:
+                ops.store.delete(record_key, if_match=etag)
+            except Conflict:
+                report.expired.pop()  # changed since we read it (a retry?): keep it
+                continue
+            report.objects.append(record_key)
+        _remove_folder(ops, inv, report, dry_run)
+        _remove_satellites(ops, inv, rec.priority, rec.key, rec.queue, report, dry_run)
+    return report
+
+
+def _remove_folder(ops: QueueOps, inv: str, report: GcReport, dry_run: bool) -> None:
+    for info in list(ops.store.list(ops.keys.invocation_prefix(inv))):
+        if info.key == ops.keys.record(inv):
+            continue  # only ever deleted conditionally, above
+        if not dry_run:
+            ops.store.delete(info.key)
+        report.objects.append(info.key)
+
+
+def _remove_satellites(
+    ops: QueueOps,
+    inv: str,
+    priority: int,
+    key: str | None,
+    queue: str,
+    report: GcReport,
+    dry_run: bool,
+) -> None:
+    store = ops.store
+    candidates = [ops.keys.ready(priority, inv), ops.keys.lease(inv)]
+    if queue != "default":
+        candidates.append(id_index(ops.keys.ns, inv))
+    for k in candidates:
+        try:
+            store.get(k)
+        except NotFound:
+            continue
+        if not dry_run:
+            store.delete(k)
+        report.objects.append(k)
+    if key is not None:
+        idem = ops.keys.idem(key)
+        try:
+            data, etag = store.get(idem)
+        except NotFound:
+            return
+        if codec.decode(data, "idempotency key").get("id") != inv:
+            return  # the key was taken again by a newer invocation
+        if not dry_run:
+            with contextlib.suppress(Conflict):
+                store.delete(idem, if_match=etag)
+        report.objects.append(idem)

@@ -1,0 +1,226 @@
+"""`lakeshore worker` as a program: concurrency, signals and lease release, --idle-exit,
+lifecycle hooks, and per-attempt logs read from another process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lakeshore as dls
+from tests import jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lakeshore_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lakeshore", *args]
+
+
+def env_for(url: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LAKESHORE_URL": url,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        **extra,
+    }
+
+
+def poll(check: Any, timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+def test_worker_with_concurrency_drains_200_jobs(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url)
+    f = q.udf(jobs.add_one)
+    ids = [f.submit(i) for i in range(200)]
+    out = subprocess.run(
+        lakeshore_cmd("worker", "--concurrency", "4", "--idle-exit", "1", "--max-poll", "0.1"),
+        env=env_for(url),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [q.result(i, timeout=5) for i in ids] == [i + 1 for i in range(200)]
+    assert out.stderr.count("-> succeeded") == 200  # one log line per job
+    attempts = Counter(q.get(i).attempt for i in ids)
+    assert attempts == {1: 200}  # nothing ran twice
+
+
+def test_sigterm_releases_the_lease_without_counting_an_attempt(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    gate = tmp_path / "gate"
+    q = dls.Dispatch(url, lease_s=30)
+    inv = q.udf(jobs.wait_for_file).submit(str(gate), _max_attempts=1)
+    worker = subprocess.Popen(
+        lakeshore_cmd("worker", "--grace", "0.5", "--max-poll", "0.1"),
+        env=env_for(url),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        poll(lambda: q.status(inv) == "running", what="job running")
+        t0 = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+        stopped_in = time.monotonic() - t0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, err[-2000:]
+    rec = q.get(inv)
+    # queued again at once (not after the 30 s lease), no failed attempt on the books
+    assert rec.state == "queued" and rec.attempt == 1 and rec.released == 1
+    assert rec.error is None and rec.not_before <= q.store.now()
+    assert stopped_in < 20, stopped_in
+    assert "released" in err
+    # another worker finishes it, although max_attempts was 1
+    gate.write_text("go")
+    assert dls.run_worker(q, once=True, isolation="thread") == 1
+    assert q.result(inv, timeout=30) == "done"
+    assert q.get(inv).attempt == 2
+
+
+def test_idle_exit_on_an_empty_queue_exits_zero(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    out = subprocess.run(
+        lakeshore_cmd("worker", "--idle-exit", "0.5"),
+        env=env_for(f"file://{tmp_path}/plane"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - t0 < 60
+    assert "worker done: 0 attempt(s)" in out.stderr
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_hooks_run_the_documented_number_of_times(tmp_path: Path, isolation: str) -> None:
+    url = f"file://{tmp_path}/plane"
+    hooks = tmp_path / "hooks.log"
+    q = dls.Dispatch(url)
+    ids = [q.udf(jobs.note_pid).submit(i) for i in range(6)]
+    out = subprocess.run(
+        lakeshore_cmd(
+            "worker",
+            "--concurrency",
+            "2",
+            "--isolation",
+            isolation,
+            "--idle-exit",
+            "1",
+            "--max-poll",
+            "0.1",
+            "--on-start",
+            "tests.jobs:hook_start",
+            "--before-job",
+            "tests.jobs:hook_before",
+            "--on-stop",
+            "tests.jobs:hook_stop",
+        ),
+        env=env_for(url, LAKESHORE_TEST_HOOKS=str(hooks)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [q.result(i, timeout=5) for i in ids] == list(range(6))
+    lines = [ln.split() for ln in hooks.read_text().splitlines()]
+    starts = Counter(pid for kind, pid, *_ in lines if kind == "start")
+    stops = Counter(pid for kind, pid, *_ in lines if kind == "stop")
+    job_pids = {pid for kind, pid, *_ in lines if kind == "job"}
+    before = [rest[0] for kind, _pid, *rest in lines if kind == "before"]
+    # on_start: once per process that ran bodies, before its first job
+    assert set(starts) == job_pids and set(starts.values()) == {1}
+    if isolation == "thread":
+        assert len(job_pids) == 1  # the worker process itself
+    assert sorted(before) == sorted(ids)  # before_job: once per job
+    assert stops == starts  # on_stop: once per process, at an orderly exit
+    for pid in job_pids:  # order within each process: start, jobs, stop
+        mine = [kind for kind, p, *_ in lines if p == pid]
+        assert mine[0] == "start" and mine[-1] == "stop"
+
+
+def test_a_failing_on_start_stops_the_worker_clearly(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.add_one).submit(1)
+    out = subprocess.run(
+        lakeshore_cmd("worker", "--on-start", "tests.jobs:hook_start_fails", "--idle-exit", "5"),
+        env=env_for(url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "model weights missing" in out.stderr.splitlines()[-1]
+    rec = q.get(inv)
+    assert rec.state == "queued" and rec.released == 1  # handed back untouched
+
+
+def test_logs_of_a_printing_body_from_another_process(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url)
+    f = q.udf(jobs.chatty)
+    a, b = f.submit(1), f.submit(2)
+    out = subprocess.run(
+        lakeshore_cmd("worker", "--concurrency", "2", "--idle-exit", "1", "--max-poll", "0.1"),
+        env=env_for(url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    reader = subprocess.run(
+        lakeshore_cmd("logs", a), env=env_for(url), capture_output=True, text=True, timeout=60
+    )
+    assert reader.returncode == 0, reader.stderr
+    assert "hello from the body, n=1" in reader.stdout
+    assert "to stderr" in reader.stdout
+    assert "WARNING tests.chatty: a warning with n=1" in reader.stdout
+    assert "n=2" not in reader.stdout  # each attempt has its own log
+    assert "n=2" in q.logs(b) and "hello from the body" not in out.stdout
+
+
+def test_logs_in_thread_isolation_do_not_mix(tmp_path: Path) -> None:
+    q = dls.Dispatch(f"file://{tmp_path}/plane")
+    f = q.udf(jobs.chatty)
+    ids = [f.submit(i) for i in range(8)]
+    dls.run_worker(q, concurrency=4, isolation="thread", idle_exit=0.5, max_poll_s=0.05)
+    for n, inv in enumerate(ids):
+        text = q.logs(inv)
+        assert f"n={n}\n" in text
+        assert not any(f"n={m}\n" in text for m in range(8) if m != n)
+
+
+def test_follow_logs_ends_when_the_job_does(tmp_path: Path) -> None:
+    q = dls.Dispatch(f"file://{tmp_path}/plane")
+    inv = q.udf(jobs.chatty).submit(7)
+    stop = threading.Event()
+    t = threading.Thread(
+        target=dls.run_worker, args=(q,), kwargs={"stop": stop, "isolation": "thread"}
+    )
+    t.start()
+    try:
+        text = "".join(q.follow_logs(inv, timeout=60))
+    finally:
+        stop.set()
+        t.join(30)
+    assert "n=7" in text and q.status(inv) == "succeeded"
