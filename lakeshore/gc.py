@@ -91,7 +91,9 @@ def collect(
         )
     cutoff = now - max(keep)
     report = GcReport()
-    top = str(ULID.from_bytes(int(cutoff * 1000).to_bytes(6, "big") + bytes(10)))
+    # ids up to the asked-for cutoff: those between it and the queue's are counted as kept
+    scan_to = now - min(keep)
+    top = str(ULID.from_bytes(int(scan_to * 1000).to_bytes(6, "big") + bytes(10)))
     for inv in list(ids_between(ops.store, ops.keys, None, top)):
         try:
             rec, etag = ops.read(inv)

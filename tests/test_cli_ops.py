@@ -1,0 +1,218 @@
+"""Every operations command: it works, it has --help, and bad input is one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import lakeshore as dls
+from lakeshore.cli import build_parser, main
+from tests import jobs
+
+COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    u = f"file://{tmp_path}/plane"
+    monkeypatch.setenv("LAKESHORE_URL", u)
+    return u
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lakeshore: "), err
+    assert " — " in lines[0]  # what happened — what to do
+    return lines[0]
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert {"submit", "status", "ls", "show", "result", "tail", "logs", "cancel", "wait"} <= set(
+        COMMANDS
+    )
+    assert {"retry", "queue", "gc", "worker"} <= set(COMMANDS)
+    for command in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([command, "--help"])
+        assert e.value.code == 0
+        assert "usage: lakeshore " + command in capsys.readouterr().out
+
+
+def test_submit_show_result_wait_retry(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "submit", "tests.jobs:add_one", "--kwargs", '{"x": 41}')
+    assert code == 0
+    inv = out.strip()
+    q = dls.Dispatch(url)
+    assert q.status(inv) == "queued"
+    code, again, _ = run(capsys, "submit", "tests.jobs:add_one", "--args", "[1]", "--key", "k")
+    code2, same, _ = run(capsys, "submit", "tests.jobs:add_one", "--args", "[1]", "--key", "k")
+    assert code == code2 == 0 and again == same  # a retried submit is safe with --key
+    dls.run_worker(q, isolation="thread", idle_exit=0.2, max_poll_s=0.05)
+    code, out, _ = run(capsys, "result", inv)
+    assert (code, out.strip()) == (0, "42")
+    code, out, _ = run(capsys, "show", inv)
+    assert code == 0 and "succeeded" in out and "tests.jobs:add_one" in out
+    code, out, _ = run(capsys, "show", inv, "--json")
+    assert json.loads(out)["attempt"] == 1
+    code, out, err = run(capsys, "wait", inv, again.strip())
+    assert code == 0 and "2 succeeded" in out and "2/2 finished" in err
+    code, out, _ = run(capsys, "retry", inv)
+    assert code == 0 and "attempt 2" in out and q.status(inv) == "queued"
+    code, out, err = run(capsys, "wait", inv, "--timeout", "0.2", "--quiet")
+    assert code == 3 and "1 queued" in out  # timed out waiting
+    code, out, _ = run(capsys, "retry", inv)
+    assert code == 2  # still queued: nothing to retry
+
+
+def test_failed_result_is_exit_1_with_the_remote_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
+    dls.run_worker(q, once=True, isolation="thread")
+    code, _, err = run(capsys, "result", inv)
+    assert code == 1 and "failed" in one_line_error(err)
+    code, out, _ = run(capsys, "wait", inv, "--json")
+    assert code == 1 and json.loads(out)["counts"] == {"failed": 1}
+
+
+def test_tail_logs_cancel(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = dls.Dispatch(url)
+    gen = q.udf(jobs.squares).submit(3)
+    talk = q.udf(jobs.chatty).submit(5)
+    queued = q.udf(jobs.add_one).submit(1)
+    dls.run_worker(q, isolation="thread", max_jobs=2, idle_exit=0.2, max_poll_s=0.05)
+    code, out, _ = run(capsys, "tail", gen)
+    assert code == 0 and out.splitlines() == ["0\t[0, 0]", "1\t[1, 1]", "2\t[2, 4]"]
+    code, out, _ = run(capsys, "tail", gen, "--since", "2", "--json")
+    assert [json.loads(ln)["value"] for ln in out.splitlines()] == [[2, 4]]
+    code, out, _ = run(capsys, "logs", talk)
+    assert code == 0 and "n=5" in out
+    code, out, _ = run(capsys, "logs", talk, "--follow", "--timeout", "10")
+    assert code == 0 and "n=5" in out
+    code, out, _ = run(capsys, "cancel", queued, gen)
+    assert code == 0
+    assert f"{queued}  cancelled" in out and f"{gen}  already finished" in out
+
+
+def test_status_and_ls(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = dls.Dispatch(url)
+    f = q.udf(jobs.add_one)
+    done = [f.submit(i) for i in range(5)]
+    dls.run_worker(q, isolation="thread", max_jobs=5, idle_exit=0.2, max_poll_s=0.05)
+    waiting = [f.submit(i) for i in range(3)]
+    code, out, _ = run(capsys, "status", "--json")
+    data = json.loads(out)["queues"][0]
+    assert (data["queue"], data["queued"], data["running"]) == ("default", 3, 0)
+    assert data["recent"]["succeeded"] == 5 and data["recent"]["queued"] == 3
+    assert data["oldest_queued_s"] is not None
+    code, out, _ = run(capsys, "status")
+    assert code == 0 and "default" in out and "5 succeeded" in out
+    code, out, _ = run(capsys, "ls", "--state", "queued", "--json")
+    assert [r["id"] for r in json.loads(out)["invocations"]] == sorted(waiting, reverse=True)
+    code, out, _ = run(capsys, "ls", "--limit", "4", "--json")
+    page = json.loads(out)
+    assert [r["id"] for r in page["invocations"]] == sorted(done + waiting, reverse=True)[:4]
+    code, out, _ = run(capsys, "ls", "--limit", "4", "--before", page["next_before"], "--json")
+    assert [r["id"] for r in json.loads(out)["invocations"]] == sorted(
+        done + waiting, reverse=True
+    )[4:8]
+    code, out, _ = run(capsys, "ls", "--state", "succeeded")
+    assert code == 0 and all(i in out for i in done) and not any(i in out for i in waiting)
+
+
+def test_queue_show_and_set(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = dls.Dispatch(url)
+    q.udf(jobs.add_one).submit(1)
+    code, out, _ = run(capsys, "queue", "set", "default", "max_attempts=5", "--json")
+    assert code == 0 and json.loads(out)["max_attempts"] == 5
+    code, out, _ = run(capsys, "queue", "show", "default")
+    assert code == 0 and "max_attempts" in out
+
+
+BAD_ID = {
+    "show": ["show", "nonsense"],
+    "result": ["result", "nonsense"],
+    "tail": ["tail", "nonsense"],
+    "logs": ["logs", "nonsense"],
+    "cancel": ["cancel", "nonsense"],
+    "wait": ["wait", "nonsense"],
+    "retry": ["retry", "nonsense"],
+}
+MISSING_QUEUE = {
+    "status": ["status", "nosuch"],
+    "ls": ["ls", "nosuch"],
+    "gc": ["gc", "--queue", "nosuch", "--older-than", "1d"],
+    "queue": ["queue", "show", "nosuch"],
+}
+
+
+@pytest.mark.parametrize("argv", BAD_ID.values(), ids=list(BAD_ID))
+def test_bad_id_is_one_line(url: str, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "not an invocation id" in one_line_error(err)
+
+
+@pytest.mark.parametrize("argv", BAD_ID.values(), ids=list(BAD_ID))
+def test_unknown_id_is_one_line(
+    url: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    argv = [a if a != "nonsense" else "01ARZ3NDEKTSV4RRFFQ69G5FAV" for a in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "no invocation with this id" in one_line_error(err)
+
+
+@pytest.mark.parametrize("argv", MISSING_QUEUE.values(), ids=list(MISSING_QUEUE))
+def test_missing_queue_is_one_line(
+    url: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "no queue 'nosuch'" in one_line_error(err)
+
+
+ALL_COMMANDS = {
+    **BAD_ID,
+    **MISSING_QUEUE,
+    "submit": ["submit", "tests.jobs:add_one", "--args", "[1]"],
+    "worker": ["worker", "--idle-exit", "0"],
+}
+
+
+@pytest.mark.parametrize("argv", ALL_COMMANDS.values(), ids=list(ALL_COMMANDS))
+def test_unreachable_store_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store's directory should be")
+    argv = [a if a != "nonsense" else "01ARZ3NDEKTSV4RRFFQ69G5FAV" for a in argv]
+    code, _, err = run(capsys, *argv, "--url", f"file://{blocker}/store")
+    assert code == 2 and "cannot create the store directory" in one_line_error(err)
+
+
+def test_unreachable_s3_endpoint_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    code, _, err = run(capsys, "status", "--url", "s3://bucket/p?endpoint_url=http://127.0.0.1:9")
+    assert code == 2 and "still failing" in one_line_error(err)
+
+
+def test_bad_submit_input(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, text in [
+        (["submit", "tests.jobs:add_one", "--kwargs", "{nope"], "not valid JSON"),
+        (["submit", "tests.jobs:add_one", "--kwargs", "[1]"], "must be a JSON dict"),
+        (["submit", "no_colon"], "is not module:function"),
+        (["submit", "tests.jobs:does_not_exist"], "cannot load the function"),
+        (["submit", "tests.jobs:add_one", "--kwargs", '{"y": 1}'], "do not fit the function"),
+    ]:
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and text in one_line_error(err), argv
