@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,6 +100,10 @@ def _serve(conn: Any, hooks: Hooks) -> None:
     """The child's main loop."""
     from lakeshore.udf import Udf, resolve
 
+    # Ctrl-C and a cluster's SIGTERM reach the whole process group; stopping a body is the
+    # worker's decision (finish within the grace, else release), so the child ignores them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lock = threading.Lock()  # the body's thread and a logging thread may both send
 
     def send(msg: tuple[Any, ...]) -> None:

@@ -73,11 +73,13 @@ def test_sigterm_releases_the_lease_without_counting_an_attempt(tmp_path: Path) 
         env=env_for(url),
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     try:
         poll(lambda: q.status(inv) == "running", what="job running")
         t0 = time.monotonic()
-        worker.send_signal(signal.SIGTERM)
+        # like scancel or Ctrl-C: the whole process group, body processes included
+        os.killpg(worker.pid, signal.SIGTERM)
         _, err = worker.communicate(timeout=60)
         stopped_in = time.monotonic() - t0
     finally:
