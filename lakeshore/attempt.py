@@ -202,12 +202,9 @@ def _execute(
         job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec)
         return slot.child.run(job, stop, journal.add, log_sink)
 
-    def emit(item: Any) -> None:
-        journal.add(codec.encode(item, "yielded value"))
-
     before = slot.hooks.before_job
     prelude = (lambda: before(rec)) if before is not None else None
-    return run_in_thread(fn, kind, tuple(args), kwargs, stop, emit, spec, log_sink, prelude)
+    return run_in_thread(fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude)
 
 
 def _load(rec: Record, plane: Dispatch) -> Any:

@@ -28,6 +28,7 @@ from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError
 from lakeshore.logs import Sink, capture
 from lakeshore.record import Record
+from lakeshore.run import discard_staging
 from lakeshore.runner import (
     POLL_S,
     Outcome,
@@ -36,7 +37,6 @@ from lakeshore.runner import (
     call_body,
     error_of,
     fatal_error,
-    result_bytes,
     unpickle,
 )
 
@@ -138,13 +138,13 @@ def _serve(conn: Any, hooks: Hooks) -> None:
                     fn = target.fn if isinstance(target, Udf) else target
                     args, kwargs = codec.decode(job.payload, "arguments")
 
-                    def emit(item: Any) -> None:
-                        send(("frame", codec.encode(item, "yielded value")))
+                    def emit(data: bytes) -> None:
+                        send(("frame", data))
 
-                    value = call_body(
+                    data = call_body(
                         fn, job.kind, tuple(args), kwargs, threading.Event(), emit, job.spec, True
                     )
-                    send(("ok", result_bytes(job.kind, value)))
+                    send(("ok", data))
                 except Unsendable as e:
                     send(("error", fatal_error(e)))
                 except BaseException as e:
@@ -216,7 +216,7 @@ class ChildProcess:
                         try:
                             emit_encoded(rest[0])
                         except BaseException as e:
-                            self.kill()
+                            self._kill_during(job)
                             return Outcome("error", error=error_of(e))
                     elif tag == "log":
                         if log is not None:
@@ -226,16 +226,22 @@ class ChildProcess:
                     else:
                         return Outcome("error", error=rest[0])
                 elif stop.is_set():
-                    self.kill()
+                    self._kill_during(job)
                     return Outcome("stopped")
                 elif not self.proc.is_alive() and not self.conn.poll():
                     proc = self.proc
-                    self.kill()
+                    self._kill_during(job)
                     return _died(proc)
         except (EOFError, OSError):
             proc = self.proc
-            self.kill()
+            self._kill_during(job)
             return _died(proc)
+
+    def _kill_during(self, job: Job) -> None:
+        """Kill the child mid-job, and remove what it staged (it cannot clean up now)."""
+        self.kill()
+        if job.spec is not None:
+            discard_staging(job.spec.root, job.spec.tag)
 
     def kill(self) -> None:
         if self.proc is not None:

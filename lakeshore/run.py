@@ -25,6 +25,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = [
     "active",
     "call_local",
     "data_root",
+    "discard_staging",
     "flush",
     "read",
     "scope",
@@ -127,6 +129,7 @@ class RunContext:
         self.tag = tag
         self.in_child = in_child
         self.pending: dict[str, Path] = {}
+        self._lock = threading.Lock()  # threads that copied a producer's context share it
         self._fs: Any = None
         self._base = ""
         self._staging: Path | None = None
@@ -168,7 +171,7 @@ class RunContext:
         return self._fs, self._base
 
     def same_root(self, root: DataRoot) -> bool:
-        return self._root is root or (not callable(self._root) and self._root == root)
+        return self._root is root or self.root == root
 
     def location(self, full: str) -> str:
         """The URL of a full key under the data root."""
@@ -202,37 +205,50 @@ class RunContext:
     def _cached(self, fs: Any, remote: str, full: str, info: dict[str, Any], op: str) -> str:
         digest = hashlib.sha256(self.root.url.encode()).hexdigest()[:16]
         local = self.root.local_dir() / "cache" / digest / _slot(full)
-        meta = local.with_name(f".{local.name}.lakeshore-meta")
+        meta = local.parent / ".meta"  # the key's own folder: short, fixed names beside it
         stamp = _fingerprint(info)
         if local.exists() and meta.exists():
             st = local.stat()
-            if meta.read_text() == f"{stamp}|{st.st_size}|{st.st_mtime_ns}":
+            if meta.read_text() == f"{stamp}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}":
                 return str(local)  # unchanged remotely, untouched locally
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.{secrets.token_hex(6)}")
+        _private_dirs(local.parent, self.root.local_dir())
+        tmp = local.parent / f".tmp-{secrets.token_hex(6)}"
+        tmp_meta = local.parent / f".tmp-{secrets.token_hex(6)}"
         try:
-            fs.get_file(remote, str(tmp))
+            if self.root.protocol == "memory":
+                # fsspec's memory files share one read position between readers: copy bytes
+                tmp.write_bytes(fs.cat_file(remote))
+            else:
+                fs.get_file(remote, str(tmp))
+            st = tmp.stat()
+            if info.get("size") is not None and st.st_size != int(info["size"]):
+                raise OSError(f"got {st.st_size} bytes of {info['size']}")
+            # Stamp the file we fetched (its inode survives the rename), so a concurrent
+            # reader that replaced the file after us can never be stamped with our version.
+            tmp_meta.write_text(f"{stamp}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}")
             os.replace(tmp, local)
+            os.replace(tmp_meta, meta)
         except Exception as e:
-            tmp.unlink(missing_ok=True)
+            for t in (tmp, tmp_meta):
+                with contextlib.suppress(OSError):
+                    t.unlink(missing_ok=True)
             raise _io_error(op, self.location(full), e) from None
-        st = local.stat()
-        meta.write_text(f"{stamp}|{st.st_size}|{st.st_mtime_ns}")
         return str(local)
 
     # -- writing ------------------------------------------------------------------------------
 
     def write(self, full: str) -> str:
         """A local path to write ``full`` to; uploaded when the body returns it."""
-        path = self.pending.get(full)
-        if path is None:
-            if self._staging is None:
-                base = self.root.local_dir() / "staging"
-                base.mkdir(parents=True, exist_ok=True)
-                self._staging = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=base))
-            path = self._staging / _slot(full)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.pending[full] = path
+        with self._lock:
+            path = self.pending.get(full)
+            if path is None:
+                if self._staging is None:
+                    base = self.root.local_dir() / "staging"
+                    _private_dirs(base, self.root.local_dir())
+                    self._staging = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=base))
+                path = self._staging / _slot(full)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.pending[full] = path
         return str(path)
 
     def publish(self, value: Any) -> None:
@@ -271,17 +287,25 @@ class RunContext:
         for full in sorted(self.pending):
             self._upload(full)
 
-    def flush(self) -> None:
-        """Upload every pending key (producer blocks, before a submit and at block end)."""
-        for full in sorted(self.pending):
-            self._upload(full)
+    def flush(self, created_only: bool = False) -> None:
+        """Upload every pending key (producer blocks: at block end). ``created_only`` leaves
+        paths whose file does not exist yet for later (before a submit, a producer may hold
+        paths it has not written)."""
+        with self._lock:
+            keys = sorted(self.pending)
+        for full in keys:
+            path = self.pending.get(full)
+            if path is not None and (path.is_file() or not created_only):
+                self._upload(full)
 
     def _relative(self, full: str) -> str:
         p = f"{self.prefix}/" if self.prefix else ""
         return full[len(p) :] if p and full.startswith(p) else full
 
     def _upload(self, full: str) -> None:
-        path = self.pending[full]
+        path = self.pending.get(full)
+        if path is None:
+            return  # another thread of this producer block uploaded it
         op = f"run.write {self._relative(full)!r}"
         if not path.is_file():
             raise InvalidArgument(
@@ -294,20 +318,25 @@ class RunContext:
         try:
             if self.root.protocol in _LOCAL_PROTOCOLS:
                 # a plain copy is visible half-written: copy beside the target, then rename
-                folder, _, name = remote.rpartition("/")
+                # (os.replace: unlike a move, it never puts the file *into* a folder)
+                folder = remote.rpartition("/")[0]
                 fs.makedirs(folder, exist_ok=True)
-                tmp = f"{folder}/.{name}.lakeshore-{secrets.token_hex(6)}"
+                tmp = f"{folder}/.lakeshore-{secrets.token_hex(6)}.tmp"
                 try:
                     fs.put_file(str(path), tmp)
-                    fs.mv(tmp, remote)
+                    os.replace(tmp, remote)
                 finally:
                     with contextlib.suppress(OSError):
-                        fs.rm_file(tmp)
+                        os.unlink(tmp)
+            elif self.root.protocol == "memory":
+                # a memory file is visible while it is being written: publish it whole
+                fs.pipe_file(remote, path.read_bytes())
             else:
                 fs.put_file(str(path), remote)
         except Exception as e:
             raise _io_error(op, self.location(full), e) from None
-        del self.pending[full]
+        with self._lock:
+            self.pending.pop(full, None)
         path.unlink(missing_ok=True)
 
     def close(self) -> None:
@@ -326,12 +355,31 @@ class RunContext:
             _CTX.reset(token)
 
 
+def _private_dirs(path: Path, base: Path) -> None:
+    """Create ``path``; the cache base is the user's alone (0700), since cached objects and
+    staged outputs may be private data."""
+    if not base.exists():
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 def _slot(full: str) -> str:
     """A local relative path for a full key: a folder per key (named by its digest) holding
     the key's file name. Keys ``a`` and ``a/b`` may both exist in an object store; as plain
     local paths one would have to be a file and a folder at once."""
     digest = hashlib.sha256(full.encode()).hexdigest()
-    return f"{digest[:2]}/{digest[2:24]}/{full.rpartition('/')[2]}"
+    name = full.rpartition("/")[2]
+    if len(name.encode()) > 120:  # S3 allows names no local filesystem does: keep the suffix
+        _, dot, ext = name.rpartition(".")
+        name = f"{digest[:32]}.{ext}" if dot and 0 < len(ext) <= 16 else digest[:32]
+    return f"{digest[:2]}/{digest[2:24]}/{name}"
+
+
+def discard_staging(root: DataRoot, tag: str) -> None:
+    """Remove the staging folders of a run that was killed before it could clean up."""
+    base = root.local_dir() / "staging"
+    for path in base.glob(f"{tag}-*") if base.is_dir() else []:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _fingerprint(info: dict[str, Any]) -> str:
@@ -371,18 +419,17 @@ def active() -> RunContext | None:
     return _CTX.get()
 
 
-def _context(op: str, writing: bool) -> RunContext:
+def _context(op: str) -> RunContext:
     ctx = _CTX.get()
     if ctx is not None:
         return ctx
-    if writing:
-        raise InvalidArgument(
-            op,
-            "run.write outside a body needs a block that uploads the files",
-            "write inside `with q.scope(prefix):` — files upload before each submit in it "
-            "and when it ends",
-        )
-    return RunContext(_default_root, "producer")
+    raise InvalidArgument(
+        op,
+        "no body or scope block here, so no data root to use",
+        "in a producer, use `with q.scope(prefix):` (or `with dls.scope(prefix):` for the "
+        "default plane); in a thread a body started, run the code under "
+        "contextvars.copy_context() taken in the body",
+    )
 
 
 def read(keys: Any) -> Any:
@@ -390,15 +437,16 @@ def read(keys: Any) -> Any:
     tuple or dict of them (the result has the same shape).
 
     Inside a body the worker's data root is used; in a producer, the one of the enclosing
-    ``q.scope(...)`` block (else the default plane's). Objects are cached per worker and
+    ``q.scope(...)`` (or ``dls.scope(...)``) block. Objects are cached per worker and
     fetched again only when they changed; treat the paths as read-only.
 
     Raises:
         NotFound: no object at a key (the message names the full location).
-        InvalidArgument: a malformed key, or one that climbs out of the data root.
+        InvalidArgument: a malformed key, one that climbs out of the data root, or no body
+            or scope block around the call.
         PermissionDenied, StoreUnavailable: the data root refused or failed.
     """
-    ctx = _context("run.read", writing=False)
+    ctx = _context("run.read")
     return mirror(keys, lambda k: ctx.read(resolve(k, f"run.read {k!r}")), "run.read")
 
 
@@ -410,7 +458,7 @@ def write(keys: Any) -> Any:
     Raises:
         InvalidArgument: a malformed key, or ``write`` outside a body and a scope block.
     """
-    ctx = _context("run.write", writing=True)
+    ctx = _context("run.write")
     return mirror(keys, lambda k: ctx.write(resolve(k, f"run.write {k!r}")), "run.write")
 
 
@@ -424,7 +472,7 @@ def flush() -> None:
     """
     ctx = _CTX.get()
     if ctx is not None and ctx.kind == "producer":
-        ctx.flush()
+        ctx.flush(created_only=True)
 
 
 @contextlib.contextmanager

@@ -98,12 +98,12 @@ class _Stopped(Exception):
     pass
 
 
-Emit = Callable[[Any], None]
+Emit = Callable[[bytes], None]  # takes an encoded frame
 
 
-def _emit(emit: Emit, item: Any) -> None:
+def _frame(item: Any) -> bytes:
     try:
-        emit(item)
+        return codec.encode(item, "yielded value")
     except InvalidArgument as e:  # the codec refused the value: a retry would yield it again
         raise Unsendable(str(e)) from None
 
@@ -135,21 +135,24 @@ def call_body(
     emit: Emit,
     spec: RunSpec | None = None,
     in_child: bool = False,
-) -> Any:
-    """Run a body of any kind to completion under its run context (scope and files).
-    Generator bodies hand each yield to ``emit`` (the journal) after uploading the files it
-    names, and return None; they stop at the next yield once ``stop`` is set."""
+) -> bytes | None:
+    """Run a body of any kind to completion under its run context (scope and files) and
+    return its encoded result (None for streaming bodies). Generator bodies hand each
+    encoded yield to ``emit`` (the journal) after uploading the files it names; they stop at
+    the next yield once ``stop`` is set. Values are encoded before their files are
+    published, so an unsendable value never leaves orphaned files behind."""
     if spec is None:
-        return _body(fn, kind, args, kwargs, stop, emit, None)
+        return result_bytes(kind, _body(fn, kind, args, kwargs, stop, emit, None))
     ctx = RunContext(spec.root, "body", prefix=spec.prefix, tag=spec.tag, in_child=in_child)
     try:
         with ctx.activate(), at(spec.prefix):
             value = _body(fn, kind, args, kwargs, stop, emit, ctx)
         if stop.is_set():
             raise _Stopped  # cancelled or timed out meanwhile: publish nothing
+        data = result_bytes(kind, value)
         verb = "yield" if kind in STREAMING else "return"
         _files(lambda v: ctx.finish(v, verb), value)
-        return value
+        return data
     finally:
         ctx.close()
 
@@ -164,9 +167,12 @@ def _body(
     ctx: RunContext | None,
 ) -> Any:
     def out(item: Any) -> None:
+        if stop.is_set():
+            raise _Stopped  # stopped while it computed this item: publish nothing more
+        data = _frame(item)
         if ctx is not None:
             _files(ctx.publish, item)
-        _emit(emit, item)
+        emit(data)
 
     if kind == "sync":
         return fn(*args, **kwargs)
@@ -221,8 +227,8 @@ def run_in_thread(
             with capture(log):
                 if prelude is not None:
                     prelude()
-                value = call_body(fn, kind, args, kwargs, stop, emit, spec)
-            box.append(Outcome("ok", value=result_bytes(kind, value)))
+                data = call_body(fn, kind, args, kwargs, stop, emit, spec)
+            box.append(Outcome("ok", value=data))
         except _Stopped:
             box.append(Outcome("stopped"))
         except Unsendable as e:

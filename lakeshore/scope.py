@@ -34,11 +34,12 @@ def _parts(path: str, op: str) -> list[str]:
             f"{path!r} is not a relative key",
             "keys are relative POSIX paths under the data root, e.g. 'out/mask.png'",
         )
-    if "\\" in path or any(ord(c) < 32 or ord(c) == 127 for c in path):
+    if "\\" in path or "?" in path or any(ord(c) < 32 or ord(c) == 127 for c in path):
         raise InvalidArgument(
             op,
-            f"{path!r} holds a backslash or a control character",
-            "use '/' between parts and printable characters only",
+            f"{path!r} holds a backslash, a '?' or a control character",
+            "use '/' between parts and printable characters only ('?' would be read as a "
+            "query by URL-based drivers)",
         )
     return [p for p in path.split("/") if p not in ("", ".")]
 
@@ -139,9 +140,14 @@ def keys_in(value: Any, prefix: str) -> set[str]:
     """Full keys named by the strings inside a returned or yielded value (dict values and
     list/tuple items, nested). Strings that are not valid keys are simply not keys."""
     found: set[str] = set()
+    seen: set[int] = set()  # a value that contains itself must not loop forever
     stack = [value]
     while stack:
         v = stack.pop()
+        if isinstance(v, list | tuple | set | frozenset | dict):
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
         if isinstance(v, str):
             try:
                 full = join(prefix, v)

@@ -318,3 +318,18 @@ def hook_stop() -> None:
 
 def hook_start_fails() -> None:
     raise RuntimeError("model weights missing")
+
+
+def writes_then_unsendable() -> Any:
+    import lakeshore as dls
+
+    Path(dls.run.write("orphan.txt")).write_text("never published")
+    return ["orphan.txt", threading.Lock()]
+
+
+def writes_then_blocks(seconds: float) -> str:
+    import lakeshore as dls
+
+    Path(dls.run.write("partial.bin")).write_bytes(b"x" * 1000)
+    time.sleep(seconds)  # the body's own work; the test stops it by timeout
+    return "partial.bin"

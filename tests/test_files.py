@@ -379,3 +379,57 @@ def test_store_without_a_files_location_still_runs_plain_jobs(tmp_path: Path) ->
     assert q.result(a, timeout=30) == 2
     with pytest.raises(dls.Failed, match="no data root"):
         q.result(b, timeout=30)
+
+
+def test_review_findings_stay_fixed(tmp_path: Path) -> None:
+    """Regressions found in review: '?' in keys, a file onto a folder, reads outside any
+    block, cyclic return values, long names, encode-before-publish."""
+    q = make_plane(LocalStore(tmp_path / "s"), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(dls.InvalidArgument, match=r"'\?'"), q.scope():
+        dls.run.write("in.txt?versionId=1")
+    put_input(q, "", "out/inner.txt", "x")
+    with pytest.raises(dls.InvalidArgument, match="cannot share a name"), q.scope():
+        Path(dls.run.write("out")).write_text("a file onto a folder")
+    with pytest.raises(dls.InvalidArgument, match="no body or scope block"):
+        dls.run.read("anything.txt")
+    loop: list[Any] = ["a.txt"]
+    loop.append(loop)
+    assert keys_in(loop, "") == {"a.txt"}
+    long_key = "n" * 200 + ".csv"
+    put_input(q, "long", long_key, "long")
+    assert read_text(q, "long", long_key) == "long"
+    inv = q.udf(jobs.writes_then_unsendable).submit()
+    dls.run_worker(q, once=True, isolation="thread")
+    with pytest.raises(dls.Failed, match="UnsendableValue"):
+        q.result(inv, timeout=30)
+    with pytest.raises(dls.NotFound):
+        read_text(q, "", "orphan.txt")  # encoded first: nothing was published
+
+
+def test_memory_root_concurrent_reads_and_long_names(tmp_path: Path) -> None:
+    q = make_plane(MemoryStore(), cache_dir=str(tmp_path))
+    payload = os.urandom(2_000_000)
+    key = "big/" + "z" * 230 + ".bin"
+    with q.scope():
+        Path(dls.run.write(key)).write_bytes(payload)
+    got: list[bytes] = []
+
+    def reader() -> None:
+        with q.scope():
+            got.append(Path(dls.run.read(key)).read_bytes())
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 8 and all(g == payload for g in got)
+
+
+def test_killed_child_leaves_no_staging(tmp_path: Path) -> None:
+    q = make_plane(LocalStore(tmp_path / "s"), cache_dir=str(tmp_path / "cache"))
+    inv = q.udf(jobs.writes_then_blocks).submit(60, _timeout_s=1.0, _max_attempts=1)
+    dls.run_worker(q, once=True, isolation="process")
+    assert q.status(inv) == "timeout"
+    staging = tmp_path / "cache" / "staging"
+    assert not staging.exists() or not any(staging.iterdir())
