@@ -234,7 +234,9 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         rec, token = held.record, held.token
         now = ops.store.now()
         streamed = journal.frames > 0 or (outcome.kind == "ok" and outcome.value is None)
-        if outcome.kind == "stopped" and att.why == "released":
+        if outcome.kind == "stopped" and att.why in ("released", ""):
+            # released at the end of a shutdown's grace, or interrupted by a signal meant
+            # for the whole worker: handed back, the attempt not counted
             _quietly(journal.close)
             try:
                 ops.finish(held, lifecycle.release(rec, token, now))

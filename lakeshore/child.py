@@ -164,6 +164,7 @@ class ChildProcess:
         self.proc: Any = None
         self.conn: Any = None
         self.starts = 0
+        self.last_exit: int | None = None
 
     def _start(self, stop: threading.Event) -> bool:
         ctx = mp.get_context("spawn")
@@ -175,11 +176,14 @@ class ChildProcess:
         self.starts += 1
         while not parent.poll(POLL_S):  # on_start may take long: loading a model, say
             if stop.is_set() or not self.proc.is_alive():
+                self.last_exit = self.proc.exitcode
                 self.kill()
                 return False
         try:
             msg = parent.recv()
         except EOFError:
+            self.proc.join(5)
+            self.last_exit = self.proc.exitcode
             self.kill()
             return False
         if msg[0] == "start_failed":
@@ -206,7 +210,9 @@ class ChildProcess:
             HookFailed: a fresh child's ``on_start`` raised.
         """
         if (self.proc is None or not self.proc.is_alive()) and not self._start(stop):
-            return Outcome("stopped") if stop.is_set() else _died(self.proc)
+            if stop.is_set() or self.last_exit in _GROUP_SIGNALS:
+                return Outcome("stopped")
+            return _died(self.last_exit)
         try:
             self.conn.send(("job", job))
             while True:
@@ -229,13 +235,18 @@ class ChildProcess:
                     self._kill_during(job)
                     return Outcome("stopped")
                 elif not self.proc.is_alive() and not self.conn.poll():
-                    proc = self.proc
-                    self._kill_during(job)
-                    return _died(proc)
+                    return self._died_during(job)
         except (EOFError, OSError):
-            proc = self.proc
-            self._kill_during(job)
-            return _died(proc)
+            return self._died_during(job)
+
+    def _died_during(self, job: Job) -> Outcome:
+        """The child ended without answering. Killed by SIGTERM/SIGINT — a signal for the
+        whole process group (Ctrl-C, scancel) that reached it before it could ignore it —
+        the job was interrupted, not failed: the worker hands it back."""
+        self.proc.join(5)
+        code = self.proc.exitcode
+        self._kill_during(job)
+        return Outcome("stopped") if code in _GROUP_SIGNALS else _died(code)
 
     def _kill_during(self, job: Job) -> None:
         """Kill the child mid-job, and remove what it staged (it cannot clean up now)."""
@@ -263,8 +274,10 @@ class ChildProcess:
         self.kill()
 
 
-def _died(proc: Any) -> Outcome:
-    code = getattr(proc, "exitcode", None)
+_GROUP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
+
+
+def _died(code: int | None) -> Outcome:
     return Outcome(
         "error",
         error={
