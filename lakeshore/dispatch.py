@@ -7,59 +7,43 @@ A process that never saw the submit reads the result just as well as the one tha
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import hashlib
-import inspect
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
-from inspect import Parameter
 from typing import Any, TypeVar, overload
 
 from lakeshore import codec, lifecycle
-from lakeshore.admission import admit, give_back_rate
 from lakeshore.errors import (
     Conflict,
     Failed,
     InvalidArgument,
     JobError,
     Killed,
-    LakeshoreError,
     NotFinished,
     NotFound,
     TimedOut,
 )
 from lakeshore.journal import Frame
-from lakeshore.keys import QueueKeys, band, check_id, check_name, id_index, new_id
+from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, id_index
 from lakeshore.logs import follow_logs, read_logs
 from lakeshore.protocol import QueueOps
 from lakeshore.queueconf import QueueConfig
 from lakeshore.queues import QueueSettings
 from lakeshore.record import Blob, Record
-from lakeshore.run import DataRoot, data_root, flush
+from lakeshore.run import DataRoot, data_root
 from lakeshore.run import scope as run_scope
-from lakeshore.scope import current_prefix
 from lakeshore.store import Store, open_store
-from lakeshore.store.base import CREATE
 from lakeshore.stream import follow
+from lakeshore.submit import KeyReused, submit_call
 from lakeshore.topic import Topic
 from lakeshore.udf import Udf
 
 __all__ = ["DEFAULT_URL", "Dispatch", "KeyReused", "default_plane"]
 
 DEFAULT_URL = "file://~/.lakeshore"
-DEFAULT_QUEUE = "default"
-# A key whose record is missing is repaired only once its first submitter had this long to
-# finish: a younger one is probably still being written by a concurrent submit.
-KEY_REPAIR_GRACE_S = 30.0
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class KeyReused(LakeshoreError):
-    """An idempotency key was used before with different arguments (strict mode)."""
 
 
 class Dispatch:
@@ -223,16 +207,9 @@ class Dispatch:
         udf: Udf[Any, Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        *,
-        key: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        timeout_s: float | None = None,
-        deadline_s: float | None = None,
-        strict_key: bool = False,
-        submit_timeout: float = 60.0,
+        **options: Any,
     ) -> str:
-        """Enqueue ``udf(*args, **kwargs)``; see :meth:`Udf.submit`.
+        """Enqueue ``udf(*args, **kwargs)``; see :meth:`Udf.submit` for ``options``.
 
         Raises:
             InvalidArgument: unsendable arguments or a bad option.
@@ -240,168 +217,7 @@ class Dispatch:
             QueueFull: admission refused the submit (or no room came within
                 ``submit_timeout`` seconds on a blocking queue).
         """
-        conf = self.settings.get(udf.queue)
-        prio = (
-            priority if priority is not None else (udf.priority if udf.priority is not None else 5)
-        )
-        band(prio)  # validates the priority before anything is written
-        attempts = next(
-            a
-            for a in (max_attempts, udf.max_attempts, conf.max_attempts, self.max_attempts)
-            if a is not None
-        )
-        tmo = next((t for t in (timeout_s, udf.timeout_s, conf.timeout_s) if t is not None), None)
-        if deadline_s is None:
-            deadline_s = conf.deadline_cutoff_s
-        if (
-            attempts < 1
-            or (tmo is not None and tmo <= 0)
-            or (deadline_s is not None and deadline_s <= 0)
-        ):
-            raise InvalidArgument(
-                f"submit {udf.ref}",
-                "max_attempts, timeout_s or deadline_s out of range",
-                "use _max_attempts >= 1 and positive _timeout_s / _deadline_s",
-            )
-        if key is not None and (not isinstance(key, str) or not key):
-            raise InvalidArgument(
-                f"submit {udf.ref}", f"_key must be a non-empty str, got {key!r}", "pass a str"
-            )
-        payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
-        prefix = current_prefix()
-        draft = Record(
-            id="",
-            ns=self.ns,
-            queue=udf.queue,
-            fn=udf.ref,
-            fn_pickle=udf.pickled(),
-            args=Blob(inline=b""),
-            key=key,
-            input_hash=_input_hash(udf, args, kwargs, prefix),
-            prefix=prefix,
-            priority=prio,
-            max_attempts=attempts,
-            timeout_s=tmo,
-            retry_backoff_s=next(
-                b for b in (conf.retry_backoff_s, self.retry_backoff_s) if b is not None
-            ),
-            lease_s=conf.lease_s or self.lease_s,
-        )
-        ops = self.ops(udf.queue)
-        inv = new_id()
-        limited = conf.max_depth is not None or conf.rate_limit is not None
-        if key is not None:
-            # An existing key returns its invocation, never refused by admission; on a limited
-            # queue only look (admission comes before the key is taken).
-            found = self._claim_key(ops, key, inv, draft.input_hash, strict_key, create=not limited)
-            if found is not None and found[0] != inv:
-                return self._existing(ops, found, draft, payload, deadline_s)
-        slot, token = None, None
-        if limited:
-            slot, token = admit(
-                ops, inv, conf.max_depth, conf.rate, conf.on_full, submit_timeout, self.store.now
-            )
-            draft = dataclasses.replace(
-                draft, slot=slot.n if slot else None, slot_etag=slot.etag if slot else None
-            )
-        try:
-            if key is not None and limited:
-                found = self._claim_key(ops, key, inv, draft.input_hash, strict_key, create=True)
-                if found is not None and found[0] != inv:  # a concurrent submit took the key
-                    self._undo_admission(ops, inv, draft, token)
-                    return self._existing(ops, found, draft, payload, deadline_s)
-            flush()  # the files this producer wrote for the job exist before the job does
-            self._publish(ops, inv, draft, payload, deadline_s)
-        except Conflict:
-            if key is None:
-                self._undo_admission(ops, inv, draft, token)
-                raise
-            # Only a key repair can have created our record first: the invocation exists.
-        except BaseException:
-            self._undo_admission(ops, inv, draft, token)
-            raise
-        return inv
-
-    def _existing(
-        self,
-        ops: QueueOps,
-        found: tuple[str, float],
-        draft: Record,
-        payload: bytes,
-        deadline_s: float | None,
-    ) -> str:
-        existing, since = found
-        if since > KEY_REPAIR_GRACE_S:
-            try:
-                ops.read(existing)
-            except NotFound:
-                # The first submitter died after the key object, before the record: write the
-                # record now (create-only, so a slow original still wins).
-                with contextlib.suppress(Conflict):
-                    self._publish(ops, existing, draft, payload, deadline_s)
-        return existing
-
-    def _undo_admission(
-        self, ops: QueueOps, inv: str, draft: Record, token: tuple[str, str] | None
-    ) -> None:
-        """A submit that was admitted but did not happen gives its slot and token back (the
-        slot only if the record really is not there)."""
-        try:
-            ops.read(inv)
-            return
-        except NotFound:
-            pass
-        except LakeshoreError:
-            return  # cannot tell: keep the slot (a leak is repaired later; excess never is)
-        ops.settle(dataclasses.replace(draft, id=inv, state="killed"))
-        give_back_rate(ops, token)
-
-    def _publish(
-        self, ops: QueueOps, inv: str, draft: Record, payload: bytes, deadline_s: float | None
-    ) -> None:
-        now = self.store.now()
-        rec = dataclasses.replace(
-            draft,
-            id=inv,
-            args=ops.put_blob(ops.keys.args(inv), payload, self.spill_bytes),
-            deadline_at=now + deadline_s if deadline_s is not None else None,
-            submitted_at=now,
-        )
-        if rec.queue != DEFAULT_QUEUE:
-            self._index(inv, rec.queue)
-        ops.submit(rec)
-        self._where[inv] = rec.queue
-
-    def _claim_key(
-        self, ops: QueueOps, key: str, inv: str, input_hash: str, strict: bool, create: bool
-    ) -> tuple[str, float] | None:
-        """Create the key object for ``inv`` (or only look, with ``create=False``). Returns the
-        id the key names (``inv`` if we created it) and the seconds since the key was created;
-        None when only looking and the key is free."""
-        now = self.store.now()
-        if create:
-            body = codec.encode({"id": inv, "input_hash": input_hash, "at": now})
-            try:
-                self.store.put(ops.keys.idem(key), body, CREATE)
-                return inv, 0.0
-            except Conflict:
-                pass
-        try:
-            held = codec.decode(self.store.get(ops.keys.idem(key))[0], "idempotency key")
-        except NotFound:
-            return None
-        if strict and held["input_hash"] != input_hash:
-            raise KeyReused(
-                f"submit _key={key!r}",
-                f"the key already names invocation {held['id']} with different arguments",
-                "use a new key, or drop _strict_key to get the existing id back",
-                id=held["id"],
-            )
-        return str(held["id"]), now - float(held.get("at", 0.0))
-
-    def _index(self, inv: str, queue: str) -> None:
-        with contextlib.suppress(Conflict):
-            self.store.put(id_index(self.ns, inv), queue.encode(), CREATE)
+        return submit_call(self, udf, args, kwargs, **options)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -648,38 +464,6 @@ class Dispatch:
     async def acancel(self, inv: str, reason: str = "cancelled") -> bool:
         """:meth:`cancel` for asyncio code."""
         return await asyncio.to_thread(self.cancel, inv, reason)
-
-
-VAR_KEYWORD = Parameter.VAR_KEYWORD
-
-
-def _input_hash(
-    udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], prefix: str = ""
-) -> str:
-    """A digest of the call that does not depend on how it was spelled: arguments are bound to
-    the function's signature (positional or keyword, any order, defaults filled in). The
-    scope is part of the call: the same keys under another scope are other files.
-
-    Raises:
-        InvalidArgument: the arguments do not fit the function's signature.
-    """
-    try:
-        sig = inspect.signature(udf.fn)
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        canonical: Any = [
-            (name, sorted(value.items()) if sig.parameters[name].kind is VAR_KEYWORD else value)
-            for name, value in sorted(bound.arguments.items())
-        ]
-    except TypeError as e:
-        raise InvalidArgument(
-            f"submit {udf.ref}", f"the arguments do not fit the function: {e}", "fix the call"
-        ) from None
-    except ValueError:  # no signature (some builtins): fall back to the call as spelled
-        canonical = (args, sorted(kwargs.items()))
-    data = codec.encode(canonical, f"arguments of {udf.ref}")
-    scoped = f"\0scope={prefix}".encode() if prefix else b""
-    return hashlib.sha256(udf.ref.encode() + b"\0" + data + scoped).hexdigest()
 
 
 def _job_error(rec: Record) -> JobError:

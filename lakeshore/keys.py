@@ -37,6 +37,7 @@ from ulid import ULID
 from lakeshore.errors import InvalidArgument
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueKeys",
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 ROOT = "lakeshore"
+DEFAULT_QUEUE = "default"
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}\Z")
 _SEQ_WIDTH = 12  # 10^12 frames per attempt or topic: more than any stream will hold
