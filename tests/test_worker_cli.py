@@ -226,3 +226,34 @@ def test_follow_logs_ends_when_the_job_does(tmp_path: Path) -> None:
         stop.set()
         t.join(30)
     assert "n=7" in text and q.status(inv) == "succeeded"
+
+
+def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url, lease_s=30)
+    inv = q.udf(jobs.wait_for_file).submit(str(tmp_path / "never"))
+    worker = subprocess.Popen(
+        lakeshore_cmd("worker", "--grace", "60", "--max-poll", "0.1"),
+        env=env_for(url),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    assert worker.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(worker.stderr.readline, "")))
+    reader.start()
+    try:
+        poll(lambda: q.status(inv) == "running", what="job running")
+        worker.send_signal(signal.SIGTERM)
+        poll(lambda: any("no new jobs" in ln for ln in lines), what="first signal handled")
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        reader.join(10)
+    err = "".join(lines)
+    assert worker.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "second signal" in err
+    rec = q.get(inv)
+    assert rec.state == "running" and rec.released == 0  # left to its lease, as documented
