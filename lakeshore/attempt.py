@@ -135,14 +135,14 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     if rec.timeout_s is not None:
         timer = threading.Timer(rec.timeout_s, att.halt, args=("timeout",))
         timer.daemon = True
-        timer.start()
     journal = JournalWriter(
         ops.store, lambda seq: ops.keys.journal(rec.id, rec.attempt, seq), rec.attempt
     )
     logs = log_writer(ops.store, ops.keys, rec.id, rec.attempt)
     running.add(att)
     try:
-        outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs))
+        # the body's time starts when the body does (not while a child loads its model)
+        outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs), timer)
     except BaseException:
         att.halt("released")
         outcome = Outcome("stopped")
@@ -181,6 +181,7 @@ def _execute(
     ops: QueueOps,
     journal: JournalWriter,
     log_sink: Any,
+    timer: threading.Timer | None = None,
 ) -> Outcome:
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}")
@@ -200,8 +201,10 @@ def _execute(
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks)
         job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec)
-        return slot.child.run(job, stop, journal.add, log_sink)
+        return slot.child.run(job, stop, journal.add, log_sink, timer.start if timer else None)
 
+    if timer is not None:
+        timer.start()
     before = slot.hooks.before_job
     prelude = (lambda: before(rec)) if before is not None else None
     return run_in_thread(fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude)

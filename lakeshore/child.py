@@ -17,7 +17,9 @@ Messages, child to parent: ``("ready",)``, ``("start_failed", error)``, ``("fram
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -104,6 +106,7 @@ def _serve(conn: Any, hooks: Hooks) -> None:
     # worker's decision (finish within the grace, else release), so the child ignores them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.getLogger().setLevel(logging.INFO)  # a body's INFO records are captured too
     lock = threading.Lock()  # the body's thread and a logging thread may both send
 
     def send(msg: tuple[Any, ...]) -> None:
@@ -203,8 +206,10 @@ class ChildProcess:
         stop: threading.Event,
         emit_encoded: Callable[[bytes], None],
         log: Sink | None,
+        started: Callable[[], None] | None = None,
     ) -> Outcome:
-        """Run one job in the child; kill the child when ``stop`` fires.
+        """Run one job in the child; kill the child when ``stop`` fires. ``started`` is
+        called once the child is ready and the job is handed over (the body's clock).
 
         Raises:
             HookFailed: a fresh child's ``on_start`` raised.
@@ -215,6 +220,8 @@ class ChildProcess:
             return _died(self.last_exit)
         try:
             self.conn.send(("job", job))
+            if started is not None:
+                started()
             while True:
                 if self.conn.poll(POLL_S):
                     tag, *rest = self.conn.recv()
@@ -226,7 +233,8 @@ class ChildProcess:
                             return Outcome("error", error=error_of(e))
                     elif tag == "log":
                         if log is not None:
-                            log(rest[0])
+                            with contextlib.suppress(Exception):  # output is best effort
+                                log(rest[0])
                     elif tag == "ok":
                         return Outcome("ok", value=rest[0])
                     else:
@@ -253,6 +261,13 @@ class ChildProcess:
         self.kill()
         if job.spec is not None:
             discard_staging(job.spec.root, job.spec.tag)
+
+    def kill_now(self) -> None:
+        """Kill the child without waiting (from a signal handler, before the worker exits)."""
+        proc = self.proc
+        if proc is not None and proc.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
 
     def kill(self) -> None:
         if self.proc is not None:

@@ -114,8 +114,11 @@ def log_writer(store: Store, keys: QueueKeys, inv: str, attempt: int) -> Journal
 
 def text_sink(writer: JournalWriter) -> Sink:
     def sink(text: str) -> None:
+        # Output is best effort: a store that refuses a log segment must not fail the body
+        # (its print would raise) — the segment is lost, the job goes on.
         if text:
-            writer.add(codec.encode(text, "log text"))
+            with contextlib.suppress(Exception):
+                writer.add(codec.encode(text, "log text"))
 
     return sink
 

@@ -59,6 +59,7 @@ class _State:
     done: int = 0
     last_reap: float = 0.0
     running: set[Attempt] = field(default_factory=set)
+    slots: list[Slot] = field(default_factory=list)
     failure: BaseException | None = None
 
     def take_slot(self) -> bool:
@@ -153,12 +154,12 @@ def run_worker(
     )
     names = queues or plane.queues()
     ops = [plane.ops(q) for q in names]
-    restore = _install_signals(state.stop) if handle_signals else None
     if hooks.on_start is not None and isolation != "process":
         try:
             hooks.on_start()  # bodies run in this process
         except BaseException as e:
             raise HookFailed("worker on_start", f"{type(e).__name__}: {e}", "fix the hook") from e
+    restore = _install_signals(state) if handle_signals else None
     _announce(state, names, "running")
     slots = [
         threading.Thread(
@@ -219,7 +220,7 @@ def _release_all(state: _State) -> None:
         att.halt("released")
 
 
-def _install_signals(stop: threading.Event) -> Any:
+def _install_signals(state: _State) -> Any:
     """First SIGTERM/SIGINT: stop claiming (graceful). Second: exit now."""
     if threading.current_thread() is not threading.main_thread():
         raise InvalidArgument(
@@ -227,11 +228,15 @@ def _install_signals(stop: threading.Event) -> Any:
         )
 
     def handler(signum: int, _frame: Any) -> None:
-        if stop.is_set():
+        if state.stop.is_set():
             log.warning("second signal: exiting now (running leases will expire)")
+            with state.lock:
+                children = [s.child for s in state.slots if s.child is not None]
+            for child in children:  # they ignore signals: they would run on as orphans
+                child.kill_now()
             os._exit(128 + signum)
         log.warning("signal %d: no new jobs; running ones may finish, then are released", signum)
-        stop.set()
+        state.stop.set()
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -263,6 +268,8 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
 
 def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_s: float) -> None:
     slot = Slot(state.plane, state.isolation, state.hooks)
+    with state.lock:
+        state.slots.append(slot)
     try:
         _serve(state, slot, ops, idle_exit, max_poll_s)
     except HookFailed as e:

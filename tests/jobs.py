@@ -333,3 +333,15 @@ def writes_then_blocks(seconds: float) -> str:
     Path(dls.run.write("partial.bin")).write_bytes(b"x" * 1000)
     time.sleep(seconds)  # the body's own work; the test stops it by timeout
     return "partial.bin"
+
+
+def pid_after_file(path: str, timeout: float = 120.0) -> int:
+    """Note the body's pid in ``path + '.pid'``, block until ``path`` exists, return the pid."""
+    Path(path + ".pid").write_text(str(os.getpid()))
+    wait_for_file(path, timeout)
+    return os.getpid()
+
+
+def nap_then(name: str, seconds: float) -> str:
+    time.sleep(seconds)
+    return name

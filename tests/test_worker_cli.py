@@ -231,7 +231,7 @@ def test_follow_logs_ends_when_the_job_does(tmp_path: Path) -> None:
 def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/plane"
     q = dls.Dispatch(url, lease_s=30)
-    inv = q.udf(jobs.wait_for_file).submit(str(tmp_path / "never"))
+    inv = q.udf(jobs.pid_after_file).submit(str(tmp_path / "never"))
     worker = subprocess.Popen(
         lakeshore_cmd("worker", "--grace", "60", "--max-poll", "0.1"),
         env=env_for(url),
@@ -244,6 +244,8 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     reader.start()
     try:
         poll(lambda: q.status(inv) == "running", what="job running")
+        pidfile = tmp_path / "never.pid"
+        body_pid = int(poll(lambda: pidfile.exists() and pidfile.read_text(), what="body pid"))
         worker.send_signal(signal.SIGTERM)
         poll(lambda: any("no new jobs" in ln for ln in lines), what="first signal handled")
         worker.send_signal(signal.SIGTERM)
@@ -257,3 +259,14 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     assert "second signal" in err
     rec = q.get(inv)
     assert rec.state == "running" and rec.released == 0  # left to its lease, as documented
+    # the body's process did not outlive the worker as an orphan
+    poll(lambda: not _alive(body_pid), timeout=10, what="the body's process gone")
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"

@@ -2,7 +2,8 @@
 
 Human-readable tables by default, ``--json`` for scripts. Errors are one clear line on
 stderr and a non-zero exit. Exit codes: 0 ok; 1 the answer is "no" (a failed job, an unsafe
-store, a wait with failures); 2 bad usage or an error; 3 a wait that timed out; 130 Ctrl-C.
+store, a wait with failures); 2 bad usage or an error; 3 still not finished when a
+``--timeout`` ran out; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 from lakeshore import __version__
 from lakeshore.cli import admin, jobs, watch, work
-from lakeshore.errors import JobError, LakeshoreError
+from lakeshore.errors import JobError, LakeshoreError, NotFinished
 
 __all__ = ["build_parser", "main"]
 
@@ -43,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobError as e:
         print(f"lakeshore: {e}", file=sys.stderr)
         return 1
+    except NotFinished as e:
+        print(f"lakeshore: {e}", file=sys.stderr)
+        return 3
     except LakeshoreError as e:
         print(f"lakeshore: {e}", file=sys.stderr)
         return 2

@@ -47,7 +47,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"_key": args.key} if args.key else {}
     if args.priority is not None:
         options["_priority"] = args.priority
-    inv = q.udf(queue=queue)(fn).submit(*pos, **kwargs, **options)
+    decorated = target if isinstance(target, Udf) else None  # keeps its @udf settings
+    inv = q.udf(
+        queue=queue,
+        max_attempts=decorated.max_attempts if decorated else None,
+        timeout_s=decorated.timeout_s if decorated else None,
+        priority=decorated.priority if decorated else None,
+    )(fn).submit(*pos, **kwargs, **options)
     if args.json:
         print_json({"id": inv, "queue": queue})
     else:

@@ -120,6 +120,7 @@ class S3Store(Store):
         connect_timeout, read_timeout: seconds; the read timeout stays long (>= 10 s) because
             a server may hold a contended conditional write for seconds.
         retries: attempts after the first for transient failures.
+        local_clock: this machine's clock (tests inject skew); leases never use it directly.
         client: a ready boto3 S3 client (tests with ``botocore.stub.Stubber``); overrides the
             connection arguments above. It must be built with
             ``Config(retries={"total_max_attempts": 1})``: SDK retries of conditional writes
@@ -148,6 +149,7 @@ class S3Store(Store):
         backoff_base: float = 0.05,
         backoff_cap: float = 2.0,
         client: Any = None,
+        local_clock: Callable[[], float] = time.time,
     ) -> None:
         if not bucket or "/" in bucket:
             raise InvalidArgument(
@@ -160,6 +162,7 @@ class S3Store(Store):
         self.prefix = f"{prefix}/" if prefix else ""
         self.url = f"s3://{bucket}/{prefix}".rstrip("/")
         self.retries = retries
+        self._local_clock = local_clock  # this machine's clock; tests inject a skewed one
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self._offsets: collections.deque[float] = collections.deque(maxlen=_CLOCK_SAMPLES)
@@ -234,7 +237,7 @@ class S3Store(Store):
             return
         # Date has one-second resolution and is truncated, so each sample underestimates the
         # offset by up to a second; the maximum over recent samples converges on the truth.
-        self._offsets.append(server - time.time())
+        self._offsets.append(server - self._local_clock())
 
     def _sleep_backoff(self, attempt: int) -> None:
         with self._rng_lock:
@@ -401,8 +404,8 @@ class S3Store(Store):
             self._no_date = not self._offsets
         if not self._offsets:
             # Only in-process fakes omit Date (moto's HEAD); they share this machine's clock.
-            return time.time()
-        return time.time() + max(self._offsets)
+            return self._local_clock()
+        return self._local_clock() + max(self._offsets)
 
     @property
     def clock_source(self) -> str:
