@@ -184,7 +184,7 @@ def _execute(
     timer: threading.Timer | None = None,
 ) -> Outcome:
     try:
-        payload = ops.get_blob(rec.args, f"arguments of {rec.id}")
+        payload = ops.get_blob(rec.args, f"arguments of {rec.id}", slot.plane.max_payload_bytes)
         args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
         target = _load(rec, slot.plane)
     except StoreUnavailable as e:  # may work next time
@@ -294,9 +294,17 @@ def _succeeded(
         meta = {"attempt": rec.attempt, "frames": journal.frames, "ended": True}
         return lifecycle.succeed(rec, token, None, now, journal=meta)
     journal.close()
-    blob = ops.put_blob(
-        ops.keys.result(rec.id, rec.attempt), outcome.value or b"\xc0", slot.plane.spill_bytes
-    )
+    data = outcome.value or b"\xc0"
+    cap = slot.plane.max_payload_bytes
+    if len(data) > cap:  # it would be as large next time: final
+        error = {
+            "type": "ResultTooLarge",
+            "message": f"the result is {len(data)} bytes, over max_payload_bytes={cap}; "
+            "write large outputs with dls.run.write and return their keys",
+            "traceback": "",
+        }
+        return lifecycle.fail(rec, token, error, now, retry=False)
+    blob = ops.put_blob(ops.keys.result(rec.id, rec.attempt), data, slot.plane.spill_bytes)
     return lifecycle.succeed(rec, token, blob, now)
 
 

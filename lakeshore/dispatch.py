@@ -66,6 +66,8 @@ class Dispatch:
             reuses the plane's endpoint and credentials when none are given.
         cache_dir: where read files are cached and written ones staged (default
             ``$LAKESHORE_CACHE``, else a per-user folder in the temporary directory).
+        max_payload_bytes: the largest encoded arguments or result this plane sends or
+            accepts (default 256 MiB); bigger data belongs in files (``dls.run.write``).
 
     Raises:
         InvalidArgument: bad URL, namespace or setting.
@@ -85,14 +87,23 @@ class Dispatch:
         data: str | None = None,
         data_options: dict[str, Any] | None = None,
         cache_dir: str | None = None,
+        max_payload_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.url = url or os.environ.get("LAKESHORE_URL") or DEFAULT_URL
         self.ns = check_name(ns, "namespace")
-        if spill_bytes < 0 or max_attempts < 1 or lease_s <= 0 or retry_backoff_s < 0:
+        if (
+            spill_bytes < 0
+            or max_attempts < 1
+            or lease_s <= 0
+            or retry_backoff_s < 0
+            or max_payload_bytes < 1
+        ):
             raise InvalidArgument(
                 "Dispatch",
-                "spill_bytes, max_attempts, lease_s or retry_backoff_s out of range",
-                "use spill_bytes >= 0, max_attempts >= 1, lease_s > 0, retry_backoff_s >= 0",
+                "spill_bytes, max_attempts, lease_s, retry_backoff_s or max_payload_bytes out "
+                "of range",
+                "use spill_bytes >= 0, max_attempts >= 1, lease_s > 0, retry_backoff_s >= 0, "
+                "max_payload_bytes >= 1",
             )
         self.store = store if store is not None else open_store(self.url)
         self.spill_bytes = spill_bytes
@@ -100,6 +111,7 @@ class Dispatch:
         self.lease_s = lease_s
         self.retry_backoff_s = retry_backoff_s
         self.allow_pickle = allow_pickle
+        self.max_payload_bytes = max_payload_bytes
         self.registry: dict[str, Udf[Any, Any]] = {}
         self._ops: dict[str, QueueOps] = {}
         self.settings = QueueSettings(self.store, self.ns)
@@ -288,7 +300,8 @@ class Dispatch:
         if rec.result is None and rec.journal is not None:
             # a streaming body: its result is what it yielded, read from the journal
             return [f.value for f in follow(ops, rec.id, 0, None, _job_error)]
-        return codec.decode(ops.get_blob(rec.result or Blob(inline=b"\xc0"), f"result of {inv}"))
+        blob = rec.result or Blob(inline=b"\xc0")
+        return codec.decode(ops.get_blob(blob, f"result of {inv}", self.max_payload_bytes))
 
     def stream(
         self, inv: str, since: int = 0, timeout: float | None = None, attempt: int | None = None

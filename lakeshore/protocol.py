@@ -94,14 +94,21 @@ class QueueOps:
                 raise
         return Blob(ref=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
-    def get_blob(self, blob: Blob, what: str) -> bytes:
+    def get_blob(self, blob: Blob, what: str, max_bytes: int | None = None) -> bytes:
         """The bytes of a blob; spilled ones are verified.
 
         Raises:
-            StoreError: the spilled object is missing or does not match its size and sha256.
+            StoreError: the spilled object is missing, does not match its size and sha256,
+                or is larger than ``max_bytes`` (it is then not even fetched).
         """
         if blob.ref is None:
             return blob.inline or b""
+        if max_bytes is not None and blob.size > max_bytes:
+            raise StoreError(
+                f"read {what}",
+                f"the spilled object is {blob.size} bytes, over max_payload_bytes={max_bytes}",
+                "raise Dispatch(max_payload_bytes=...) where it is read, if this is expected",
+            )
         try:
             data, _ = self.store.get(blob.ref)
         except NotFound:

@@ -91,6 +91,13 @@ def submit_call(
             f"submit {udf.ref}", f"_key must be a non-empty str, got {key!r}", "pass a str"
         )
     payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
+    if len(payload) > plane.max_payload_bytes:
+        raise InvalidArgument(
+            f"submit {udf.ref}",
+            f"the arguments are {len(payload)} bytes, over max_payload_bytes="
+            f"{plane.max_payload_bytes}",
+            "write large inputs with dls.run.write under q.scope(...) and pass their keys",
+        )
     prefix = current_prefix()
     draft = Record(
         id="",

@@ -13,6 +13,7 @@ from lakeshore import codec, lifecycle
 from lakeshore.protocol import QueueOps
 from lakeshore.record import SCHEMA_VERSION
 from tests import jobs
+from tests.conftest import make_plane
 
 
 def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(plane: Any) -> None:
@@ -106,3 +107,22 @@ def test_strict_key_ignores_the_order_of_extra_keywords(plane: Any) -> None:
     e = plane.udf(jobs.echo)
     a = e.submit(x=1, y=2, _key="kw", _strict_key=True)
     assert e.submit(y=2, x=1, _key="kw", _strict_key=True) == a
+
+
+def test_payloads_over_the_cap_are_refused(plane: Any) -> None:
+    small = make_plane(plane.store, max_payload_bytes=1000, spill_bytes=100)
+    f = small.udf(jobs.size_of)
+    with pytest.raises(dls.InvalidArgument, match="over max_payload_bytes=1000"):
+        f.submit(b"x" * 2000)
+    # a result over the cap fails for good, without a retry
+    inv = small.udf(jobs.big).submit(5000)
+    dls.run_worker(small, once=True, isolation="thread")
+    with pytest.raises(dls.Failed, match="ResultTooLarge"):
+        small.result(inv, timeout=30)
+    assert small.get(inv).attempt == 1
+    # a record that claims huge spilled arguments is refused before they are fetched
+    roomy = make_plane(plane.store, spill_bytes=100)
+    inv = roomy.udf(jobs.size_of).submit(b"y" * 5000)
+    dls.run_worker(small, once=True, isolation="thread")
+    with pytest.raises(dls.Failed, match="over max_payload_bytes"):
+        roomy.result(inv, timeout=30)
