@@ -345,3 +345,14 @@ def pid_after_file(path: str, timeout: float = 120.0) -> int:
 def nap_then(name: str, seconds: float) -> str:
     time.sleep(seconds)
     return name
+
+
+def logged_nap(name: str, seconds: float, folder: str) -> str:
+    """Record each execution's start and end (with its process group) for overlap checks."""
+    path = Path(folder) / name
+    with open(path, "a") as f:
+        f.write(f"start {time.time()} {os.getpgid(0)}\n")
+    time.sleep(seconds)
+    with open(path, "a") as f:
+        f.write(f"end {time.time()} {os.getpgid(0)}\n")
+    return name
