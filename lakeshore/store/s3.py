@@ -399,8 +399,15 @@ class S3Store(Store):
 
     def now(self) -> float:
         if not self._offsets and not self._no_date:
-            # No response seen yet: one cheap request gives the server's Date.
-            self._retrying("clock", "", lambda: self.client.head_bucket(Bucket=self.bucket))
+            # No response seen yet: one cheap request gives the server's Date. A one-key
+            # LIST of our own prefix needs no permission beyond what lakeshore uses anyway.
+            self._retrying(
+                "clock",
+                "",
+                lambda: self.client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1
+                ),
+            )
             self._no_date = not self._offsets
         if not self._offsets:
             # Only in-process fakes omit Date (moto's HEAD); they share this machine's clock.
