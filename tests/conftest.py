@@ -55,6 +55,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line("SeaweedFS tier: not requested by the selected tests")
     for line in config.stash[_report_key]:
         tr.write_line(line)
+    out = os.environ.get("LAKESHORE_FIGURES_OUT")
+    if out:  # scripts/reliability writes these into docs/reliability.md
+        seaweed = info.get("version", "not run")
+        Path(out).write_text("\n".join([f"SeaweedFS: {seaweed}", *config.stash[_report_key]]))
 
 
 @pytest.fixture(scope="session")
