@@ -143,6 +143,8 @@ def test_frozen_worker_wins_nothing(tmp_path: Path, report: list[str]) -> None:
         frozen.wait(60)
     rec = q.get(inv)
     assert rec.state == "succeeded" and rec.attempt == 2
+    # recovery is bounded by the lease, the reap interval (half a lease) and the idle poll
+    assert took_over <= lease + lease / 2 + 1.0 + 2.0, took_over
     report.append(
         f"SIGSTOP beyond the lease ({lease:.0f} s): taken over after {took_over:.1f} s; "
         "on SIGCONT the zombie's body was stopped and its outcome fenced"
