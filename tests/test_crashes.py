@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import lakeshore as dls
 from tests import jobs
+from tests.waiting import alive, poll
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,16 +29,6 @@ def worker(url: str, *extra: str) -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,  # its own process group: signals reach its bodies too
     )
-
-
-def poll(check: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
 
 
 def executions(path: Path, killed_at: dict[int, float]) -> list[tuple[float, float]]:
@@ -130,7 +120,7 @@ def test_frozen_worker_wins_nothing(tmp_path: Path, report: list[str]) -> None:
             took_over = time.monotonic() - stopped
             assert q.get(inv).attempt == 2
             os.killpg(frozen.pid, signal.SIGCONT)  # the zombie wakes up, still "holding" it
-            poll(lambda: not _alive(first_body), timeout=3 * lease, what="zombie body stopped")
+            poll(lambda: not alive(first_body), timeout=3 * lease, what="zombie body stopped")
             gate.write_text("go")
             assert q.result(inv, timeout=60) == os.getpid()  # attempt 2's body won
         finally:
@@ -149,11 +139,3 @@ def test_frozen_worker_wins_nothing(tmp_path: Path, report: list[str]) -> None:
         f"SIGSTOP beyond the lease ({lease:.0f} s): taken over after {took_over:.1f} s; "
         "on SIGCONT the zombie's body was stopped and its outcome fenced"
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"

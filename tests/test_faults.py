@@ -26,6 +26,7 @@ from tests import jobs
 from tests.conftest import FAKE_CREDS, TEST_BUCKET, make_plane
 from tests.faultproxy import FaultProxy, Plan
 from tests.seaweed import Seaweed
+from tests.waiting import alive, poll
 
 pytestmark = pytest.mark.seaweedfs
 
@@ -170,16 +171,6 @@ def test_workers_race_through_faults(
     assert 0.10 <= faults / requests <= 0.20
 
 
-def _poll(check: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
-
-
 def _serve(q: Any, **kw: Any) -> tuple[threading.Thread, threading.Event]:
     stop = threading.Event()
     kw.setdefault("max_poll_s", 0.1)
@@ -211,7 +202,7 @@ def test_clock_skew_never_takes_a_live_lease(
     inv = honest.udf(jobs.wait_for_file).submit(str(gate))
     t, stop = _serve(honest, isolation="thread")
     try:
-        _poll(lambda: honest.status(inv) == "running", what="running")
+        poll(lambda: honest.status(inv) == "running", what="running")
         ops = skewed.ops("default")
         assert abs(skewed.store.now() - time.time()) < 2.5  # judged in the store's clock
         moved = 0
@@ -276,7 +267,7 @@ def test_racing_the_end_gives_exactly_one_terminal_state(
             else:  # the body's time and its timeout are about the same
                 ids.append(f.submit(f"r{i}", 0.3, _timeout_s=0.3, _max_attempts=1))
         for inv in ids:
-            _poll(lambda inv=inv: q.get(inv).terminal, what="terminal")
+            poll(lambda inv=inv: q.get(inv).terminal, what="terminal")
     finally:
         stop.set()
         t.join(60)
@@ -295,14 +286,6 @@ def test_racing_the_end_gives_exactly_one_terminal_state(
     report.append(f"{race} racing completion, {rounds} rounds: {dict(seen)}; one terminal each")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def test_store_unreachable_longer_than_a_lease(
     seaweed: Seaweed, proxy: FaultProxy, tmp_path: Any, report: list[str]
 ) -> None:
@@ -319,19 +302,19 @@ def test_store_unreachable_longer_than_a_lease(
     cut_off.udf(jobs.pid_after_file)
     t, stop = _serve(cut_off, isolation="process")
     try:
-        _poll(lambda: (tmp_path / "gate.pid").exists(), what="body started")
+        poll(lambda: (tmp_path / "gate.pid").exists(), what="body started")
         first_pid = int((tmp_path / "gate.pid").read_text())
         proxy.plan = Plan({"*": {"reset": 1.0}})  # the store is gone for this worker
         outage_start = time.monotonic()
-        _poll(lambda: not _alive(first_pid), timeout=4 * lease, what="self-fence")
+        poll(lambda: not alive(first_pid), timeout=4 * lease, what="self-fence")
         fenced_after = time.monotonic() - outage_start
-        _poll(lambda: time.monotonic() - outage_start > 2 * lease, timeout=3 * lease)
+        poll(lambda: time.monotonic() - outage_start > 2 * lease, timeout=3 * lease)
         proxy.plan.enabled = False  # the store is back
         back = time.monotonic()
         (tmp_path / "gate.pid").unlink()
         other, stop2 = _serve(direct, isolation="thread")
         try:
-            _poll(lambda: (tmp_path / "gate.pid").exists(), timeout=60, what="rerun")
+            poll(lambda: (tmp_path / "gate.pid").exists(), timeout=60, what="rerun")
             recovered = time.monotonic() - back
             gate.write_text("go")
             assert direct.result(inv, timeout=60) == int((tmp_path / "gate.pid").read_text())

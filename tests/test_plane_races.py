@@ -21,14 +21,7 @@ from lakeshore.errors import Conflict
 from lakeshore.record import Blob
 from tests import jobs
 from tests.conftest import make_plane
-
-
-def _poll(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from tests.waiting import alive, poll
 
 
 def test_many_workers_each_job_once(atomic_plane: Any, report: list[str]) -> None:
@@ -105,7 +98,7 @@ def test_sigkill_mid_job_another_worker_finishes(
         "dls.run_worker(dls.Dispatch(sys.argv[1], lease_s=1.0), once=True)"
     )
     victim = subprocess.Popen([sys.executable, "-c", code, url], env=env)
-    _poll(marker.exists, 60, "the first attempt to start")
+    poll(marker.exists, 60, "the first attempt to start")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait(10)
     assert q.status(inv) == "running"  # nobody knows yet
@@ -128,7 +121,7 @@ def test_cancel_running_stops_the_body(atomic_store: Any, tmp_path: Path, isolat
         target=lambda: (dls.run_worker(q, once=True, isolation=isolation), done.set())
     )
     t.start()
-    _poll(
+    poll(
         lambda: q.status(inv) == "running" and (isolation == "thread" or started.exists()),
         30,
         "start",
@@ -140,23 +133,10 @@ def test_cancel_running_stops_the_body(atomic_store: Any, tmp_path: Path, isolat
     assert stopped_after < 0.9 + 1.5  # one heartbeat (0.3 s) plus slack for a loaded machine
     if isolation == "process":
         pid = int(started.read_text())
-        _poll(lambda: not _alive(pid), 5, "the body's process to end")
+        poll(lambda: not alive(pid), 5, "the body's process to end")
     with pytest.raises(dls.Killed):
         q.result(inv)
     assert list(q.store.list(q.ops("default").keys.leases_prefix)) == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie counts as ended
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_timeout_stops_a_sync_body(atomic_store: Any, tmp_path: Path) -> None:
@@ -167,7 +147,7 @@ def test_timeout_stops_a_sync_body(atomic_store: Any, tmp_path: Path) -> None:
     with pytest.raises(dls.TimedOut, match=r"timeout_s=0\.5"):
         q.result(inv)
     pid = int(started.read_text())
-    _poll(lambda: not _alive(pid), 5, "the body's process to end")
+    poll(lambda: not alive(pid), 5, "the body's process to end")
     assert q.get(inv).attempt == 1  # a timeout is not retried
 
 
@@ -179,9 +159,9 @@ def test_stale_worker_is_fenced(atomic_plane: Any) -> None:
     ops.cas(rec.next_write(lease_s=0.2), etag)
     a = ops.claim("worker-a", q.store.now())
     assert a is not None and a.record.attempt == 1
-    _poll(lambda: q.store.now() > a.record.lease.expires_at + 0.05, 10, "the lease to expire")
+    poll(lambda: q.store.now() > a.record.lease.expires_at + 0.05, 10, "the lease to expire")
     assert ops.reap(q.store.now()) == 1
-    _poll(
+    poll(
         lambda: ops.claim("worker-b", q.store.now()) is not None or q.status(inv) == "running",
         10,
         "claim",

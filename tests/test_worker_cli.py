@@ -11,12 +11,12 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import lakeshore as dls
 from tests import jobs
+from tests.waiting import alive, poll
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,16 +32,6 @@ def env_for(url: str, **extra: str) -> dict[str, str]:
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         **extra,
     }
-
-
-def poll(check: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
 
 
 def test_worker_with_concurrency_drains_200_jobs(tmp_path: Path) -> None:
@@ -260,13 +250,4 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     rec = q.get(inv)
     assert rec.state == "running" and rec.released == 0  # left to its lease, as documented
     # the body's process did not outlive the worker as an orphan
-    poll(lambda: not _alive(body_pid), timeout=10, what="the body's process gone")
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting to be reaped counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
+    poll(lambda: not alive(body_pid), timeout=10, what="the body's process gone")
