@@ -264,8 +264,10 @@ def test_racing_the_end_gives_exactly_one_terminal_state(
                 time.sleep(rng.uniform(0.0, 0.15))
                 if q.cancel(ids[-1]):
                     seen["cancel won"] += 1
-            else:  # the body's time and its timeout are about the same
-                ids.append(f.submit(f"r{i}", 0.3, _timeout_s=0.3, _max_attempts=1))
+            else:  # the body takes 0.2 to 0.375 s, its timeout is 0.3 s
+                ids.append(
+                    f.submit(f"r{i}", 0.2 + 0.025 * (i % 8), _timeout_s=0.3, _max_attempts=1)
+                )
         for inv in ids:
             poll(lambda inv=inv: q.get(inv).terminal, what="terminal")
     finally:
