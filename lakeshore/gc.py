@@ -12,6 +12,8 @@ What goes, per expired invocation, in this order:
 3. its hints (ready, lease), its id index entry, and its idempotency key when the key still
    names it (conditional on the key object's etag).
 
+Signs of life of workers not seen within ``older_than`` go too (``prune_workers``).
+
 A crash between steps leaves objects without a record; a later run finds them (folders with
 no record whose id is older than the cutoff) and removes them too.
 
@@ -29,13 +31,14 @@ from ulid import ULID
 
 from lakeshore import codec
 from lakeshore.census import ids_between
-from lakeshore.errors import Conflict, InvalidArgument, NotFound
-from lakeshore.keys import id_index
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
+from lakeshore.keys import id_index, workers_prefix
 from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
 from lakeshore.queues import QueueSettings
 from lakeshore.record import RecordError
+from lakeshore.store.base import Store
 
-__all__ = ["GcReport", "collect", "parse_age"]
+__all__ = ["GcReport", "collect", "parse_age", "prune_workers"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -124,6 +127,22 @@ def collect(
         _remove_folder(ops, inv, report, dry_run)
         _remove_satellites(ops, inv, rec.priority, rec.key, rec.queue, report, dry_run)
     return report
+
+
+def prune_workers(store: Store, ns: str, older_than_s: float, now: float, dry_run: bool) -> int:
+    """Remove the signs of life of workers not seen for ``older_than_s``; returns how many."""
+    gone = 0
+    for info in list(store.list(workers_prefix(ns))):
+        try:
+            seen = float(codec.decode(store.get(info.key)[0], "sign of life").get("seen_at", 0))
+        except (LakeshoreError, AttributeError, TypeError, ValueError):
+            seen = 0.0  # unreadable: as good as never seen
+        if seen < now - older_than_s:
+            if not dry_run:
+                with contextlib.suppress(Conflict):
+                    store.delete(info.key, if_match=info.etag)  # unless it just came back
+            gone += 1
+    return gone
 
 
 def _remove_folder(ops: QueueOps, inv: str, report: GcReport, dry_run: bool) -> None:

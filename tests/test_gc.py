@@ -110,8 +110,12 @@ def test_gc_cli_dry_run_lists_the_expired(
     assert main(["gc", "--older-than", "0s", "--dry-run", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert sorted(data["queues"]["default"]["expired"]) == sorted(done)
+    signs = list(q.store.list("lakeshore/default/_workers/"))
+    assert len(signs) == 1  # the worker that ran the jobs
     assert main(["gc", "--older-than", "0s"]) == 0
-    assert "removed 3 invocation(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "removed 3 invocation(s)" in out and "removed 1 sign(s) of life" in out
+    assert list(q.store.list("lakeshore/default/_workers/")) == []
     assert q.status(live) == "queued"
     with pytest.raises(dls.NotFound):
         q.get(done[0])

@@ -11,7 +11,7 @@ from typing import Any
 from lakeshore.cli.common import add_common, plane, print_json, require_queue
 from lakeshore.dispatch import Dispatch
 from lakeshore.errors import InvalidArgument
-from lakeshore.gc import collect, parse_age
+from lakeshore.gc import collect, parse_age, prune_workers
 from lakeshore.keys import ROOT, check_name
 from lakeshore.udf import Udf
 from lakeshore.worker import run_worker
@@ -98,10 +98,12 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     for name in names:
         rep = collect(q.ops(name), q.settings, older, now, dry_run=args.dry_run)
         out[name] = rep
+    workers = prune_workers(q.store, q.ns, older, now, args.dry_run) if older is not None else 0
     if args.json:
         print_json(
             {
                 "dry_run": args.dry_run,
+                "workers": workers,
                 "queues": {
                     n: {
                         "expired": r.expired,
@@ -128,6 +130,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         if args.dry_run:
             for inv in r.expired:
                 print(f"  {inv}")
+    if workers:
+        print(f"{verb} {workers} sign(s) of life of workers not seen since the cutoff")
     return 0
 
 
