@@ -15,14 +15,12 @@ import argparse
 import json
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lakeshore as dls
-from lakeshore.store import LocalStore, MemoryStore, ObjectInfo, PutMode, Store
-from lakeshore.store.base import OVERWRITE
+from bench.counting import Counting
+from lakeshore.store import LocalStore, MemoryStore
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "none": {},
@@ -30,32 +28,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "rate_limit": {"rate_limit": "1000000/s"},
     "both": {"max_depth": 1_000_000, "rate_limit": "1000000/s"},
 }
-
-
-class Counting(Store):
-    """Counts the requests a store serves, by verb."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url, self.counts = inner, inner.url, Counter[str]()
-
-    def get(self, key: str) -> tuple[bytes, str]:
-        self.counts["GET"] += 1
-        return self.inner.get(key)
-
-    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        self.counts["PUT"] += 1
-        return self.inner.put(key, data, mode)
-
-    def delete(self, key: str, if_match: str | None = None) -> None:
-        self.counts["DELETE"] += 1
-        self.inner.delete(key, if_match)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        self.counts["LIST"] += 1  # one per call: pages past the first are not counted
-        return self.inner.list(prefix, start_after)
-
-    def now(self) -> float:
-        return self.inner.now()
 
 
 def add_one(x: int) -> int:

@@ -56,6 +56,12 @@ class _Router(io.TextIOBase):
     def isatty(self) -> bool:
         return False
 
+    def fileno(self) -> int:  # faulthandler, subprocess and friends want the real stream
+        return int(self.original.fileno())
+
+    def __getattr__(self, name: str) -> Any:  # buffer, errors, ...: those of the original
+        return getattr(self.original, name)
+
     @property
     def encoding(self) -> str:  # type: ignore[override]
         return str(getattr(self.original, "encoding", "utf-8"))

@@ -189,8 +189,11 @@ class QueueOps:
         except NotFound:
             if info.last_modified < now - ORPHAN_GRACE_S:
                 self.drop_hint(info)  # its submitter died before writing the record
-            else:
-                self._later[inv] = info.last_modified + ORPHAN_GRACE_S  # still in flight?
+            else:  # a submit in flight (its record comes next), or an orphan: look again
+                # after as long as the hint has existed, so a young one is picked up at once
+                # and an orphan costs few GETs until it can be dropped
+                age = max(0.0, now - info.last_modified)
+                self._later[inv] = min(now + max(0.05, age), info.last_modified + ORPHAN_GRACE_S)
             return None
         except NewerRecord:
             self._later[inv] = now + ORPHAN_GRACE_S  # for a newer lakeshore's workers

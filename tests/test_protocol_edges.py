@@ -126,3 +126,21 @@ def test_payloads_over_the_cap_are_refused(plane: Any) -> None:
     dls.run_worker(small, once=True, isolation="thread")
     with pytest.raises(dls.Failed, match="over max_payload_bytes"):
         roomy.result(inv, timeout=30)
+
+
+def test_a_hint_seen_before_its_record_is_claimed_soon_after(plane: Any) -> None:
+    """A worker that lists a submit in flight (hint written, record not yet) must not skip
+    the job for the orphan grace period once the record lands."""
+    ops = plane.ops("default")
+    f = plane.udf(jobs.add_one)
+    inv = f.submit(1)
+    data, _ = ops.store.get(ops.keys.record(inv))
+    ops.store.delete(ops.keys.record(inv))  # as if the record were still being written
+    assert ops.claim("w", ops.store.now()) is None
+    ops.store.put(ops.keys.record(inv), data)  # the submit completes
+    deadline = time.monotonic() + 5
+    held = None
+    while held is None and time.monotonic() < deadline:
+        held = ops.claim("w", ops.store.now())
+        time.sleep(0.05)
+    assert held is not None and held.record.id == inv

@@ -1,0 +1,69 @@
+"""A store wrapper that counts requests by S3 price class, for the benchmarks."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from lakeshore.store import ObjectInfo, PutMode, Store
+from lakeshore.store.base import OVERWRITE
+
+# S3 Standard, us-east-1: PUT, COPY, POST, LIST per 1000; GET, SELECT per 1000; DELETE free
+PRICE_CLASS_A = 0.005 / 1000
+PRICE_CLASS_B = 0.0004 / 1000
+
+
+class Counting(Store):
+    """Counts the requests a store serves: ``PUT``, ``LIST`` (class A), ``GET`` (class B),
+    ``DELETE`` (free). A LIST is counted once per call (one page per 1000 keys)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.url = inner, inner.url
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def _count(self, verb: str) -> None:
+        with self._lock:
+            self.counts[verb] += 1
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        self._count("GET")
+        return self.inner.get(key)
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        self._count("PUT")
+        return self.inner.put(key, data, mode)
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        self._count("DELETE")
+        self.inner.delete(key, if_match)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self._count("LIST")
+        return self.inner.list(prefix, start_after)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def files_location(self) -> tuple[str, dict[str, Any]]:
+        return self.inner.files_location()
+
+    def reset(self) -> Counter[str]:
+        with self._lock:
+            seen, self.counts = self.counts, Counter()
+        return seen
+
+
+def classes(counts: Counter[str], per: int = 1) -> dict[str, float]:
+    """Class A, class B and DELETE requests (per ``per`` units) and their dollar cost per
+    million units at S3 Standard prices."""
+    a = (counts["PUT"] + counts["LIST"]) / per
+    b = counts["GET"] / per
+    return {
+        "class_a": a,
+        "class_b": b,
+        "delete": counts["DELETE"] / per,
+        "usd_per_million": 1e6 * (a * PRICE_CLASS_A + b * PRICE_CLASS_B),
+    }

@@ -1,0 +1,448 @@
+"""The queue, end to end: throughput against the S3 floor, requests per job, latency, idle
+cost and contention — every figure next to a baseline measured in the same run.
+
+    bash scripts/bench queue            # or: .venv/bin/python -m bench.queue [--jobs N]
+
+* **Throughput**: submit N no-op jobs (``{"x": i}`` → ``x + 1``), drain with workers, read
+  and check every result; on memory, a local directory and SeaweedFS; 1 and 2 worker
+  processes, and 2 processes x 8 slots.
+* **The S3 floor**: the minimal request sequence of one job (put record, list, get,
+  conditional put to claim, conditional put to complete, get result) with raw boto3 on the
+  same SeaweedFS, serially and by 2 processes x 8 threads.
+* **Requests per job** (class A, class B, DELETE) with and without ``_key``, and per claim
+  with 0 and 10,000 finished invocations in the queue.
+* **Latency**: submit → result with an idle worker, p50 and p99.
+* **Idle cost**: requests per minute of one idle worker once its backoff settled.
+* **Contention**: lost compare-and-swap attempts per claimed job, 8 workers on one queue.
+
+Results go to ``bench/results/queue.json``; the table shows each ratio with its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import lakeshore as dls
+from bench.bodies import noop
+from bench.counting import Counting, classes
+from bench.seaweed_env import BUCKET, seaweed_server
+from lakeshore.keys import QueueKeys, new_id
+from lakeshore.record import Blob, Record
+from lakeshore.store import LocalStore, MemoryStore, Store
+from lakeshore.store.base import CREATE
+from tests.conftest import FAKE_CREDS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+def requests_per_job(keyed: bool, n: int = 200) -> dict[str, float]:
+    store = Counting(MemoryStore())
+    q = dls.Dispatch(":memory:", store=store)
+    f = q.udf(noop)
+    store.reset()
+    ids = [f.submit(x=i, _key=f"k{i}") if keyed else f.submit(x=i) for i in range(n)]
+    dls.run_worker(q, isolation="thread", max_jobs=n)
+    assert [q.result(i) for i in ids] == [i + 1 for i in range(n)]
+    return classes(store.reset(), n)
+
+
+def _finished(store: Store, n: int) -> None:
+    """``n`` succeeded invocations written straight into the default queue."""
+    keys = QueueKeys("default", "default")
+    for _ in range(n):
+        inv = new_id()
+        rec = Record(
+            id=inv,
+            ns="default",
+            queue="default",
+            fn="bench.bodies:noop",
+            args=Blob(inline=b"\x90"),
+            state="succeeded",
+            attempt=1,
+            result=Blob(inline=b"\x01"),
+        )
+        store.put(keys.record(inv), rec.to_bytes(), CREATE)
+
+
+def requests_per_claim(history: int, n: int = 50) -> dict[str, float]:
+    store = Counting(MemoryStore())
+    _finished(store, history)
+    q = dls.Dispatch(":memory:", store=store)
+    f = q.udf(noop)
+    for i in range(n):
+        f.submit(x=i)
+    ops = q.ops("default")
+    store.reset()
+    for _ in range(n):
+        held = ops.claim("bench", store.now())
+        assert held is not None
+    return classes(store.reset(), n)
+
+
+# -- throughput -------------------------------------------------------------------------------
+
+
+def throughput(url: str, store: Store | None, n: int, processes: int, slots: int) -> dict[str, Any]:
+    q = dls.Dispatch(url, store=store, ns=f"tp{new_id().lower()[-8:]}")
+    f = q.udf(noop)
+    t0 = time.perf_counter()
+    ids = [f.submit(x=i) for i in range(n)]
+    t1 = time.perf_counter()
+    if processes == 0:  # in-process worker threads (":memory:" lives in this process)
+        dls.run_worker(q, isolation="thread", concurrency=slots, max_jobs=n)
+    else:
+        procs = _workers_ns(url, q.ns, processes, slots)
+        _until_done(q, ids)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(60)
+    t2 = time.perf_counter()
+    values = [q.result(i) for i in ids]
+    t3 = time.perf_counter()
+    assert values == [i + 1 for i in range(n)]
+    return {
+        "jobs": n,
+        "processes": processes,
+        "slots": slots,
+        "submit_per_s": n / (t1 - t0),
+        "drain_per_s": n / (t2 - t1),
+        "end_to_end_per_s": n / (t3 - t0),
+    }
+
+
+def _workers_ns(url: str, ns: str, processes: int, slots: int) -> list[subprocess.Popen[str]]:
+    env = {**os.environ, "LAKESHORE_URL": url, "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "lakeshore",
+        "worker",
+        "--import",
+        "bench.bodies",
+        "--ns",
+        ns,
+        "--isolation",
+        "thread",
+        "--concurrency",
+        str(slots),
+        "--max-poll",
+        "0.05",
+        "--log-level",
+        "warning",
+    ]
+    return [subprocess.Popen(cmd, env=env, text=True) for _ in range(processes)]
+
+
+def _until_done(q: Any, ids: list[str]) -> None:
+    """Wait for the last job; then check the others (cheap once they are all done)."""
+    left = list(ids)
+    while left:
+        left = [i for i in left if not q.get(i).terminal]
+        if left:
+            time.sleep(0.05)
+
+
+# -- the S3 floor -----------------------------------------------------------------------------
+
+
+def _floor_job(client: Any, prefix: str, i: int) -> None:
+    key = f"{prefix}/{i:08d}/record"
+    etag = client.put_object(Bucket=BUCKET, Key=key, Body=b"queued" * 20, IfNoneMatch="*")["ETag"]
+    client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/{i:08d}/", MaxKeys=16)
+    client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    etag = client.put_object(Bucket=BUCKET, Key=key, Body=b"running" * 20, IfMatch=etag)["ETag"]
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"succeeded" * 20, IfMatch=etag)
+    client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+def _client(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        config=Config(
+            retries={"total_max_attempts": 1},
+            max_pool_connections=32,
+            s3={"addressing_style": "path"},
+        ),
+        **FAKE_CREDS,
+    )
+
+
+def floor_worker(endpoint: str, prefix: str, start: int, n: int, threads: int) -> float:
+    client = _client(endpoint)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda i: _floor_job(client, prefix, i), range(start, start + n)))
+    return time.perf_counter() - t0
+
+
+def s3_floor(endpoint: str, n: int, processes: int, threads: int) -> float:
+    """Jobs per second of the minimal request sequence."""
+    prefix = f"floor-{new_id()}"
+    if processes == 1:
+        return n / floor_worker(endpoint, prefix, 0, n, threads)
+    code = (
+        "import sys; from bench.queue import floor_worker; "
+        "print(floor_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "
+        "int(sys.argv[5])))"
+    )
+    per = n // processes
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, endpoint, prefix, str(k * per), str(per), str(threads)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(processes)
+    ]
+    for p in procs:
+        p.wait(600)
+    return per * processes / (time.perf_counter() - t0)
+
+
+# -- latency, idle cost, contention -----------------------------------------------------------
+
+
+def latency(url: str, store: Store | None, n: int = 60) -> dict[str, float]:
+    q = dls.Dispatch(url, store=store, ns=f"lat{new_id().lower()[-8:]}")
+    f = q.udf(noop)
+    stop = threading.Event()
+    t = threading.Thread(
+        target=dls.run_worker,
+        args=(q,),
+        kwargs={"stop": stop, "isolation": "thread", "max_poll_s": 0.05},
+    )
+    t.start()
+    times = []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            assert q.result(f.submit(x=i), timeout=30) == i + 1
+            times.append(time.perf_counter() - t0)
+    finally:
+        stop.set()
+        t.join(30)
+    times.sort()
+    return {"p50_ms": 1000 * statistics.median(times), "p99_ms": 1000 * times[int(0.99 * (n - 1))]}
+
+
+def idle_cost(seconds: float = 20.0) -> float:
+    store = Counting(LocalStore(tempfile.mkdtemp(prefix="lakeshore-idle-")))
+    q = dls.Dispatch(store.url, store=store)
+    q.udf(noop)
+    stop = threading.Event()
+    t = threading.Thread(target=dls.run_worker, args=(q,), kwargs={"stop": stop})
+    t.start()
+    time.sleep(float(os.environ.get("BENCH_IDLE_SETTLE", "10")))  # the poll backoff settles
+    store.reset()
+    time.sleep(seconds)  # measuring a rate over a fixed window
+    seen = store.reset()
+    stop.set()
+    t.join(30)
+    return sum(seen.values()) * 60.0 / seconds
+
+
+class _Conflicts(Counting):
+    def put(self, key: str, data: bytes, mode: Any = None) -> str:
+        from lakeshore.errors import Conflict
+        from lakeshore.store.base import OVERWRITE
+
+        try:
+            return super().put(key, data, mode or OVERWRITE)
+        except Conflict:
+            self._count("CONFLICT")
+            raise
+
+
+def contention(inner: Store, n: int = 400, workers: int = 8) -> float:
+    store = _Conflicts(inner)
+    q = dls.Dispatch(inner.url, store=store, ns=f"ct{new_id().lower()[-8:]}")
+    f = q.udf(noop)
+    ids = [f.submit(x=i) for i in range(n)]
+    store.reset()
+    threads = [
+        threading.Thread(
+            target=dls.run_worker,
+            args=(q,),
+            kwargs={"isolation": "thread", "idle_exit": 0.5, "max_poll_s": 0.05},
+        )
+        for _ in range(workers)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert all(q.get(i).state == "succeeded" for i in ids)
+    return store.reset()["CONFLICT"] / n
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def _row(name: str, value: float, target: str, ok: bool | None, unit: str = "") -> dict[str, Any]:
+    return {"measure": name, "value": value, "unit": unit, "target": target, "met": ok}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="lakeshore queue benchmarks")
+    parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run")
+    args = parser.parse_args(argv)
+    n = args.jobs
+    os.environ.update({k.upper(): v for k, v in FAKE_CREDS.items()})
+    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
+    res["requests"] = {
+        "no-op job": requests_per_job(False),
+        "no-op job with _key": requests_per_job(True),
+        "claim, 0 finished": requests_per_claim(0),
+        "claim, 10000 finished": requests_per_claim(10_000),
+    }
+    res["idle_requests_per_min"] = idle_cost()
+    tp: dict[str, Any] = {"memory, in-process": throughput(":memory:", MemoryStore(), n, 0, 1)}
+    with tempfile.TemporaryDirectory(prefix="lakeshore-bench-") as d:
+        tp["file, 1 process"] = throughput(f"file://{d}/p", None, n, 1, 1)
+        tp["file, 2 processes"] = throughput(f"file://{d}/p", None, n, 2, 1)
+        res["latency_file"] = latency(f"file://{d}/p", None)
+        res["contention_file"] = contention(LocalStore(f"{d}/c"))
+    res["latency_memory"] = latency(":memory:", MemoryStore())
+    with seaweed_server() as server:
+        if server is not None:
+            url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
+            res["floor_serial"] = s3_floor(server.endpoint, n, 1, 1)
+            res["floor_concurrent"] = s3_floor(server.endpoint, n, 2, 8)
+            tp["seaweedfs, 1 process"] = throughput(url, None, n, 1, 1)
+            tp["seaweedfs, 2 processes x 8"] = throughput(url, None, n, 2, 8)
+            res["latency_seaweedfs"] = latency(url, None)
+            res["contention_seaweedfs"] = contention(dls.Dispatch(url).store)
+    res["throughput"] = tp
+    rows = _rows(res)
+    res["table"] = rows
+    print(f"\nlakeshore queue benchmarks, {n} jobs, {os.cpu_count()} cores, {res['date']}\n")
+    for name, t in tp.items():
+        print(
+            f"  {name:<28} submit {t['submit_per_s']:8.0f}/s  drain {t['drain_per_s']:8.0f}/s"
+            f"  end to end {t['end_to_end_per_s']:8.0f}/s"
+        )
+    print()
+    for r in rows:
+        mark = {True: "ok", False: "MISSED", None: "-"}[r["met"]]
+        print(f"  {r['measure']:<52} {r['value']:>10.2f} {r['unit']:<10} {r['target']:<22} {mark}")
+    out = ROOT / "bench" / "results" / "queue.json"
+    out.write_text(json.dumps(res, indent=2))
+    print(f"\nresults: {out.relative_to(ROOT)}")
+
+
+def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    tp = res["throughput"]
+    if "floor_serial" in res:
+        one = tp["seaweedfs, 1 process"]["end_to_end_per_s"]
+        many = tp["seaweedfs, 2 processes x 8"]["end_to_end_per_s"]
+        rows += [
+            _row(
+                "SeaweedFS 1 worker / serial S3 floor",
+                one / res["floor_serial"],
+                ">= 0.8",
+                one / res["floor_serial"] >= 0.8,
+                "x",
+            ),
+            _row(
+                "SeaweedFS 2x8 / concurrent S3 floor",
+                many / res["floor_concurrent"],
+                ">= 0.8",
+                many / res["floor_concurrent"] >= 0.8,
+                "x",
+            ),
+            _row("SeaweedFS 2x8 / own serial", many / one, ">= 2", many / one >= 2, "x"),
+        ]
+    req = res["requests"]
+    for name in ("no-op job", "no-op job with _key"):
+        rows.append(
+            _row(
+                f"class A per {name}",
+                req[name]["class_a"],
+                "<= 5",
+                req[name]["class_a"] <= 5,
+                "requests",
+            )
+        )
+        rows.append(
+            _row(
+                f"class B per {name}",
+                req[name]["class_b"],
+                "<= 3",
+                req[name]["class_b"] <= 3,
+                "requests",
+            )
+        )
+        rows.append(
+            _row(f"USD per million, {name}", req[name]["usd_per_million"], "-", None, "USD")
+        )
+    flat = req["claim, 10000 finished"]["class_a"] + req["claim, 10000 finished"]["class_b"]
+    base = req["claim, 0 finished"]["class_a"] + req["claim, 0 finished"]["class_b"]
+    rows.append(
+        _row(
+            "claim requests, 10000 finished / 0 finished",
+            flat / base,
+            "== 1 (flat)",
+            abs(flat / base - 1) < 0.05,
+            "x",
+        )
+    )
+    two = tp["file, 2 processes"]["end_to_end_per_s"]
+    one_f = tp["file, 1 process"]["end_to_end_per_s"]
+    rows.append(
+        _row("file:// 2 workers / 1 worker", two / one_f, ">= 1.5", two / one_f >= 1.5, "x")
+    )
+    rows.append(
+        _row(
+            "idle worker",
+            res["idle_requests_per_min"],
+            "<= 60",
+            res["idle_requests_per_min"] <= 60,
+            "req/min",
+        )
+    )
+    for backend in ("file", "seaweedfs"):
+        key = f"contention_{backend}"
+        if key in res:
+            rows.append(
+                _row(
+                    f"lost CAS per claimed job, 8 workers, {backend}",
+                    res[key],
+                    "<= 0.5",
+                    res[key] <= 0.5,
+                    "per job",
+                )
+            )
+    for backend in ("memory", "file", "seaweedfs"):
+        key = f"latency_{backend}"
+        if key in res:
+            rows.append(_row(f"round trip p50, {backend}", res[key]["p50_ms"], "-", None, "ms"))
+            rows.append(_row(f"round trip p99, {backend}", res[key]["p99_ms"], "-", None, "ms"))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
