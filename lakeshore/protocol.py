@@ -4,8 +4,8 @@ The record is the truth; hints are derived and may be stale. The orders below ar
 crash between two requests never loses an invocation:
 
 * **submit**: [args object] → [id index] → ready hint → record (create-only). A hint whose
-  record is missing is either in flight or orphaned: claimers skip it while it is young and
-  delete it once it is older than ``ORPHAN_GRACE_S``.
+  record is missing is either in flight or orphaned: claimers look again after as long as it
+  has existed, and delete it once it is older than ``ORPHAN_GRACE_S``.
 * **claim**: list ready hints → get record → put lease hint → CAS record to running → delete
   the ready hint. The lease hint exists before the record says running, so a crashed claimer's
   job is always found by the reaper.
