@@ -105,13 +105,19 @@ class JournalWriter:
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._error: BaseException | None = None
-        self._timer = threading.Thread(target=self._age_loop, name="lakeshore-journal", daemon=True)
-        self._timer.start()
+        # started by the first frame: most attempts stream nothing and log nothing, and a
+        # thread per writer per attempt would be pure overhead on the hot path
+        self._timer: threading.Thread | None = None
 
     def add(self, payload: bytes) -> None:
         """Append a VALUE frame (already encoded)."""
         with self._lock:
             self._raise_if_failed()
+            if self._timer is None:
+                self._timer = threading.Thread(
+                    target=self._age_loop, name="lakeshore-journal", daemon=True
+                )
+                self._timer.start()
             if not self._pending:
                 self._oldest = time.monotonic()
                 self._wake.notify()
