@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import lakeshore as dls
-from bench.bodies import noop
+from bench.bodies import count_to, noop, size_of
 from bench.counting import Counting, classes
 from bench.seaweed_env import BUCKET, seaweed_server
 from lakeshore.keys import QueueKeys, new_id
@@ -149,12 +149,61 @@ def _workers_ns(url: str, ns: str, processes: int, slots: int) -> list[subproces
 
 
 def _until_done(q: Any, ids: list[str]) -> None:
-    """Wait for the last job; then check the others (cheap once they are all done)."""
+    """Wait for the last job (one GET per poll, so the wait does not load the server), then
+    check the others once; any still running are waited for the same way."""
     left = list(ids)
     while left:
-        left = [i for i in left if not q.get(i).terminal]
-        if left:
-            time.sleep(0.05)
+        while not q.get(left[-1]).terminal:
+            time.sleep(0.02)  # polling a record: the worker processes share nothing else
+        left = [i for i in left[:-1] if not q.get(i).terminal]
+
+
+def upstream(n: int) -> dict[str, Any] | None:
+    """The same workload on the upstream SDK, ``dreamlake-lakeshore`` (``bench/upstream.py``),
+    in its own venv (``bench/upstream_env.sh`` makes ``.bench-upstream/`` if missing). None,
+    with the reason printed, if that venv cannot be made (no network) or the run fails.
+
+    Upstream's import name, ``dreamlake.lakeshore``, is also our shim's: its script runs from
+    a copy in a temporary directory, with upstream's python and without PYTHONPATH, so neither
+    this repo nor our package is ever on its ``sys.path``.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV") and not k.startswith("LAKESHORE_")
+    }
+    made = subprocess.run(
+        ["bash", str(ROOT / "bench" / "upstream_env.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if made.returncode != 0 or not made.stdout.strip():
+        why = (made.stderr.strip().splitlines() or [f"exit status {made.returncode}"])[-1]
+        print(f"upstream comparison skipped: no upstream venv ({why})")
+        return None
+    python = made.stdout.strip().splitlines()[-1]
+    with tempfile.TemporaryDirectory(prefix="lakeshore-upstream-") as d:
+        script = Path(d) / "upstream.py"
+        script.write_bytes((ROOT / "bench" / "upstream.py").read_bytes())
+        try:
+            run = subprocess.run(
+                [python, str(script), "--jobs", str(n)],
+                cwd=d,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600 + n,
+            )
+        except subprocess.TimeoutExpired:
+            print("upstream comparison skipped: bench/upstream.py timed out")
+            return None
+    if run.returncode != 0:
+        print(f"upstream comparison skipped: bench/upstream.py failed:\n{run.stderr[-2000:]}")
+        return None
+    result: dict[str, Any] = json.loads(run.stdout)
+    return result
 
 
 # -- the S3 floor -----------------------------------------------------------------------------
@@ -222,6 +271,72 @@ def s3_floor(endpoint: str, n: int, processes: int, threads: int) -> float:
     return per * processes / (time.perf_counter() - t0)
 
 
+# -- payload and streaming --------------------------------------------------------------------
+
+PAYLOAD = 5 * 1024 * 1024
+
+
+def payload(url: str, endpoint: str, n: int = 8) -> dict[str, float]:
+    """MB/s of jobs whose argument is 5 MiB (spilled to its own object), drained by one
+    worker process; against raw boto3 PUT + GET of the same bytes on the same server."""
+    data = os.urandom(PAYLOAD)
+    client = _client(endpoint)
+    prefix = f"payload-{new_id()}"
+    b0 = time.perf_counter()
+    for i in range(n):
+        client.put_object(Bucket=BUCKET, Key=f"{prefix}/{i}", Body=data)
+        assert len(client.get_object(Bucket=BUCKET, Key=f"{prefix}/{i}")["Body"].read()) == PAYLOAD
+    raw = n * PAYLOAD / 1e6 / (time.perf_counter() - b0)
+    q = dls.Dispatch(url, ns=f"pl{new_id().lower()[-8:]}")
+    f = q.udf(size_of)
+    procs = _workers_ns(url, q.ns, 1, 1)
+    try:
+        t0 = time.perf_counter()
+        ids = [f.submit(data=data) for _ in range(n)]
+        assert [q.result(i, timeout=300) for i in ids] == [PAYLOAD] * n
+        ours = n * PAYLOAD / 1e6 / (time.perf_counter() - t0)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(60)
+    return {"mb_per_s": ours, "raw_mb_per_s": raw, "ratio": ours / raw}
+
+
+def streaming(url: str, frames: int = 10_000) -> dict[str, float]:
+    """A 10,000-yield generator run by a worker process, followed live by this process:
+    frames/s read (first frame to last) and frames per PUT."""
+    q = dls.Dispatch(url, ns=f"st{new_id().lower()[-8:]}")
+    gen = q.udf(count_to)
+    inv = gen.submit(frames)
+    procs = _workers_ns(url, q.ns, 1, 1)
+    try:
+        first = last = 0.0
+        seen = 0
+        for frame in q.stream(inv):
+            now = time.perf_counter()
+            if seen == 0:
+                first = now
+            assert frame.value == seen, "every frame, in order"
+            seen, last = seen + 1, now
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(60)
+    assert seen == frames
+    segments = len(list(q.store.list(q.ops("default").keys.journal_prefix(inv, 1))))
+    t0 = time.perf_counter()
+    replayed = sum(1 for _ in dls.Dispatch(url, ns=q.ns).stream(inv))  # a fresh reader
+    replay = time.perf_counter() - t0
+    assert replayed == frames
+    return {
+        "frames": frames,
+        "live_frames_per_s": (frames - 1) / max(1e-9, last - first),
+        "replay_frames_per_s": frames / replay,
+        "segments": segments,
+        "frames_per_put": frames / segments,
+    }
+
+
 # -- latency, idle cost, contention -----------------------------------------------------------
 
 
@@ -248,12 +363,14 @@ def latency(url: str, store: Store | None, n: int = 60) -> dict[str, float]:
     return {"p50_ms": 1000 * statistics.median(times), "p99_ms": 1000 * times[int(0.99 * (n - 1))]}
 
 
-def idle_cost(seconds: float = 20.0) -> float:
+def idle_cost(seconds: float = 20.0, concurrency: int = 1) -> float:
     store = Counting(LocalStore(tempfile.mkdtemp(prefix="lakeshore-idle-")))
     q = dls.Dispatch(store.url, store=store)
     q.udf(noop)
     stop = threading.Event()
-    t = threading.Thread(target=dls.run_worker, args=(q,), kwargs={"stop": stop})
+    t = threading.Thread(
+        target=dls.run_worker, args=(q,), kwargs={"stop": stop, "concurrency": concurrency}
+    )
     t.start()
     time.sleep(float(os.environ.get("BENCH_IDLE_SETTLE", "10")))  # the poll backoff settles
     store.reset()
@@ -277,18 +394,24 @@ class _Conflicts(Counting):
 
 
 def contention(inner: Store, n: int = 400, workers: int = 8) -> float:
+    """Lost CAS per claimed job. Each worker has a plane of its own (as separate processes
+    would): the slots of one plane share a listing and never race each other."""
     store = _Conflicts(inner)
-    q = dls.Dispatch(inner.url, store=store, ns=f"ct{new_id().lower()[-8:]}")
+    ns = f"ct{new_id().lower()[-8:]}"
+    q = dls.Dispatch(inner.url, store=store, ns=ns)
     f = q.udf(noop)
     ids = [f.submit(x=i) for i in range(n)]
     store.reset()
+    planes = [dls.Dispatch(inner.url, store=store, ns=ns) for _ in range(workers)]
+    for p in planes:
+        p.udf(noop)
     threads = [
         threading.Thread(
             target=dls.run_worker,
-            args=(q,),
+            args=(p,),
             kwargs={"isolation": "thread", "idle_exit": 0.5, "max_poll_s": 0.05},
         )
-        for _ in range(workers)
+        for p in planes
     ]
     for t in threads:
         t.start()
@@ -319,6 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         "claim, 10000 finished": requests_per_claim(10_000),
     }
     res["idle_requests_per_min"] = idle_cost()
+    res["idle_requests_per_min_8_slots"] = idle_cost(concurrency=8)
     tp: dict[str, Any] = {"memory, in-process": throughput(":memory:", MemoryStore(), n, 0, 1)}
     with tempfile.TemporaryDirectory(prefix="lakeshore-bench-") as d:
         tp["file, 1 process"] = throughput(f"file://{d}/p", None, n, 1, 1)
@@ -335,6 +459,8 @@ def main(argv: list[str] | None = None) -> None:
             tp["seaweedfs, 2 processes x 8"] = throughput(url, None, n, 2, 8)
             res["latency_seaweedfs"] = latency(url, None)
             res["contention_seaweedfs"] = contention(dls.Dispatch(url).store)
+            res["stream_seaweedfs"] = streaming(url)
+            res["payload_seaweedfs"] = payload(url, server.endpoint)
     res["throughput"] = tp
     rows = _rows(res)
     res["table"] = rows
@@ -424,6 +550,15 @@ def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             "req/min",
         )
     )
+    rows.append(
+        _row(
+            "idle worker, 8 slots",
+            res["idle_requests_per_min_8_slots"],
+            "<= 60",
+            res["idle_requests_per_min_8_slots"] <= 60,
+            "req/min",
+        )
+    )
     for backend in ("file", "seaweedfs"):
         key = f"contention_{backend}"
         if key in res:
@@ -436,6 +571,20 @@ def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "per job",
                 )
             )
+    if "stream_seaweedfs" in res:
+        st = res["stream_seaweedfs"]
+        per_put, live = st["frames_per_put"], st["live_frames_per_s"]
+        rows.append(_row("frames per PUT, SeaweedFS", per_put, ">= 100", per_put >= 100, "frames"))
+        rows.append(
+            _row("frames/s read live, SeaweedFS", live, ">= 20000", live >= 20_000, "frames/s")
+        )
+        rows.append(
+            _row("frames/s replayed, SeaweedFS", st["replay_frames_per_s"], "-", None, "frames/s")
+        )
+    if "payload_seaweedfs" in res:
+        pl = res["payload_seaweedfs"]
+        rows.append(_row("5 MiB payload jobs, SeaweedFS", pl["mb_per_s"], "-", None, "MB/s"))
+        rows.append(_row("5 MiB payload / raw boto3 PUT+GET", pl["ratio"], "-", None, "x"))
     for backend in ("memory", "file", "seaweedfs"):
         key = f"latency_{backend}"
         if key in res:

@@ -105,7 +105,7 @@ class Attempt:
         elif not lifecycle.holds(rec, self.held.token):
             self.halt("lost")
         else:  # our own write landed although the answer was lost: carry on from it
-            self.held = Claimed(rec, etag, self.held.token)
+            self.held = Claimed(rec, etag, self.held.token, self.held.hint_etag)
 
 
 class Running(Protocol):
@@ -249,7 +249,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         if outcome.kind == "stopped" or att.why in ("killed", "lost"):
             _quietly(journal.close)
             if att.why == "killed":
-                ops.store.delete(ops.keys.lease(rec.id))  # the record is terminal: hint is stale
+                ops.drop_own_hint(held)  # the record is terminal (cancelled): hint is stale
                 return "killed"
             if att.why != "timeout":
                 return "fenced (lease lost; result dropped)"

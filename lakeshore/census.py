@@ -1,8 +1,10 @@
 """What is in a queue, at a cost that does not grow with its history.
 
-* **queued / running** come from the hints (``_ready/``, ``_leases/``): one LIST page per
-  1000 live invocations, whatever number have finished. Hints are derived and may briefly
-  disagree with the records (a move in flight); listings read the records they show.
+* **queued / running** come from the ready hints (``_ready/``), which exist for every live
+  invocation: one LIST page per 1000 live invocations, whatever number have finished. Up to
+  ``EXACT_UP_TO`` live invocations, their records are read (in parallel) for exact counts
+  that also leave out stale hints; beyond that, ``running`` is what the workers' signs of
+  life report for the queue (up to ``announce_s`` old) and ``queued`` the rest.
 * **Oldest queued age** is the smallest id among the ready hints: ids are ULIDs, which
   carry their submission time.
 * **Recent outcomes** read the records of the newest ``recent`` invocations. Invocation
@@ -29,9 +31,18 @@ from lakeshore.protocol import QueueOps
 from lakeshore.record import Record, RecordError
 from lakeshore.store.base import Store
 
-__all__ = ["QueueStatus", "id_time", "newest_ids", "queue_status", "records", "workers_seen"]
+__all__ = [
+    "EXACT_UP_TO",
+    "QueueStatus",
+    "id_time",
+    "newest_ids",
+    "queue_status",
+    "records",
+    "workers_seen",
+]
 
 _FIRST_WINDOW_MS = 60_000
+EXACT_UP_TO = 256  # live invocations whose records status reads for exact counts
 
 
 def id_time(inv: str) -> float:
@@ -104,6 +115,7 @@ class QueueStatus:
     oldest_queued_s: float | None = None
     recent: Counter[str] = field(default_factory=Counter)
     recent_n: int = 0
+    estimated: bool = False  # queued/running split from workers' signs of life
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +123,7 @@ class QueueStatus:
             "queued": self.queued,
             "running": self.running,
             "oldest_queued_s": self.oldest_queued_s,
+            "estimated": self.estimated,
             "recent": {"invocations": self.recent_n, **dict(self.recent)},
         }
 
@@ -118,15 +131,26 @@ class QueueStatus:
 def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
     """Counts for one queue (see the module docstring for what each costs)."""
     st = QueueStatus(ops.keys.queue)
+    live = sorted(QueueKeys.id_of(info.key) for info in ops.store.list(ops.keys.ready_prefix))
     oldest = None
-    for info in ops.store.list(ops.keys.ready_prefix):
-        st.queued += 1
-        inv = QueueKeys.id_of(info.key)
-        oldest = inv if oldest is None or inv < oldest else oldest
+    if len(live) <= EXACT_UP_TO:
+        for r in records(ops, live):
+            if r.state == "running":
+                st.running += 1
+            elif r.state == "queued":
+                st.queued += 1
+                oldest = r.id if oldest is None or r.id < oldest else oldest
+    else:
+        st.estimated = True
+        st.running = sum(
+            int(w.get("running_by_queue", {}).get(ops.keys.queue, 0))
+            for w in workers_seen(ops.store, ops.keys.ns, now)
+        )
+        st.queued = max(0, len(live) - st.running)
+        oldest = live[0]
     if oldest is not None:
         with contextlib.suppress(ValueError):
             st.oldest_queued_s = max(0.0, now - id_time(oldest))
-    st.running = sum(1 for _ in ops.store.list(ops.keys.leases_prefix))
     if recent > 0:
         ids = []
         for inv in newest_ids(ops.store, ops.keys, None, now):

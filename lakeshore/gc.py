@@ -164,7 +164,7 @@ def _remove_satellites(
     dry_run: bool,
 ) -> None:
     store = ops.store
-    candidates = [ops.keys.ready(priority, inv), ops.keys.lease(inv)]
+    candidates = [ops.keys.ready(priority, inv)]
     if queue != "default":
         candidates.append(id_index(ops.keys.ns, inv))
     for k in candidates:

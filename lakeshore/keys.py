@@ -8,8 +8,7 @@ Layout, relative to the store's root (the Dispatch URL's prefix)::
     lakeshore/<ns>/<queue>/<id>/result-<attempt>        spilled result of one attempt
     lakeshore/<ns>/<queue>/<id>/journal/<attempt>/<seq> journal segments (create-only)
     lakeshore/<ns>/<queue>/<id>/logs/<attempt>/<seq>    captured output of an attempt
-    lakeshore/<ns>/<queue>/_ready/<band>/<id>           hint: queued
-    lakeshore/<ns>/<queue>/_leases/<id>                 hint: running
+    lakeshore/<ns>/<queue>/_ready/<band>/<id>           hint: live (queued or running)
     lakeshore/<ns>/<queue>/_keys/<sha256(key)>          idempotency key (create-only)
     lakeshore/<ns>/<queue>/_slots/<n>                   admission: a live invocation (max_depth)
     lakeshore/<ns>/<queue>/_rate/<window>/<n>           admission: an accepted submit (rate)
@@ -124,7 +123,6 @@ class QueueKeys:
         self.queue = check_name(queue, "queue")
         self.base = f"{ROOT}/{self.ns}/{self.queue}"
         self.ready_prefix = f"{self.base}/_ready/"
-        self.leases_prefix = f"{self.base}/_leases/"
         self.slots_prefix = f"{self.base}/_slots/"
         self.rate_prefix = f"{self.base}/_rate/"
 
@@ -166,9 +164,6 @@ class QueueKeys:
     def ready(self, priority: int, inv: str) -> str:
         return f"{self.ready_prefix}{band(priority)}/{inv}"
 
-    def lease(self, inv: str) -> str:
-        return f"{self.leases_prefix}{inv}"
-
     def slot(self, n: int) -> str:
         return f"{self.slots_prefix}{n:07d}"
 
@@ -185,7 +180,7 @@ class QueueKeys:
 
     @staticmethod
     def id_of(hint_key: str) -> str:
-        """The invocation id at the end of a ready or lease hint key."""
+        """The invocation id at the end of a ready hint key."""
         return hint_key.rsplit("/", 1)[1]
 
     @staticmethod

@@ -1,25 +1,33 @@
 """The queue protocol on the store: each step is a few store requests in a fixed order.
 
-The record is the truth; hints are derived and may be stale. The orders below are chosen so a
-crash between two requests never loses an invocation:
+The record is the truth; the ready hint ``_ready/<band>/<id>`` is derived and may be stale.
+One invariant carries the protocol: **every live (queued or running) record has its ready
+hint**. The hint is written before the record is created and deleted only after the record
+is terminal, so a job is always found by listing ``_ready/`` — also a running one whose
+worker died, which is how expired leases are found (no separate lease hints). The orders
+below keep the invariant through any crash between two requests:
 
 * **submit**: [args object] → [id index] → ready hint → record (create-only). A hint whose
   record is missing is either in flight or orphaned: claimers look again after as long as it
   has existed, and delete it once it is older than ``ORPHAN_GRACE_S``.
-* **claim**: list ready hints → get record → put lease hint → CAS record to running → delete
-  the ready hint. The lease hint exists before the record says running, so a crashed claimer's
-  job is always found by the reaper.
-* **back to queued** (retry, expiry): put ready hint → CAS record to queued → delete lease
-  hint.
-* **stale hints**: a hint is deleted only when its record is terminal (or, for a ready hint,
-  missing for longer than ``ORPHAN_GRACE_S``), with ``if_match`` on the etag that was listed.
-  A ready hint next to a *running* record may be a requeue in flight, and a lease hint next
-  to a *queued* record may be a claim in flight: both are left alone, or the job could be lost.
+* **claim**: list ready hints → get record → CAS record to running. Nothing else: the hint
+  stays while the job runs. One listing serves several claims of this process (for up to
+  ``_LISTING_S``), and the process's slots take different candidates from it.
+* **back to queued** (retry, release, expiry): rewrite the ready hint (a new etag tells
+  other workers to look again) → CAS record to queued.
 * **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
-  last write) → delete lease hint. A fenced-out attempt's result is dropped.
+  last write) → delete the ready hint, if it is still the one claimed (``if_match``). A
+  fenced-out attempt's result is dropped.
+* **stale hints**: a hint is deleted only when its record is terminal (or missing for longer
+  than ``ORPHAN_GRACE_S``), with ``if_match`` on the etag that was listed, so a hint rewritten
+  by a rerun in the meantime survives.
+* **expired leases**: a claimer that reads a running record whose lease has run out (in the
+  store's clock) requeues or fails it by CAS; the holder's late writes are then fenced.
 
-Heartbeats CAS the record itself (lease pushed out, in the store's clock): one request that
-also notices cancellation, because a cancel changes the record and the CAS then fails.
+What a worker has read is remembered per hint etag (running until its lease ends, backing
+off until its retry is due, a submit in flight): the hint is skipped without a GET until
+then, or until the hint's etag changes. Heartbeats CAS the record itself (lease pushed out):
+one request that also notices cancellation, because a cancel changes the record.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import contextlib
 import hashlib
 import random
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -40,30 +50,43 @@ from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 __all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
 
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
-_CANDIDATES = 16  # ready hints read per claim
-_SPREAD = 4  # after a lost race, the next claim tries the head of the queue in random order
-_SCAN = 5000  # ready hints looked at (listed, not read) per claim at most
+_LISTING = 256  # candidates kept from one LIST of the ready hints
+_LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
+_MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
+_SCAN = 5000  # ready hints looked at (listed, not read) per LIST at most
+_LISTS_PER_CLAIM = 4
+
+
+_Claimable = tuple[Record, str, str]  # record, its etag, the ready hint's etag
 
 
 @dataclass
 class Claimed:
-    """A running attempt held by this worker: the record as written and its etag."""
+    """A running attempt held by this worker: the record as written and its etag, and the
+    ready hint's etag as listed (deleted with ``if_match`` once the record is terminal)."""
 
     record: Record
     etag: str
     token: str
+    hint_etag: str | None = None
 
 
 class QueueOps:
-    """Protocol steps for one queue of one namespace."""
+    """Protocol steps for one queue of one namespace. Shared by the slots of a process:
+    they take different candidates from one listing, so they never race each other."""
 
     def __init__(self, store: Store, keys: QueueKeys) -> None:
         self.store = store
         self.keys = keys
-        self._contended = False  # did our last claim lose a race? then spread out
-        # ids seen backing off (or in flight) -> when to look again: skipped without a GET,
-        # so a long run of retries at the head of the queue never hides the work behind it
-        self._later: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
+        # hint key -> (its etag, when to look again): read and found not claimable, skipped
+        # without a GET until then or until the hint changes, so long-running jobs and
+        # retries backing off at the head of the queue never hide the work behind them
+        self._later: dict[str, tuple[str, float]] = {}
+        self._listing: list[ObjectInfo] = []
+        self._listed_at = -1e9  # time.monotonic() of the listing
+        self._trying: set[str] = set()  # hint keys a slot of this process is reading now
 
     # -- records -----------------------------------------------------------------------------
 
@@ -127,14 +150,45 @@ class QueueOps:
 
     # -- hints -------------------------------------------------------------------------------
 
-    def put_ready(self, rec: Record) -> None:
+    def put_ready(self, rec: Record) -> str:
+        """Write the ready hint of ``rec``; returns its etag."""
         # The hint's bytes are the record write id: unique, so its etag is never reused (ABA).
-        self.store.put(self.keys.ready(rec.priority, rec.id), rec.wid.encode(), OVERWRITE)
+        return self.store.put(self.keys.ready(rec.priority, rec.id), rec.wid.encode(), OVERWRITE)
 
     def drop_hint(self, info: ObjectInfo) -> None:
         """Delete a stale hint, unless it was rewritten since we listed it."""
+        self._forget(info.key)
         with contextlib.suppress(Conflict):
             self.store.delete(info.key, if_match=info.etag)
+
+    def drop_own_hint(self, held: Claimed) -> None:
+        """After the held attempt's terminal write: delete the hint it was claimed by, unless
+        it was rewritten since (a rerun queued the invocation again)."""
+        key = self.keys.ready(held.record.priority, held.record.id)
+        self._forget(key)
+        etag = held.hint_etag
+        if etag is None:  # claimed without a listing (tests, tools): read it first
+            try:
+                etag = self.store.get(key)[1]
+            except NotFound:
+                return
+        with contextlib.suppress(Conflict):
+            self.store.delete(key, if_match=etag)
+
+    def ready_hints(self) -> Iterator[ObjectInfo]:
+        return self.store.list(self.keys.ready_prefix)
+
+    def _remember(self, info: ObjectInfo, until: float) -> None:
+        with self._lock:
+            self._later[info.key] = (info.etag, until)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._later.pop(key, None)
+
+    def _skipped(self, info: ObjectInfo, now: float) -> bool:
+        seen = self._later.get(info.key)
+        return seen is not None and seen[0] == info.etag and seen[1] > now
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -143,46 +197,74 @@ class QueueOps:
         self.put_ready(rec)
         self.store.put(self.keys.record(rec.id), rec.to_bytes(), CREATE)
 
-    def ready_hints(self) -> Iterator[ObjectInfo]:
-        return self.store.list(self.keys.ready_prefix)
-
     def claim(self, worker: str, now: float, lease_s: float | None = None) -> Claimed | None:
         """Try to take one queued invocation; None when there is nothing to take.
         ``lease_s`` overrides the invocation's lease length for this attempt.
 
-        Corrupt records found on the way are marked failed (and skipped) so they never block
-        the queue; invocations backing off before a retry are remembered and skipped without
-        a GET until they are due, so they never hide the work queued behind them.
+        Running invocations whose lease has run out are requeued (or failed) on the way;
+        corrupt records are marked failed so they never block the queue; invocations
+        backing off before a retry are skipped without a GET until they are due.
         """
+        lists = 0
         while True:
-            later = {k: t for k, t in self._later.items() if t > now}
-            self._later = dict(later)
-            head: list[ObjectInfo] = []
-            for scanned, info in enumerate(self.ready_hints()):
-                if scanned >= _SCAN:
-                    break
-                if QueueKeys.id_of(info.key) not in later:
-                    head.append(info)
-                    if len(head) >= _CANDIDATES:
-                        break
-            if not head:
-                return None
-            # Alone, a worker takes the oldest job first (FIFO within a priority). Once it has
-            # lost a race, it spreads over the head so competing workers stop colliding.
-            spread = head[:_SPREAD]
-            if self._contended:
-                random.shuffle(spread)
-            for info in spread + head[_SPREAD:]:
+            info = self._next_candidate(now)
+            if info is None:
+                if lists >= _LISTS_PER_CLAIM or not self._list(now):
+                    return None
+                lists += 1
+                continue
+            try:
                 got = self._try_claim(info, worker, now, lease_s)
-                if got is not None:
-                    return got
-            if len(self._later) == len(later):
-                return None  # nothing new learned: the rest is taken, stale or racing
-            # every candidate was backing off (now remembered): look further down the queue
+            finally:
+                with self._lock:
+                    self._trying.discard(info.key)
+            if got is not None:
+                return got
 
-    def _try_claim(
-        self, info: ObjectInfo, worker: str, now: float, lease_s: float | None = None
-    ) -> Claimed | None:
+    def _list(self, now: float) -> bool:
+        """List the head of the queue (what is not skipped); False when there is none."""
+        fresh: list[ObjectInfo] = []
+        for scanned, info in enumerate(self.ready_hints()):
+            if scanned >= _SCAN or len(fresh) >= _LISTING:
+                break
+            if not self._skipped(info, now):
+                fresh.append(info)
+        with self._lock:
+            self._later = {k: v for k, v in self._later.items() if v[1] > now}
+            self._listing = fresh
+            self._listed_at = time.monotonic()
+        return bool(fresh)
+
+    def _next_candidate(self, now: float) -> ObjectInfo | None:
+        """Take a candidate from the listing: the oldest while claims go through, a random
+        one of the head while they collide (other processes list the same head)."""
+        with self._lock:
+            if time.monotonic() - self._listed_at > _LISTING_S:
+                self._listing = []
+            rest = [
+                i for i in self._listing if i.key not in self._trying and not self._skipped(i, now)
+            ]
+            if not rest:
+                self._listing = []
+                return None
+            info = rest[random.randrange(min(self._spread, len(rest)))]
+            self._listing = [i for i in rest if i is not info]
+            self._trying.add(info.key)
+            return info
+
+    def _collided(self, lost: bool) -> None:
+        with self._lock:
+            if lost:
+                self._spread = min(self._spread * 2, _MAX_SPREAD)
+            else:
+                self._spread = max(1, self._spread // 2)
+
+    def _examine(self, info: ObjectInfo, now: float) -> tuple[_Claimable | None, bool]:
+        """Read the record behind a hint and settle what needs no claim: drop a stale hint,
+        requeue an expired lease, time out a missed deadline, remember what is not due.
+        Returns the record, its etag and the hint's etag when it is claimable now, and
+        whether an expired lease was ended."""
+        moved = False
         inv = QueueKeys.id_of(info.key)
         try:
             rec, etag = self.read(inv)
@@ -193,44 +275,68 @@ class QueueOps:
                 # after as long as the hint has existed, so a young one is picked up at once
                 # and an orphan costs few GETs until it can be dropped
                 age = max(0.0, now - info.last_modified)
-                self._later[inv] = min(now + max(0.05, age), info.last_modified + ORPHAN_GRACE_S)
-            return None
+                self._remember(info, min(now + max(0.05, age), info.last_modified + ORPHAN_GRACE_S))
+            return None, moved
         except NewerRecord:
-            self._later[inv] = now + ORPHAN_GRACE_S  # for a newer lakeshore's workers
-            return None
+            self._remember(info, now + ORPHAN_GRACE_S)  # for a newer lakeshore's workers
+            return None, moved
         except RecordError as e:
             if self._fail_corrupt(inv, e, now):
                 self.drop_hint(info)  # the record is failed now: its hint is stale
-            return None
-        if rec.state != "queued":
-            if rec.terminal:
-                self.drop_hint(info)
-            else:  # running: the hint may belong to a requeue in flight; look again later
-                self._later[inv] = now + min(5.0, rec.lease_s / 3)
-            return None
+            return None, moved
+        hint_etag = info.etag
+        if rec.state == "running":
+            expires = rec.lease.expires_at if rec.lease is not None else now
+            if expires >= now:
+                self._remember(info, expires)  # its worker holds it: look again at expiry
+                return None, moved
+            nxt = lifecycle.expire(rec, now)
+            if nxt.state == "queued":
+                hint_etag = self.put_ready(nxt)  # before the record says queued
+            try:
+                etag = self.cas(nxt, etag)
+            except Conflict:
+                return None, moved  # the holder renewed or someone else reaped
+            self.settle(nxt)
+            rec, moved = nxt, True
+        if rec.terminal:
+            self.drop_hint(ObjectInfo(info.key, hint_etag, info.size, info.last_modified))
+            return None, moved
         if lifecycle.past_deadline(rec, now):
             ended = lifecycle.time_out(rec, now)
             try:
                 self.cas(ended, etag)
             except Conflict:
-                return None
+                return None, moved
             self.settle(ended)
-            self.drop_hint(info)
-            return None
+            self.drop_hint(ObjectInfo(info.key, hint_etag, info.size, info.last_modified))
+            return None, moved
         if rec.not_before > now:
-            self._later[inv] = rec.not_before  # backing off before a retry; the hint stays
+            # backing off before a retry; the hint stays
+            self._remember(ObjectInfo(info.key, hint_etag, 0, 0.0), rec.not_before)
+            return None, moved
+        return (rec, etag, hint_etag), moved
+
+    def _try_claim(
+        self, info: ObjectInfo, worker: str, now: float, lease_s: float | None = None
+    ) -> Claimed | None:
+        seen, _ = self._examine(info, now)
+        if seen is None:
             return None
+        rec, etag, hint_etag = seen
         token = secrets.token_hex(8)
         running = lifecycle.claim(rec, worker, token, now, lease_s)
-        self.store.put(self.keys.lease(inv), token.encode(), OVERWRITE)
         try:
             new_etag = self.cas(running, etag)
         except Conflict:
-            self._contended = True
-            return None  # lost the race: the lease hint stays, correct for the winner
-        self._contended = False
-        self.drop_hint(info)
-        return Claimed(running, new_etag, token)
+            self._collided(True)
+            # someone else claimed it (or cancelled it): look again when a lease would end
+            self._remember(ObjectInfo(info.key, hint_etag, 0, 0.0), now + running.lease_s)
+            return None
+        self._collided(False)
+        assert running.lease is not None
+        self._remember(ObjectInfo(info.key, hint_etag, 0, 0.0), running.lease.expires_at)
+        return Claimed(running, new_etag, token, hint_etag)
 
     def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> bool:
         """Overwrite an unreadable record with a failed one that says why; True if done."""
@@ -266,54 +372,34 @@ class QueueOps:
     def heartbeat(self, held: Claimed, now: float) -> Claimed:
         """Push the lease out. Raises Conflict when the record changed (cancel, expiry)."""
         rec = lifecycle.heartbeat(held.record, held.token, now)
-        return Claimed(rec, self.cas(rec, held.etag), held.token)
+        return Claimed(rec, self.cas(rec, held.etag), held.token, held.hint_etag)
 
     def finish(self, held: Claimed, final: Record) -> str:
-        """Write the attempt's outcome (fenced by the last etag), then tidy the hints.
+        """Write the attempt's outcome (fenced by the last etag), then tidy the hint.
 
-        A retry goes back to queued: its ready hint is written first. Raises Conflict when the
-        attempt was fenced out (the result is then dropped).
+        Back to queued (a retry, a release): the ready hint is rewritten first, so workers
+        that remember the job as running look again. Terminal: the hint is deleted after.
+        Raises Conflict when the attempt was fenced out (the result is then dropped).
         """
         if final.state == "queued":
+            self._forget(self.keys.ready(final.priority, final.id))
             self.put_ready(final)
         etag = self.cas(final, held.etag)
-        self._drop_lease(final.id)
+        if final.terminal:
+            self.drop_own_hint(held)
         self.settle(final)
         return etag
 
-    def _drop_lease(self, inv: str) -> None:
-        self.store.delete(self.keys.lease(inv))
-
     def reap(self, now: float) -> int:
-        """Requeue (or fail) running invocations whose lease ran out; drop stale lease hints.
-        Returns how many invocations were moved."""
+        """One pass over the live hints: requeue (or fail) running invocations whose lease
+        ran out and drop stale hints. Claims do this on their way, for the head of the
+        queue; a pass reads every live record not remembered. Returns how many moved."""
         moved = 0
-        for info in list(self.store.list(self.keys.leases_prefix)):
-            inv = QueueKeys.id_of(info.key)
-            try:
-                rec, etag = self.read(inv)
-            except NotFound:
-                self.drop_hint(info)
-                continue
-            except RecordError:
-                continue  # corrupt ones are failed by claimers; newer ones are not ours
-            if rec.terminal:
-                self.drop_hint(info)
-                continue
-            if rec.state != "running":
-                continue  # queued: a claim may be in flight, and it needs this hint
-            if rec.lease is None or rec.lease.expires_at >= now:
-                continue
-            nxt = lifecycle.expire(rec, now)
-            if nxt.state == "queued":
-                self.put_ready(nxt)
-            try:
-                self.cas(nxt, etag)
-            except Conflict:
-                continue  # the holder renewed or someone else reaped: fine either way
-            self.settle(nxt)
-            self.drop_hint(info)
-            moved += 1
+        for scanned, info in enumerate(list(self.ready_hints())):
+            if scanned >= _SCAN:
+                break
+            if not self._skipped(info, now):
+                moved += self._examine(info, now)[1]
         return moved
 
 

@@ -1,8 +1,9 @@
 """``run_worker``: claim invocations, run their bodies, write their outcomes.
 
 One loop per slot (``concurrency`` slots, each in a thread; each slot keeps its own child
-process in process isolation). Idle polling backs off up to ``max_poll_s``, and workers reap
-expired leases of crashed workers. How one attempt runs is in :mod:`lakeshore.attempt`.
+process in process isolation). Idle polling backs off up to ``max_poll_s``; a claim that meets
+a running invocation whose lease has run out (its worker crashed) requeues it. How one
+attempt runs is in :mod:`lakeshore.attempt`.
 
 **Stopping.** Setting ``stop`` (or SIGTERM / SIGINT with ``handle_signals``) stops claiming.
 Running attempts get ``grace_s`` seconds to finish; then they are *released*: the body is
@@ -31,7 +32,7 @@ from lakeshore.attempt import Attempt, Slot, run_attempt
 from lakeshore.child import HookFailed, Hooks
 from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
 from lakeshore.keys import worker_key
-from lakeshore.protocol import QueueOps
+from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.store.base import OVERWRITE
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ __all__ = ["run_worker"]
 
 log = logging.getLogger("lakeshore.worker")
 _ISOLATIONS = ("auto", "thread", "process")
+_SWEEP_EVERY_S = 300.0  # rate tokens live for hours: a rare sweep keeps idle workers cheap
 
 
 @dataclass
@@ -55,9 +57,10 @@ class _State:
     hooks: Hooks = field(default_factory=Hooks)
     lease_s: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    idle_turn: threading.Lock = field(default_factory=threading.Lock)
     started: int = 0
     done: int = 0
-    last_reap: float = 0.0
+    last_sweep: float = -1e9
     running: set[Attempt] = field(default_factory=set)
     slots: list[Slot] = field(default_factory=list)
     failure: BaseException | None = None
@@ -83,7 +86,7 @@ def run_worker(
     isolation: str = "auto",
     max_jobs: int | None = None,
     idle_exit: float | None = None,
-    max_poll_s: float = 1.0,
+    max_poll_s: float = 1.25,
     worker_id: str | None = None,
     stop: threading.Event | None = None,
     grace_s: float = 30.0,
@@ -113,11 +116,13 @@ def run_worker(
         grace_s: how long running attempts may finish after a stop.
         lease_s: lease length for attempts this worker claims (default: the invocation's);
             heartbeats come every third of it.
-        on_start, before_job, on_stop: lifecycle hooks (callables or ``"module:function"``):
+        on_start: lifecycle hook (a callable or ``"module:function"``), called as
             ``on_start()`` once per process that runs bodies, before its first job (this
-            process in thread isolation, each slot's child in process isolation);
-            ``before_job(record)`` before every job, where the body runs; ``on_stop()`` when
-            that process shuts down in order (best effort).
+            process in thread isolation, each slot's child in process isolation).
+        before_job: lifecycle hook called as ``before_job(record)`` before every job,
+            where the body runs.
+        on_stop: lifecycle hook called as ``on_stop()`` when a process that ran bodies
+            shuts down in order (best effort).
         handle_signals: SIGTERM/SIGINT stop the worker as ``stop`` does; a second one exits
             the process at once. Only from the main thread.
         announce_s: how often the worker's sign of life is written.
@@ -252,6 +257,9 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
     store = state.plane.store
     with state.lock:
         running, done = len(state.running), state.done
+        by_queue: dict[str, int] = {}
+        for att in state.running:
+            by_queue[att.ops.keys.queue] = by_queue.get(att.ops.keys.queue, 0) + 1
     info = {
         "worker": state.worker_id,
         "host": socket.gethostname(),
@@ -259,6 +267,7 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
         "queues": queues,
         "status": status,
         "running": running,
+        "running_by_queue": by_queue,
         "done": done,
     }
     with contextlib.suppress(LakeshoreError):
@@ -285,39 +294,56 @@ def _serve(
     delay = 0.005
     idle_since = time.monotonic()
     turn = 0
+    idle = False
     while not state.stop.is_set():
-        if not state.take_slot():
+        if idle and idle_exit is not None and time.monotonic() - idle_since >= idle_exit:
             return
-        held = None
-        for i in range(len(ops)):
-            q = ops[(turn + i) % len(ops)]
-            try:
-                held = q.claim(state.worker_id, state.plane.store.now(), state.lease_s)
-            except StoreError as e:
-                log.warning("claim on %s failed: %s", q.keys.queue, e)
-            if held is not None:
-                turn = (turn + i + 1) % len(ops)
-                try:
-                    run_attempt(slot, q, held, _Tracked(state))
-                except HookFailed:
-                    raise
-                except LakeshoreError as e:
-                    # The outcome could not be written (store down?): the lease will expire
-                    # and the reaper retries the invocation. Keep serving.
-                    log.error("attempt of %s could not be concluded: %s", held.record.id, e)
-                with state.lock:
-                    state.done += 1
-                break
-        if held is not None:
-            delay, idle_since = 0.005, time.monotonic()
-            _maybe_reap(state, ops)  # busy workers reap too, at the same modest rate
+        # While idle, the slots of a worker poll one at a time (each holds the turn through
+        # its pause), so an idle worker costs the same however many slots it has.
+        if idle and not state.idle_turn.acquire(timeout=min(0.5, max_poll_s)):
             continue
-        state.give_back()
-        _maybe_reap(state, ops)
-        if idle_exit is not None and time.monotonic() - idle_since >= idle_exit:
-            return
-        state.stop.wait(delay)
-        delay = min(delay * 2, max_poll_s)
+        polling = idle
+        try:
+            if not state.take_slot():
+                return
+            held, q, turn = _claim(state, ops, turn)
+            if held is None:
+                state.give_back()
+                _maybe_sweep(state, ops)
+                idle = True
+                state.stop.wait(delay)
+                delay = min(delay * 2, max_poll_s)
+                continue
+        finally:
+            if polling:
+                state.idle_turn.release()
+        idle, delay = False, 0.005
+        try:
+            run_attempt(slot, q, held, _Tracked(state))
+        except HookFailed:
+            raise
+        except LakeshoreError as e:
+            # The outcome could not be written (store down?): the lease will expire and a
+            # claimer requeues the invocation. Keep serving.
+            log.error("attempt of %s could not be concluded: %s", held.record.id, e)
+        with state.lock:
+            state.done += 1
+        idle_since = time.monotonic()
+        _maybe_sweep(state, ops)
+
+
+def _claim(state: _State, ops: list[QueueOps], turn: int) -> tuple[Claimed | None, QueueOps, int]:
+    """One claim attempt over the queues, round robin from ``turn``."""
+    for i in range(len(ops)):
+        q = ops[(turn + i) % len(ops)]
+        try:
+            held = q.claim(state.worker_id, state.plane.store.now(), state.lease_s)
+        except StoreError as e:
+            log.warning("claim on %s failed: %s", q.keys.queue, e)
+            continue
+        if held is not None:
+            return held, q, (turn + i + 1) % len(ops)
+    return None, ops[turn % len(ops)], turn
 
 
 class _Tracked:
@@ -335,17 +361,16 @@ class _Tracked:
             self.state.running.discard(att)
 
 
-def _maybe_reap(state: _State, ops: list[QueueOps]) -> None:
+def _maybe_sweep(state: _State, ops: list[QueueOps]) -> None:
+    """Now and then, delete rate tokens of long-past windows. (Expired leases need no pass
+    of their own: claims requeue them when they meet them at the head of the queue.)"""
     now = time.monotonic()
     with state.lock:
-        if now - state.last_reap < min(5.0, state.plane.lease_s / 2):
+        if now - state.last_sweep < _SWEEP_EVERY_S:
             return
-        state.last_reap = now
+        state.last_sweep = now
     for q in ops:
         try:
-            moved = q.reap(q.store.now())
-            if moved:
-                log.info("reaped %d expired lease(s) on %s", moved, q.keys.queue)
-            sweep_rate(q, q.store.now())  # rate tokens of long-past windows
+            sweep_rate(q, q.store.now())
         except StoreError as e:
-            log.warning("reap on %s failed: %s", q.keys.queue, e)
+            log.warning("sweeping rate tokens on %s failed: %s", q.keys.queue, e)

@@ -69,7 +69,7 @@ def test_each_role_can_do_its_job_and_nothing_else(principals: dict[str, Any]) -
     keyed = f.submit(1, _key="nightly")
     assert f.submit(1, _key="nightly") == keyed
 
-    # the producer cannot claim: the lease hint is out of its reach
+    # the producer cannot claim: listing the ready hints is out of its reach
     with pytest.raises(dls.PermissionDenied):
         producer.ops("default").claim("producer-pretending", producer.store.now())
     # ... nor delete anything

@@ -34,13 +34,20 @@ def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(plane: Any) -> Non
     assert again is not None and again.record.attempt == 2
 
 
-def test_lease_hint_of_a_claim_in_flight_survives_the_reaper(plane: Any) -> None:
+def test_ready_hint_of_a_running_job_survives_claimers_and_reapers(plane: Any) -> None:
     q = plane
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
-    q.store.put(ops.keys.lease(inv), b"claim in flight")  # step 1 of a claim, record still queued
-    assert ops.reap(q.store.now() + 3600) == 0
-    assert [i.key for i in q.store.list(ops.keys.leases_prefix)] == [ops.keys.lease(inv)]
+    held = ops.claim("w1", q.store.now())
+    assert held is not None
+    hint = [i.key for i in ops.ready_hints()]
+    assert hint == [ops.keys.ready(held.record.priority, inv)]  # the hint stays while the job runs
+    other = QueueOps(q.store, ops.keys)  # another worker, which has never seen the job
+    assert other.claim("w2", q.store.now()) is None
+    assert other.reap(q.store.now()) == 0  # the lease holds: nothing to move
+    assert [i.key for i in ops.ready_hints()] == hint
+    ops.finish(held, lifecycle.succeed(held.record, held.token, None, q.store.now()))
+    assert list(ops.ready_hints()) == []  # terminal: the claimed hint is gone
 
 
 def test_newer_records_are_left_alone(plane: Any) -> None:

@@ -31,8 +31,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     rows = [
         [
             s.queue,
-            str(s.queued),
-            str(s.running),
+            f"~{s.queued}" if s.estimated else str(s.queued),
+            f"~{s.running}" if s.estimated else str(s.running),
             ago(s.oldest_queued_s),
             ", ".join(f"{n} {k}" for k, n in sorted(s.recent.items())) or "-",
         ]
@@ -41,6 +41,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     print(f"{q.store.url}  namespace {q.ns}\n")
     header = ["QUEUE", "QUEUED", "RUNNING", "OLDEST QUEUED", f"LAST {args.recent} SUBMITTED"]
     print(table(rows, header))
+    if any(s.estimated for s in stats):
+        print("\n~ split from the workers' signs of life (the total is exact)")
     print(f"\nworkers seen in the last 5 minutes: {len(workers)}")
     for w in workers:
         print(
@@ -63,9 +65,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     now = q.store.now()
     found = []
     if args.state in ("queued", "running"):
-        # live states come from the hints: their cost does not grow with history
-        prefix = ops.keys.ready_prefix if args.state == "queued" else ops.keys.leases_prefix
-        ids = sorted({QueueKeys.id_of(i.key) for i in q.store.list(prefix)}, reverse=True)
+        # live states come from the ready hints: their cost does not grow with history
+        hints = q.store.list(ops.keys.ready_prefix)
+        ids = sorted({QueueKeys.id_of(i.key) for i in hints}, reverse=True)
         ids = [i for i in ids if before is None or i < before]
         for start in range(0, len(ids), 64):
             found += [r for r in records(ops, ids[start : start + 64]) if r.state == args.state]

@@ -192,9 +192,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-poll",
         type=float,
-        default=1.0,
+        default=1.25,
         metavar="SECONDS",
-        help="longest pause between polls of an idle queue (default 1)",
+        help="longest pause between polls of an idle queue (default 1.25: under 60 "
+        "requests a minute however many slots)",
     )
     p.add_argument(
         "--on-start",
