@@ -450,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         res["latency_file"] = latency(f"file://{d}/p", None)
         res["contention_file"] = contention(LocalStore(f"{d}/c"))
     res["latency_memory"] = latency(":memory:", MemoryStore())
+    res["upstream"] = upstream(n)
     with seaweed_server() as server:
         if server is not None:
             url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
@@ -482,6 +483,16 @@ def main(argv: list[str] | None = None) -> None:
 def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     tp = res["throughput"]
+    up = res.get("upstream")
+    if up:  # None when upstream's venv could not be made (no network)
+        mem = tp["memory, in-process"]["end_to_end_per_s"] / up["memory"]["end_to_end_per_s"]
+        lat = up["latency_memory"]["p50_ms"] / res["latency_memory"]["p50_ms"]
+        two = tp["file, 2 processes"]["end_to_end_per_s"] / up["file_2"]["end_to_end_per_s"]
+        rows += [
+            _row("memory in-process / upstream memory", mem, ">= 3", mem >= 3, "x"),
+            _row("round trip p50 upstream memory / lakeshore memory", lat, ">= 4", lat >= 4, "x"),
+            _row("file 2 workers / upstream sqlite file 2 workers", two, ">= 2", two >= 2, "x"),
+        ]
     if "floor_serial" in res:
         one = tp["seaweedfs, 1 process"]["end_to_end_per_s"]
         many = tp["seaweedfs, 2 processes x 8"]["end_to_end_per_s"]

@@ -2,7 +2,7 @@
 
 The attempt's record is held with its etag; every write is one conditional PUT on it, so a
 worker that lost its lease (reaped, cancelled) finds out at its next write and drops its
-outcome instead of overwriting someone else's. Each attempt gets a heartbeat thread that
+outcome instead of overwriting someone else's. The slot's heartbeat thread
 pushes the lease out every ``lease_s / 3`` seconds; when that write meets a changed record it
 re-reads it and stops the body if the invocation was cancelled or the lease was lost. A
 worker that cannot heartbeat for a whole lease stops the body itself (it must assume another
@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lakeshore import codec, lifecycle
@@ -32,7 +32,7 @@ from lakeshore.journal import END, ERROR, JournalWriter
 from lakeshore.logs import log_writer, text_sink
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, RecordError
-from lakeshore.runner import Outcome, RunSpec, error_of, run_in_thread, unpickle
+from lakeshore.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
 from lakeshore.udf import Udf, UnknownFunction, body_kind, resolve
 
 if TYPE_CHECKING:
@@ -43,16 +43,81 @@ __all__ = ["Attempt", "Running", "Slot", "run_attempt"]
 log = logging.getLogger("lakeshore.worker")
 
 
+class Heartbeats:
+    """A slot's heartbeat thread, beating for the one attempt the slot runs (a thread per
+    attempt would cost more than a short job). Started on first use."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._att: Attempt | None = None
+        self._due: float | None = None
+        self._beating = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def attach(self, att: Attempt) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="lakeshore-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._att, self._due = att, time.monotonic() + att.held.record.lease_s / 3
+            self._cond.notify_all()
+
+    def detach(self) -> None:
+        """Stop beating; returns once no heartbeat is in flight (the outcome comes next)."""
+        with self._cond:
+            self._att = None
+            self._cond.notify_all()
+            while self._beating:
+                self._cond.wait()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed, self._att = True, None
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._closed:
+                att, due = self._att, self._due
+                if att is None or due is None:
+                    self._cond.wait()
+                    continue
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                self._beating = True
+                self._cond.release()
+                try:
+                    nxt = att.beat()
+                finally:
+                    self._cond.acquire()
+                    self._beating = False
+                    self._cond.notify_all()
+                if self._att is att:
+                    self._due = nxt
+                    if nxt is None:
+                        self._att = None
+
+
 @dataclass
 class Slot:
-    """What one worker slot keeps between attempts: its child process (process isolation)."""
+    """What one worker slot keeps between attempts: its child process (process isolation),
+    its body thread (thread isolation) and its heartbeat thread."""
 
     plane: Dispatch
     isolation: str
     hooks: Hooks
     child: ChildProcess | None = None
+    body: BodyThread = field(default_factory=BodyThread)
+    heartbeats: Heartbeats = field(default_factory=Heartbeats)
 
     def close(self) -> None:
+        self.heartbeats.close()
+        self.body.close()
         if self.child is not None:
             self.child.close()
             self.child = None
@@ -69,30 +134,31 @@ class Attempt:
         self.why = ""  # "killed" | "lost" | "timeout" | "released"
         self.finished = threading.Event()
         self.final = ""
+        self.last_ok = time.monotonic()
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
             self.why = why
             self.stop.set()
 
-    def heartbeat_loop(self) -> None:
+    def beat(self) -> float | None:
+        """One heartbeat; returns when the next one is due (``time.monotonic``), or None
+        once the attempt has stopped."""
         rec = self.held.record
-        every = rec.lease_s / 3
-        last_ok = time.monotonic()
-        while not self.finished.wait(every):
-            with self.lock:
-                try:
-                    self.held = self.ops.heartbeat(self.held, self.ops.store.now())
-                    last_ok = time.monotonic()
-                    continue
-                except Conflict:
-                    self._recheck()
-                except (StoreError, lifecycle.IllegalTransition) as e:
-                    log.warning("heartbeat of %s failed: %s", rec.id, e)
-            if time.monotonic() - last_ok > rec.lease_s:
-                self.halt("lost")  # self-fence: someone may have reaped us by now
-            if self.stop.is_set():
-                return
+        with self.lock:
+            try:
+                self.held = self.ops.heartbeat(self.held, self.ops.store.now())
+                self.last_ok = time.monotonic()
+                return self.last_ok + rec.lease_s / 3
+            except Conflict:
+                self._recheck()
+            except (StoreError, lifecycle.IllegalTransition) as e:
+                log.warning("heartbeat of %s failed: %s", rec.id, e)
+        if time.monotonic() - self.last_ok > rec.lease_s:
+            self.halt("lost")  # self-fence: someone may have reaped us by now
+        if self.stop.is_set():
+            return None
+        return time.monotonic() + rec.lease_s / 3
 
     def _recheck(self) -> None:
         try:
@@ -127,10 +193,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     rec = held.record
     t0 = time.monotonic()
     att = Attempt(ops, held)
-    beat = threading.Thread(
-        target=att.heartbeat_loop, name=f"lakeshore-heartbeat-{rec.id}", daemon=True
-    )
-    beat.start()
+    slot.heartbeats.attach(att)
     timer = None
     if rec.timeout_s is not None:
         timer = threading.Timer(rec.timeout_s, att.halt, args=("timeout",))
@@ -152,7 +215,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
         att.finished.set()
         if timer:
             timer.cancel()
-        beat.join()
+        slot.heartbeats.detach()
         _quietly(logs.close)
         final_state = _conclude(slot, att, outcome, journal)
     log.info(
@@ -207,7 +270,9 @@ def _execute(
         timer.start()
     before = slot.hooks.before_job
     prelude = (lambda: before(rec)) if before is not None else None
-    return run_in_thread(fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude)
+    return run_in_thread(
+        fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude, slot.body
+    )
 
 
 def _load(rec: Record, plane: Dispatch) -> Any:

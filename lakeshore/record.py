@@ -128,10 +128,16 @@ class Record:
         return dataclasses.replace(self, **changes, rev=self.rev + 1, wid=secrets.token_hex(8))
 
     def to_bytes(self) -> bytes:
-        obj = dataclasses.asdict(self)
+        # shallow on purpose: dataclasses.asdict deep-copies, which costs more than the write
+        obj = {name: getattr(self, name) for name in _FIELD_NAMES}
         obj["args"] = self.args.to_obj()
         obj["result"] = self.result.to_obj() if self.result else None
-        obj["lease"] = dataclasses.asdict(self.lease) if self.lease else None
+        lease = self.lease
+        obj["lease"] = (
+            {"worker": lease.worker, "token": lease.token, "expires_at": lease.expires_at}
+            if lease
+            else None
+        )
         return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
     @classmethod
@@ -163,8 +169,7 @@ class Record:
             )
         try:
             lease = obj.get("lease")
-            known = {f.name for f in dataclasses.fields(cls)}
-            fields = {k: val for k, val in obj.items() if k in known}
+            fields = {k: val for k, val in obj.items() if k in _FIELD_SET}
             fields["args"] = Blob.from_obj(obj["args"])
             fields["result"] = Blob.from_obj(obj.get("result"))
             fields["lease"] = Lease(**lease) if lease else None
@@ -178,3 +183,7 @@ class Record:
         if rec.state not in STATES:
             raise RecordError(f"read {where}", f"unknown state {rec.state!r}", "upgrade lakeshore")
         return rec
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Record))
+_FIELD_SET = frozenset(_FIELD_NAMES)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import queue
 import threading
 import traceback
 from collections.abc import Callable
@@ -33,6 +35,7 @@ from lakeshore.run import DataRoot, RunContext
 from lakeshore.scope import at
 
 __all__ = [
+    "BodyThread",
     "Outcome",
     "RunSpec",
     "Unsendable",
@@ -205,6 +208,54 @@ def _body(
     return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else drain()))
 
 
+class BodyThread:
+    """A slot's thread for bodies, reused from job to job: starting a thread per job costs
+    more than a no-op job. A body that is abandoned (stopped but still running) keeps its
+    thread, which ends after it; the next job gets a fresh one. Each job runs in a fresh
+    ``contextvars`` context, as it would in a new thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] | None
+        self._jobs = None
+        self._idle = False
+
+    def run(self, fn: Callable[[], None], done: threading.Event) -> None:
+        """Start ``fn`` in the body thread; ``done`` is set when it has returned."""
+        with self._lock:
+            if self._jobs is None or not self._idle:
+                if self._jobs is not None:
+                    self._jobs.put(None)  # the abandoned body's thread ends after it
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._loop, args=(self._jobs,), name="lakeshore-body", daemon=True
+                ).start()
+            self._idle = False
+            self._jobs.put((fn, done))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._jobs is not None:
+                self._jobs.put(None)
+            self._jobs = None
+
+    def _loop(
+        self, jobs: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None]
+    ) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            fn, done = job
+            try:
+                contextvars.Context().run(fn)
+            finally:
+                with self._lock:
+                    if self._jobs is jobs:
+                        self._idle = True  # before done: the next job may reuse this thread
+                done.set()
+
+
 def run_in_thread(
     fn: Callable[..., Any],
     kind: str,
@@ -215,10 +266,11 @@ def run_in_thread(
     spec: RunSpec | None = None,
     log: Sink | None = None,
     prelude: Callable[[], Any] | None = None,
+    thread: BodyThread | None = None,
 ) -> Outcome:
-    """Run the body in a thread; return when it ends or ``stop`` fires (whichever is first).
-    Its prints and log records go to ``log``; ``prelude`` (the ``before_job`` hook) runs
-    first, in the body's thread and context."""
+    """Run the body in a thread (``thread``, or a new one); return when it ends or ``stop``
+    fires (whichever is first). Its prints and log records go to ``log``; ``prelude`` (the
+    ``before_job`` hook) runs first, in the body's thread and context."""
     box: list[Outcome] = []
     done = threading.Event()
 
@@ -235,16 +287,19 @@ def run_in_thread(
             box.append(Outcome("error", error=fatal_error(e)))
         except BaseException as e:
             box.append(Outcome("error", error=error_of(e)))
-        finally:
-            done.set()
 
-    threading.Thread(target=body, name="lakeshore-body", daemon=True).start()
-    while not done.wait(POLL_S):
-        if stop.is_set():
-            # Give a cooperative body (async, generator) a moment to unwind, then leave it.
-            done.wait(1.0)
-            return Outcome("stopped")
-    return box[0]
+    runner = thread or BodyThread()
+    runner.run(body, done)
+    try:
+        while not done.wait(POLL_S):
+            if stop.is_set():
+                # Give a cooperative body (async, generator) a moment to unwind, then leave it.
+                done.wait(1.0)
+                return Outcome("stopped")
+        return box[0]
+    finally:
+        if thread is None:
+            runner.close()  # a thread of its own: it ends after this body
 
 
 def unpickle(data: bytes) -> Any:
