@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["Attempt", "Running", "Slot", "run_attempt"]
 
 log = logging.getLogger("lakeshore.worker")
+_IDLE_TICK_S = 0.5  # a heartbeat thread looks at its slot at least this often
 
 
 class Heartbeats:
@@ -53,6 +54,7 @@ class Heartbeats:
         self._due: float | None = None
         self._beating = False
         self._closed = False
+        self._wake_at = 0.0  # when the thread wakes up on its own next
         self._thread: threading.Thread | None = None
 
     def attach(self, att: Attempt) -> None:
@@ -63,13 +65,13 @@ class Heartbeats:
                 )
                 self._thread.start()
             self._att, self._due = att, time.monotonic() + att.held.record.lease_s / 3
-            self._cond.notify_all()
+            if self._due < self._wake_at:
+                self._cond.notify_all()
 
     def detach(self) -> None:
         """Stop beating; returns once no heartbeat is in flight (the outcome comes next)."""
         with self._cond:
             self._att = None
-            self._cond.notify_all()
             while self._beating:
                 self._cond.wait()
 
@@ -81,13 +83,12 @@ class Heartbeats:
     def _loop(self) -> None:
         with self._cond:
             while not self._closed:
-                att, due = self._att, self._due
-                if att is None or due is None:
-                    self._cond.wait()
-                    continue
-                wait = due - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
+                att, due, now = self._att, self._due, time.monotonic()
+                if att is None or due is None or due > now:
+                    # wake up now and then on our own, so attach need not wake us each job
+                    wait = _IDLE_TICK_S if att is None or due is None else due - now
+                    self._wake_at = now + min(wait, _IDLE_TICK_S)
+                    self._cond.wait(min(wait, _IDLE_TICK_S))
                     continue
                 self._beating = True
                 self._cond.release()

@@ -6,7 +6,10 @@ on them, so the doctor probes a store the way the queue will use it and gives a 
 
 * create-only writes (``If-None-Match: *``) refuse an existing key;
 * compare-and-swap (``If-Match``) accepts the current etag, refuses a stale one and a missing key;
-* delete-if-match refuses a stale etag and honours the current one;
+* delete-if-match refuses a stale etag and honours the current one; when the server answers
+  such deletes with 501 and the store emulates them (HEAD, then DELETE), an extra optional
+  finding, "conditional delete", warns that the emulation is not atomic; the verdict rests on
+  conditional PUTs and does not change;
 * a race: threads write the same fresh key create-only, and CAS from the same etag, for many
   rounds — exactly one must win each round;
 * listing: objects are visible to LIST right after their write, in key order, and a delete
@@ -106,6 +109,12 @@ def diagnose(
         ("list after write", _list_after_write),
         ("list order", _list_order),
     ]
+
+    def add(check: Check) -> None:
+        report.checks.append(check)
+        if on_check:
+            on_check(check)
+
     try:
         for name, probe in probes:
             required = name not in _OPTIONAL
@@ -115,12 +124,11 @@ def diagnose(
                 check = Check(name, False, str(e), required)
             except LakeshoreError as e:
                 check = Check(name, False, f"error: {e}", required)
-            report.checks.append(check)
-            if on_check:
-                on_check(check)
-        report.checks.append(_clock(store))
-        if on_check:
-            on_check(report.checks[-1])
+            add(check)
+            finding = _conditional_delete(store) if name == "delete-if-match" else None
+            if finding:
+                add(finding)  # right after the probe that made the store find out
+        add(_clock(store))
     finally:
         _cleanup(store, base)
     return report
@@ -130,8 +138,24 @@ class _Failed(Exception):
     pass
 
 
-# Reported, but lakeshore stays safe without them (its key layout does not depend on them).
-_OPTIONAL = {"list order"}
+# Reported, never part of the verdict: lakeshore's key layout does not depend on list order,
+# and claims and completions rest on conditional PUTs, not on conditional deletes.
+_OPTIONAL = {"list order", "conditional delete"}
+
+
+def _conditional_delete(s: Store) -> Check | None:
+    """A warning when the store emulates conditional deletes (only ``S3Store`` can, after a
+    501 from the server); ``None`` when the server or the store itself checks the etag."""
+    if getattr(s, "conditional_delete", "server") != "emulated":
+        return None
+    return Check(
+        "conditional delete",
+        False,
+        "emulated: the server answers DELETE with If-Match with 501 NotImplemented, so the "
+        "store compares the etag with a HEAD, then deletes; not atomic (a write landing in "
+        "between is deleted too); prefer a server that implements conditional deletes",
+        required=False,
+    )
 
 
 def _expect(cond: bool, what: str) -> None:

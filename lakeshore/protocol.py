@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -44,7 +43,7 @@ from dataclasses import dataclass
 from lakeshore import lifecycle
 from lakeshore.errors import Conflict, NotFound, StoreError
 from lakeshore.keys import QueueKeys
-from lakeshore.record import Blob, NewerRecord, Record, RecordError
+from lakeshore.record import Blob, NewerRecord, Record, RecordError, write_id
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
 __all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
@@ -253,11 +252,13 @@ class QueueOps:
             return info
 
     def _collided(self, lost: bool) -> None:
+        # widen fast, narrow slowly: among busy workers the spread stays wide (few races);
+        # a worker left alone is back to strict order after a run of clean claims
         with self._lock:
             if lost:
                 self._spread = min(self._spread * 2, _MAX_SPREAD)
             else:
-                self._spread = max(1, self._spread // 2)
+                self._spread = max(1, self._spread - 1)
 
     def _examine(self, info: ObjectInfo, now: float) -> tuple[_Claimable | None, bool]:
         """Read the record behind a hint and settle what needs no claim: drop a stale hint,
@@ -324,7 +325,7 @@ class QueueOps:
         if seen is None:
             return None
         rec, etag, hint_etag = seen
-        token = secrets.token_hex(8)
+        token = write_id()
         running = lifecycle.claim(rec, worker, token, now, lease_s)
         try:
             new_etag = self.cas(running, etag)

@@ -13,7 +13,7 @@ the record back and recognise its own write by its ``wid``.
 from __future__ import annotations
 
 import dataclasses
-import secrets
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,12 @@ class RecordError(StoreError):
 
 class NewerRecord(RecordError):
     """A record written by a newer lakeshore: left alone, never overwritten."""
+
+
+def write_id() -> str:
+    """64 random bits as hex: unique per write, not secret (an os.urandom call per write
+    costs more than the rest of a transition; ``random`` is reseeded in forked children)."""
+    return f"{random.getrandbits(64):016x}"
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,7 @@ class Record:
     slot: int | None = None  # admission slot held while live (queues with max_depth)
     slot_etag: str | None = None
     rev: int = 0
-    wid: str = field(default_factory=lambda: secrets.token_hex(8))
+    wid: str = field(default_factory=lambda: write_id())
     v: int = SCHEMA_VERSION
 
     @property
@@ -125,7 +131,7 @@ class Record:
 
     def next_write(self, **changes: Any) -> Record:
         """This record with ``changes`` applied, ``rev`` + 1 and a fresh ``wid``."""
-        return dataclasses.replace(self, **changes, rev=self.rev + 1, wid=secrets.token_hex(8))
+        return dataclasses.replace(self, **changes, rev=self.rev + 1, wid=write_id())
 
     def to_bytes(self) -> bytes:
         # shallow on purpose: dataclasses.asdict deep-copies, which costs more than the write

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import inspect
 from inspect import Parameter
 from typing import TYPE_CHECKING, Any
 
@@ -257,20 +256,20 @@ def _input_hash(
     Raises:
         InvalidArgument: the arguments do not fit the function's signature.
     """
-    try:
-        sig = inspect.signature(udf.fn)
-        bound = sig.bind(*args, **kwargs)
+    sig = udf.signature
+    canonical: Any = (args, sorted(kwargs.items()))  # no signature: the call as spelled
+    if sig is not None:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise InvalidArgument(
+                f"submit {udf.ref}", f"the arguments do not fit the function: {e}", "fix the call"
+            ) from None
         bound.apply_defaults()
-        canonical: Any = [
+        canonical = [
             (name, sorted(value.items()) if sig.parameters[name].kind is VAR_KEYWORD else value)
             for name, value in sorted(bound.arguments.items())
         ]
-    except TypeError as e:
-        raise InvalidArgument(
-            f"submit {udf.ref}", f"the arguments do not fit the function: {e}", "fix the call"
-        ) from None
-    except ValueError:  # no signature (some builtins): fall back to the call as spelled
-        canonical = (args, sorted(kwargs.items()))
     data = codec.encode(canonical, f"arguments of {udf.ref}")
     scoped = f"\0scope={prefix}".encode() if prefix else b""
     return hashlib.sha256(udf.ref.encode() + b"\0" + data + scoped).hexdigest()

@@ -103,6 +103,15 @@ class Udf(Generic[P, R]):
         self._plane = plane
         functools.update_wrapper(self, fn)
 
+    @functools.cached_property
+    def signature(self) -> inspect.Signature | None:
+        """The function's signature (None for callables without one, e.g. some builtins);
+        read once, since every submit binds its call to it."""
+        try:
+            return inspect.signature(self.fn)
+        except ValueError:
+            return None
+
     def pickled(self) -> bytes | None:
         """The pickled callable when this function travels by pickle, else None.
 

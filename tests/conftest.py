@@ -7,20 +7,30 @@
   the tier is skipped with a reason, except when ``CI`` or ``LAKESHORE_REQUIRE_SEAWEEDFS`` is
   set: then it fails, so CI can never pass without the real server.
 * ``report`` collects figures (race rounds and winners, verdicts) printed at the end of the run.
+* ``LAKESHORE_TEST_S3_URL``, optional, adds a tier ``s3url`` to ``store`` (for LocalStack:
+  ``s3://lakeshore/tests?endpoint_url=http://127.0.0.1:4566``): every test that takes
+  ``store`` (or ``plane``) also runs there, each under a fresh prefix that is emptied
+  afterwards. It stays out of ``atomic_store``: a server this suite did not start is not
+  known to be atomic (run ``lakeshore doctor`` on it). Unset, the tier does not exist (no
+  skipped tests); the closing summary says whether it ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from ulid import ULID
 
-from lakeshore.store import LocalStore, MemoryStore, Store
+from lakeshore.errors import LakeshoreError
+from lakeshore.store import LocalStore, MemoryStore, Store, open_store
 from tests.seaweed import Seaweed, find_weed, start_seaweed
 
 TEST_BUCKET = "lakeshore-test"
@@ -29,6 +39,14 @@ FAKE_CREDS = {"aws_access_key_id": "lakeshore-test", "aws_secret_access_key": "l
 
 _report_key = pytest.StashKey[list[str]]()
 _seaweed_key = pytest.StashKey[dict[str, Any]]()
+_s3url_key = pytest.StashKey[Counter[str]]()
+
+S3URL_ENV = "LAKESHORE_TEST_S3_URL"
+
+
+def _s3url() -> str | None:
+    """The optional tier's store URL, if the environment names one."""
+    return os.environ.get(S3URL_ENV, "").strip() or None
 
 
 def _require_seaweed() -> bool:
@@ -38,6 +56,13 @@ def _require_seaweed() -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_report_key] = []
     config.stash[_seaweed_key] = {"tests": 0}
+    config.stash[_s3url_key] = Counter()
+    config.addinivalue_line("markers", f"s3url: runs on the store that ${S3URL_ENV} names")
+    url = _s3url()
+    if url and urlsplit(url).scheme != "s3":
+        raise pytest.UsageError(
+            f"{S3URL_ENV}={url!r}: expected s3://bucket/prefix[?endpoint_url=…]"
+        )
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -53,12 +78,45 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line(f"SeaweedFS tier: SKIPPED — {info['skipped']}")
     else:
         tr.write_line("SeaweedFS tier: not requested by the selected tests")
+    tr.write_line(_s3url_summary(config.stash[_s3url_key]))
     for line in config.stash[_report_key]:
         tr.write_line(line)
     out = os.environ.get("LAKESHORE_FIGURES_OUT")
     if out:  # scripts/reliability writes these into docs/reliability.md
         seaweed = info.get("version", "not run")
         Path(out).write_text("\n".join([f"SeaweedFS: {seaweed}", *config.stash[_report_key]]))
+
+
+def _s3url_summary(outcomes: Counter[str]) -> str:
+    url = _s3url()
+    if url is None:
+        return f"{S3URL_ENV} tier: not run — the variable is unset"
+    ran = sum(n for what, n in outcomes.items() if what != "skipped")
+    if not outcomes:
+        return f"{S3URL_ENV} tier: not requested by the selected tests ({url})"
+    counts = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()) if n)
+    verb = "RAN" if ran else "DID NOT RUN"
+    return f"{S3URL_ENV} tier: {verb} — {counts} against {url}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    rep = yield
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or callspec.params.get("store") != "s3url":
+        return rep
+    # one outcome per test: its call, or the setup that failed or skipped it
+    outcomes = item.config.stash[_s3url_key]
+    if rep.when == "call" or (rep.when == "setup" and not rep.passed):
+        if hasattr(rep, "wasxfail"):
+            outcomes["xfailed" if rep.skipped else "xpassed"] += 1
+        else:
+            outcomes[rep.outcome] += 1
+    elif rep.when == "teardown" and rep.failed:
+        outcomes["errors in teardown"] += 1
+    return rep
 
 
 @pytest.fixture(scope="session")
@@ -153,11 +211,28 @@ def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return seaweed_store(request.getfixturevalue("seaweed"))
 
 
+def _s3url_for_test() -> str:
+    """The optional tier's URL with a fresh prefix below its own, so tests never meet."""
+    parts = urlsplit(_s3url() or "")
+    path = f"{parts.path.rstrip('/')}/t/{ULID()}"
+    return urlunsplit(parts._replace(path=path))
+
+
+def _empty(url: str) -> None:
+    # Best effort, with a store of its own (the test may have closed its store): the tier
+    # may be a bucket someone pays for, so leave nothing behind.
+    with contextlib.suppress(LakeshoreError), open_store(url) as s:
+        for info in list(s.list()):
+            s.delete(info.key)
+
+
 _ALL = [
     "memory",
     "local",
     "moto",
     pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
+    # only when the variable is set: an unset optional tier adds no skipped tests
+    *([pytest.param("s3url", marks=pytest.mark.s3url)] if _s3url() else []),
 ]
 _ATOMIC = ["memory", "local", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
 
@@ -165,6 +240,12 @@ _ATOMIC = ["memory", "local", pytest.param("seaweedfs", marks=pytest.mark.seawee
 @pytest.fixture(params=_ALL)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Every tier."""
+    if request.param == "s3url":
+        url = _s3url_for_test()
+        with open_store(url) as s:
+            yield s
+        _empty(url)
+        return
     s = _make(request.param, request, tmp_path)
     yield s
     s.close()

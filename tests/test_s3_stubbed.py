@@ -1,11 +1,15 @@
 """Error shapes no local server produces, through botocore's Stubber (boto3 itself is real):
 409 ConditionalRequestConflict, the ambiguous 412 of a retried conditional PUT, 404 on
-If-Match, throttling, a missing bucket, a refusal."""
+If-Match, throttling, a missing bucket, a refusal, and LocalStack's 501 on DELETE with
+If-Match (then also end to end: SeaweedFS behind a proxy that answers such deletes the way
+LocalStack does, with the doctor and a job on top)."""
 
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import boto3
@@ -13,7 +17,10 @@ import pytest
 from botocore.config import Config
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
+from ulid import ULID
 
+import lakeshore as dls
+from lakeshore.doctor import diagnose
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
@@ -22,8 +29,13 @@ from lakeshore.errors import (
     StoreError,
     StoreUnavailable,
 )
+from lakeshore.keys import QueueKeys
 from lakeshore.store import CREATE, if_match
 from lakeshore.store.s3 import S3Store
+from tests import jobs
+from tests.conftest import FAKE_CREDS, TEST_BUCKET, make_plane
+from tests.faultproxy import FaultProxy
+from tests.seaweed import Seaweed
 
 BUCKET = "bkt"
 
@@ -216,3 +228,158 @@ def test_list_strips_the_prefix_and_follows_pages(stubbed: tuple[S3Store, Stubbe
     infos = list(store.list("q/", start_after="q/0"))
     assert [i.key for i in infos] == ["q/1", "q/2", "q/3"]
     assert infos[0].last_modified == when.timestamp()
+
+
+# -- servers without conditional deletes (LocalStack: 501 NotImplemented) ----------------------
+
+
+def _delete_501(stub: Stubber, key: str, etag: str) -> None:
+    _error(
+        stub,
+        "delete_object",
+        "NotImplemented",
+        501,
+        {"Bucket": BUCKET, "Key": f"pre/{key}", "IfMatch": etag},
+    )
+
+
+def _head(stub: Stubber, key: str, etag: str | None) -> None:
+    if etag is None:
+        _error(stub, "head_object", "404", 404, {"Bucket": BUCKET, "Key": f"pre/{key}"})
+    else:
+        stub.add_response("head_object", {"ETag": etag}, {"Bucket": BUCKET, "Key": f"pre/{key}"})
+
+
+def _plain_delete(stub: Stubber, key: str) -> None:
+    # expected_params without IfMatch: a conditional DELETE here would fail the stub
+    stub.add_response("delete_object", {}, {"Bucket": BUCKET, "Key": f"pre/{key}"})
+
+
+def test_delete_if_match_501_falls_back_to_head_then_delete(
+    stubbed: tuple[S3Store, Stubber], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, stub = stubbed
+    assert store.conditional_delete == "server"
+    _delete_501(stub, "k", '"e1"')
+    _head(stub, "k", '"e1"')
+    _plain_delete(stub, "k")
+    with caplog.at_level("WARNING", logger="lakeshore.store"):
+        store.delete("k", if_match='"e1"')
+    assert store.conditional_delete == "emulated"
+    warnings = [r for r in caplog.records if r.name == "lakeshore.store"]
+    assert len(warnings) == 1 and "not atomic" in warnings[0].getMessage()
+
+
+def test_delete_fallback_costs_one_501_per_store_and_warns_once(
+    stubbed: tuple[S3Store, Stubber], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, stub = stubbed
+    _delete_501(stub, "a", '"e1"')
+    _head(stub, "a", '"e1"')
+    _plain_delete(stub, "a")
+    # From now on: HEAD, then a plain DELETE, with no conditional DELETE in between.
+    _head(stub, "b", '"e2"')
+    _plain_delete(stub, "b")
+    _head(stub, "c", '"e3"')
+    _plain_delete(stub, "c")
+    with caplog.at_level("WARNING", logger="lakeshore.store"):
+        store.delete("a", if_match='"e1"')
+        store.delete("b", if_match='"e2"')
+        store.delete("c", if_match="e3")  # an unquoted etag names the same version
+    assert len([r for r in caplog.records if r.name == "lakeshore.store"]) == 1
+
+
+def test_delete_fallback_raises_conflict_on_another_etag(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _delete_501(stub, "k", '"e1"')
+    _head(stub, "k", '"e2"')  # and no DELETE may follow: the stub would refuse it
+    with pytest.raises(Conflict) as err:
+        store.delete("k", if_match='"e1"')
+    assert err.value.key == "k" and 'if_match("e1")' in str(err.value)
+    _head(stub, "k", '"e2"')
+    with pytest.raises(Conflict):
+        store.delete("k", if_match='"e1"')  # also once emulating
+
+
+def test_delete_fallback_on_a_missing_key_is_quiet(stubbed: tuple[S3Store, Stubber]) -> None:
+    store, stub = stubbed
+    _delete_501(stub, "gone", '"e1"')
+    _head(stub, "gone", None)  # absent: what a real conditional delete also accepts
+    store.delete("gone", if_match='"e1"')
+    assert store.conditional_delete == "emulated"
+
+
+def test_delete_fallback_is_learnt_per_store_instance(stubbed: tuple[S3Store, Stubber]) -> None:
+    """No process-wide state: another store (maybe another endpoint) finds out for itself."""
+    store, stub = stubbed
+    other = S3Store(BUCKET, "pre", client=store.client, retries=0)
+    for s in (store, other):
+        _delete_501(stub, "k", '"e1"')
+        _head(stub, "k", '"e1"')
+        _plain_delete(stub, "k")
+        s.delete("k", if_match='"e1"')
+    assert store.conditional_delete == other.conditional_delete == "emulated"
+
+
+def test_other_store_errors_on_conditional_delete_still_raise(
+    stubbed: tuple[S3Store, Stubber],
+) -> None:
+    store, stub = stubbed
+    _error(stub, "delete_object", "AccessDenied", 403)
+    with pytest.raises(PermissionDenied):
+        store.delete("k", if_match='"e1"')
+    assert store.conditional_delete == "server"
+
+
+# LocalStack's answer, as recorded against its S3 provider (localstack/localstack#13894).
+_NOT_IMPLEMENTED = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>NotImplemented</Code>'
+    b"<Message>A header you provided implies functionality that is not implemented</Message>"
+    b"<Header>If-Match</Header></Error>"
+)
+
+
+class _NoConditionalDelete(FaultProxy):
+    """SeaweedFS behind a proxy that answers DELETE with If-Match the way LocalStack does."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.refused = 0
+        self._count = threading.Lock()
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        if h.command == "DELETE" and h.headers.get("If-Match"):
+            with self._count:
+                self.refused += 1
+            return self._reply(h, 501, _NOT_IMPLEMENTED)
+        return super()._handle(h)
+
+
+@pytest.mark.seaweedfs
+def test_a_server_without_conditional_deletes_end_to_end(
+    seaweed: Seaweed, report: list[str]
+) -> None:
+    with _NoConditionalDelete(seaweed.endpoint) as proxy:
+        prefix = f"t/{ULID()}"
+        with S3Store(TEST_BUCKET, prefix, endpoint_url=proxy.endpoint, **FAKE_CREDS) as store:
+            r = diagnose(store, threads=2, rounds=1)  # the races are not the point here
+        names = [c.name for c in r.checks]
+        assert names.index("conditional delete") == names.index("delete-if-match") + 1
+        finding = r.checks[names.index("conditional delete")]
+        assert not finding.ok and not finding.required and "not atomic" in finding.detail
+        assert finding.line().lstrip().startswith("warn")
+        assert r.checks[names.index("delete-if-match")].ok  # the emulation keeps the contract
+        assert r.safe, r.render()  # conditional PUTs are atomic here: still SAFE
+        assert proxy.refused == 1  # one 501, then HEAD + DELETE for every later probe
+
+        # The queue keeps working; its conditional deletes (the finished job's ready hint)
+        # go through the emulation of a fresh store, which finds out on its own.
+        with S3Store(TEST_BUCKET, prefix, endpoint_url=proxy.endpoint, **FAKE_CREDS) as store:
+            q = make_plane(store)
+            inv = q.udf(jobs.add_one).submit(41)
+            assert dls.run_worker(q, once=True) == 1
+            assert q.result(inv, timeout=30) == 42
+            assert store.conditional_delete == "emulated"
+            assert list(store.list(QueueKeys(q.ns, "default").ready_prefix)) == []
+        assert proxy.refused == 2
+    report.append("S3 without conditional deletes (501, as LocalStack): emulated; doctor SAFE")

@@ -14,11 +14,15 @@ The only module of lakeshore that imports boto3. What it takes care of:
   retried with jittered exponential backoff, then become ``StoreUnavailable``.
 * **The store clock** comes from the ``Date`` header of recent responses, so leases are judged
   in the server's time whatever the local clock says.
+* **Servers without conditional deletes** (LocalStack answers ``DELETE`` with ``If-Match``
+  with 501): the store notices on the first such answer and from then on compares the etag
+  with a ``HEAD`` before a plain ``DELETE`` (see :meth:`S3Store.delete`; not atomic).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import random
 import threading
@@ -55,6 +59,7 @@ from lakeshore.store.base import (
 __all__ = ["S3Store"]
 
 T = TypeVar("T")
+log = logging.getLogger("lakeshore.store")
 
 # The translation table: S3 error code first, HTTP status as the fallback (HEAD responses
 # carry no body, so no code). Kinds: what the caller can do about it.
@@ -110,16 +115,23 @@ class S3Store(Store):
         prefix: every key lives under this prefix; ``""`` for the bucket root.
         endpoint_url: an S3-compatible server; default from ``AWS_ENDPOINT_URL(_S3)`` or AWS.
         region: default from ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else ``us-east-1``.
-        aws_access_key_id, aws_secret_access_key, aws_session_token, profile: credentials;
-            default: boto3's usual chain (environment, config files, instance roles).
+        aws_access_key_id: credentials; default: boto3's usual chain (environment, config
+            files, instance roles).
+        aws_secret_access_key: the secret that goes with ``aws_access_key_id``.
+        aws_session_token: a session token for temporary credentials.
+        profile: a named profile of the AWS config files.
         path_style: ``True`` path-style, ``False`` virtual-hosted addressing; default: path
             style when an endpoint URL is set (local and self-hosted servers rarely serve
             virtual-host names), else boto3's automatic choice.
         max_pool_connections: HTTP connections kept open; size it to the threads that share
             the store (default 64).
-        connect_timeout, read_timeout: seconds; the read timeout stays long (>= 10 s) because
-            a server may hold a contended conditional write for seconds.
+        connect_timeout: seconds to wait for a connection.
+        read_timeout: seconds to wait for a response; keep it long (>= 10 s), because a
+            server may hold a contended conditional write for seconds.
         retries: attempts after the first for transient failures.
+        backoff_base: seconds of the first pause between retries; it doubles after each.
+        backoff_cap: longest pause between retries, in seconds (each pause is also
+            jittered by a random factor between 0.5 and 1.5).
         local_clock: this machine's clock (tests inject skew); leases never use it directly.
         client: a ready boto3 S3 client (tests with ``botocore.stub.Stubber``); overrides the
             connection arguments above. It must be built with
@@ -170,6 +182,9 @@ class S3Store(Store):
         self._rng = random.Random()
         self._rng_lock = threading.Lock()
         self._files_options: dict[str, Any] = {}
+        # Learnt from the server, per instance: another endpoint behind another store may differ.
+        self._emulated_delete = False
+        self._emulated_lock = threading.Lock()
         if client is None:
             session = boto3.session.Session(
                 aws_access_key_id=aws_access_key_id,
@@ -351,10 +366,28 @@ class S3Store(Store):
         return etag if current == data else None
 
     def delete(self, key: str, if_match: str | None = None) -> None:
+        """Delete ``key``; with ``if_match``, only while its etag is that one.
+
+        Some S3-compatible servers (LocalStack) answer a ``DELETE`` with ``If-Match`` with 501
+        NotImplemented. The first such answer is remembered on this instance (one 501 round
+        trip per store, a warning logged once); from then on a conditional delete is emulated:
+        a ``HEAD`` compares the etag (``Conflict`` if it differs, nothing to do if the object
+        is gone), then a plain ``DELETE`` follows.
+
+        The emulation is **not atomic**: a write that lands in the narrow window between the
+        ``HEAD`` and the ``DELETE`` is deleted with the object. lakeshore deletes
+        conditionally only stale hints, admission slots and rate tokens, and what
+        ``lakeshore gc`` expires, so it takes another writer rewriting that very key within
+        those milliseconds; rare, but a server that checks ``If-Match`` itself is safer.
+        ``lakeshore doctor`` reports which of the two a store does.
+        """
         check_key(key, "delete")
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._k(key)}
+        kwargs = self._loc(key)
         if if_match is None:
             self._retrying("delete", key, lambda: self.client.delete_object(**kwargs))
+            return
+        if self._emulated_delete:
+            self._delete_after_head(key, if_match)
             return
         kwargs["IfMatch"] = if_match
         try:
@@ -366,15 +399,56 @@ class S3Store(Store):
             # latter is a conflict: the contract says an absent key is not an error.
             if self._exists(key):
                 raise conflict("delete", key, PutMode("if_match", if_match), self.url) from e
+        except StoreError as e:
+            cause = e.__cause__
+            if not isinstance(cause, bex.ClientError) or _classify(cause)[0] != "unsupported":
+                raise
+            self._learn_no_conditional_delete(cause)
+            self._delete_after_head(key, if_match)
+
+    @property
+    def conditional_delete(self) -> str:
+        """How ``delete(key, if_match=…)`` works on this server, as far as this instance
+        has seen: ``"server"`` (the server checks ``If-Match``; also before the first
+        conditional delete) or ``"emulated"`` (``HEAD`` then ``DELETE``; not atomic)."""
+        return "emulated" if self._emulated_delete else "server"
+
+    def _learn_no_conditional_delete(self, cause: bex.ClientError) -> None:
+        with self._emulated_lock:
+            if self._emulated_delete:
+                return  # another thread met the 501 at the same time and warned already
+            self._emulated_delete = True
+        _, status, code = _classify(cause)
+        log.warning(
+            "delete %s: the server does not implement DELETE with If-Match (%s), so this "
+            "store now emulates conditional deletes with HEAD then DELETE, which is not "
+            "atomic — prefer a server that implements them (AWS S3, SeaweedFS); "
+            "`lakeshore doctor` reports it",
+            self.url,
+            code or status,
+        )
+
+    def _delete_after_head(self, key: str, if_match: str) -> None:
+        """The conditional delete for servers without one: compare, then delete."""
+        current = self._etag(key)
+        if current is None:
+            return  # gone already: what the server's conditional delete would also accept
+        if _bare_etag(current) != _bare_etag(if_match):
+            raise conflict("delete", key, PutMode("if_match", if_match), self.url)
+        self._retrying("delete", key, lambda: self.client.delete_object(**self._loc(key)))
+
+    def _loc(self, key: str) -> dict[str, Any]:
+        return {"Bucket": self.bucket, "Key": self._k(key)}
+
+    def _etag(self, key: str) -> str | None:
+        try:
+            head = self._retrying("head", key, lambda: self.client.head_object(**self._loc(key)))
+        except NotFound:
+            return None
+        return str(head["ETag"])
 
     def _exists(self, key: str) -> bool:
-        try:
-            self._retrying(
-                "head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._k(key))
-            )
-        except NotFound:
-            return False
-        return True
+        return self._etag(key) is not None
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
@@ -423,6 +497,11 @@ class S3Store(Store):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _bare_etag(etag: str) -> str:
+    # Servers quote etags ("…") and may mark them weak (W/"…"); If-Match compares the value.
+    return etag.removeprefix("W/").strip('"')
 
 
 def _region_from_env() -> str | None:
