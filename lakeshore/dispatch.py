@@ -56,7 +56,10 @@ class Dispatch:
         ns: namespace; queues and idempotency keys are per namespace.
         store: an already opened store (overrides ``url``).
         spill_bytes: arguments and results larger than this go to their own object.
-        max_attempts, lease_s, retry_backoff_s: defaults for invocations on this plane.
+        max_attempts: default attempts per invocation submitted through this plane.
+        lease_s: default lease length of those invocations; workers heartbeat every third
+            of it.
+        retry_backoff_s: default base of their exponential retry backoff.
         allow_pickle: accept pickled callables (both submitter and worker must opt in).
         data: the data root for ``dls.run.read/write``: any fsspec URL (``s3://bucket/data``,
             ``file:///scratch/data``, ``memory://x``); default ``$LAKESHORE_DATA``, else the
