@@ -336,7 +336,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
                 _quietly(journal.close)
             final = _with_journal(final, journal, ended)
         try:
-            ops.finish(held, final)
+            ops.finish(held, final, tidy_later=True)
         except Conflict:
             return "fenced (record changed; result dropped)"
         return final.state

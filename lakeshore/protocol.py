@@ -34,19 +34,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
+import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from lakeshore import lifecycle
-from lakeshore.errors import Conflict, NotFound, StoreError
+from lakeshore.errors import Conflict, LakeshoreError, NotFound, StoreError
 from lakeshore.keys import QueueKeys
 from lakeshore.record import Blob, NewerRecord, Record, RecordError, write_id
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
 __all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
+
+log = logging.getLogger("lakeshore.worker")
 
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
 _LISTING = 256  # candidates kept from one LIST of the ready hints
@@ -54,6 +58,7 @@ _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds pr
 _MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
 _SCAN = 5000  # ready hints looked at (listed, not read) per LIST at most
 _LISTS_PER_CLAIM = 4
+_NARROW_AFTER = 16  # clean claims in a row before the spread halves again
 
 
 _Claimable = tuple[Record, str, str]  # record, its etag, the ready hint's etag
@@ -79,6 +84,7 @@ class QueueOps:
         self.keys = keys
         self._lock = threading.Lock()
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
+        self._clean = 0  # claims won since the last lost race
         # hint key -> (its etag, when to look again): read and found not claimable, skipped
         # without a GET until then or until the hint changes, so long-running jobs and
         # retries backing off at the head of the queue never hide the work behind them
@@ -86,6 +92,9 @@ class QueueOps:
         self._listing: list[ObjectInfo] = []
         self._listed_at = -1e9  # time.monotonic() of the listing
         self._trying: set[str] = set()  # hint keys a slot of this process is reading now
+        self._tidy: queue.SimpleQueue[Callable[[], object]] | None = None
+        self._tidy_cond = threading.Condition()
+        self._tidy_pending = 0
 
     # -- records -----------------------------------------------------------------------------
 
@@ -246,7 +255,14 @@ class QueueOps:
             if not rest:
                 self._listing = []
                 return None
-            info = rest[random.randrange(min(self._spread, len(rest)))]
+            # the spread stays inside the head's priority band: never a lower one first
+            band = rest[0].key.rsplit("/", 2)[-2]
+            width = 1
+            while (
+                width < min(self._spread, len(rest)) and rest[width].key.rsplit("/", 2)[-2] == band
+            ):
+                width += 1
+            info = rest[random.randrange(width)]
             self._listing = [i for i in rest if i is not info]
             self._trying.add(info.key)
             return info
@@ -256,9 +272,11 @@ class QueueOps:
         # a worker left alone is back to strict order after a run of clean claims
         with self._lock:
             if lost:
-                self._spread = min(self._spread * 2, _MAX_SPREAD)
+                self._spread, self._clean = min(self._spread * 4, _MAX_SPREAD), 0
             else:
-                self._spread = max(1, self._spread - 1)
+                self._clean += 1
+                if self._clean % _NARROW_AFTER == 0:
+                    self._spread = max(1, self._spread // 2)
 
     def _examine(self, info: ObjectInfo, now: float) -> tuple[_Claimable | None, bool]:
         """Read the record behind a hint and settle what needs no claim: drop a stale hint,
@@ -375,21 +393,60 @@ class QueueOps:
         rec = lifecycle.heartbeat(held.record, held.token, now)
         return Claimed(rec, self.cas(rec, held.etag), held.token, held.hint_etag)
 
-    def finish(self, held: Claimed, final: Record) -> str:
+    def finish(self, held: Claimed, final: Record, tidy_later: bool = False) -> str:
         """Write the attempt's outcome (fenced by the last etag), then tidy the hint.
 
         Back to queued (a retry, a release): the ready hint is rewritten first, so workers
-        that remember the job as running look again. Terminal: the hint is deleted after.
+        that remember the job as running look again. Terminal: the hint (and admission
+        slot) are deleted after — by a background thread with ``tidy_later`` (a worker:
+        the outcome is visible at once, and a delete lost with the process only leaves a
+        stale hint for claimers to drop; ``flush`` waits for them).
         Raises Conflict when the attempt was fenced out (the result is then dropped).
         """
         if final.state == "queued":
             self._forget(self.keys.ready(final.priority, final.id))
             self.put_ready(final)
         etag = self.cas(final, held.etag)
-        if final.terminal:
+        if not final.terminal:
+            self.settle(final)
+        elif tidy_later:
+
+            def tidy() -> None:
+                self.drop_own_hint(held)
+                self.settle(final)
+
+            self._later_do(tidy)
+        else:
             self.drop_own_hint(held)
-        self.settle(final)
+            self.settle(final)
         return etag
+
+    def _later_do(self, fn: Callable[[], object]) -> None:
+        with self._tidy_cond:
+            if self._tidy is None:
+                self._tidy = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._tidy_loop, args=(self._tidy,), name="lakeshore-tidy", daemon=True
+                ).start()
+            self._tidy_pending += 1
+            self._tidy.put(fn)
+
+    def _tidy_loop(self, jobs: queue.SimpleQueue[Callable[[], object]]) -> None:
+        while True:
+            fn = jobs.get()
+            try:
+                fn()
+            except LakeshoreError as e:  # a stale hint stays: claimers drop it later
+                log.debug("tidying after a finished attempt failed: %s", e)
+            finally:
+                with self._tidy_cond:
+                    self._tidy_pending -= 1
+                    self._tidy_cond.notify_all()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait for background tidying to finish; False if ``timeout`` passed first."""
+        with self._tidy_cond:
+            return self._tidy_cond.wait_for(lambda: self._tidy_pending == 0, timeout)
 
     def reap(self, now: float) -> int:
         """One pass over the live hints: requeue (or fail) running invocations whose lease
