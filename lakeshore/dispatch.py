@@ -354,7 +354,7 @@ class Dispatch:
                     state=rec.state,
                 )
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)  # polling the store is the only way to learn; backoff keeps it cheap
+            ops.store.pause(pause)  # polling is the only way to learn; backoff keeps it cheap
             delay = min(delay * 1.5, 1.0)
             rec = ops.read(inv)[0]
         return ops, rec

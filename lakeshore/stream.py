@@ -98,5 +98,5 @@ def follow(
         if fresh:
             delay = 0.005
             continue
-        time.sleep(delay)  # nothing new: the store has no push, so poll with backoff
+        ops.store.pause(delay)  # nothing new: poll with backoff (in-process stores wake us)
         delay = min(delay * 2, max_poll_s)

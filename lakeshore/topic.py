@@ -155,7 +155,7 @@ class Topic:
                 continue
             if timeout is not None and time.monotonic() - quiet_since >= timeout:
                 return
-            time.sleep(delay)  # no push from object storage: poll, backing off
+            self.store.pause(delay)  # no push from object storage: poll, backing off
             delay = min(delay * 2, max_poll_s)
 
     def trim(self, keep_last: int | None = None, older_than_s: float | None = None) -> int:

@@ -314,7 +314,7 @@ def _serve(
                 state.give_back()
                 _maybe_sweep(state, ops)
                 idle = True
-                state.stop.wait(delay)
+                state.plane.store.pause(delay, state.stop)
                 delay = min(delay * 2, max_poll_s)
                 continue
         finally:

@@ -188,3 +188,35 @@ def test_errors_share_one_root(store: Store) -> None:
     with pytest.raises(LakeshoreError):
         store.put("k", b"", CREATE)
         store.put("k", b"", CREATE)
+
+
+def test_pause_returns_once_stop_is_set(store: Store) -> None:
+    import threading
+
+    stop = threading.Event()
+    stop.set()
+    t0 = time.monotonic()
+    store.pause(30.0, stop)
+    assert time.monotonic() - t0 < 5.0  # a set stop ends the pause (30 s otherwise)
+
+
+def test_memory_pause_wakes_on_a_write() -> None:
+    import threading
+
+    from lakeshore.store import MemoryStore
+
+    store = MemoryStore()
+    woke = threading.Event()
+
+    def waiter() -> None:
+        store.pause(30.0)
+        woke.set()
+
+    t = threading.Thread(target=waiter)
+    t0 = time.monotonic()
+    t.start()
+    while not woke.is_set() and time.monotonic() - t0 < 10.0:
+        store.put("k", b"v")  # a write wakes the pause whenever it has begun
+        woke.wait(0.05)
+    assert woke.is_set() and time.monotonic() - t0 < 10.0, "a write must end a 30 s pause"
+    t.join(5)

@@ -26,6 +26,8 @@ callers that need ABA safety make every write's bytes unique; lakeshore's record
 from __future__ import annotations
 
 import abc
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -220,6 +222,15 @@ class Store(abc.ABC):
             f"{type(self).__name__} has no default place for files",
             "pass Dispatch(..., data='<fsspec URL>')",
         )
+
+    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
+        """Wait up to ``seconds`` before polling again; sooner when ``stop`` is set. A store
+        that sees every write (memory: one process) also returns as soon as one lands, so a
+        waiter in the same process wakes at once instead of at its next poll."""
+        if stop is not None:
+            stop.wait(seconds)
+        else:
+            time.sleep(seconds)  # polling a store that cannot notify: the pause is the backoff
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release connections or file handles. The store must not be used afterwards."""

@@ -46,6 +46,8 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         self.url = ":memory:"
         self._lock = threading.Lock()
+        self._written = threading.Condition(self._lock)  # notified on every write
+        self._writes = 0
         self._objs: dict[str, _Obj] = {}
         self._keys: list[str] = []  # sorted; str order is code-point order = UTF-8 byte order
         self._counter = itertools.count(1)
@@ -80,6 +82,7 @@ class MemoryStore(Store):
             if current is None:
                 bisect.insort(self._keys, key)
             self._objs[key] = obj
+            self._wrote()
             return obj.etag
 
     def delete(self, key: str, if_match: str | None = None) -> None:
@@ -92,6 +95,23 @@ class MemoryStore(Store):
                 raise conflict("delete", key, PutMode("if_match", if_match), self.url)
             del self._objs[key]
             del self._keys[bisect.bisect_left(self._keys, key)]
+            self._wrote()
+
+    def _wrote(self) -> None:
+        self._writes += 1
+        self._written.notify_all()
+
+    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
+        """Return at the next write (or after ``seconds``, or once ``stop`` is set)."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            seen = self._writes
+            while self._writes == seen and not (stop is not None and stop.is_set()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                # a stop event cannot notify this condition: look at it every 50 ms
+                self._written.wait(min(left, 0.05) if stop is not None else left)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
