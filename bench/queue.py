@@ -97,28 +97,32 @@ def requests_per_claim(history: int, n: int = 50) -> dict[str, float]:
 
 
 def throughput(url: str, store: Store | None, n: int, processes: int, slots: int) -> dict[str, Any]:
-    """Submit, drain, read. Worker processes are started (and have announced themselves)
-    before the clock starts: process start-up is not queue throughput. With ``slots`` > 1
-    the producer submits and reads with as many threads as there are slots in all, as the
-    concurrent S3 floor does; otherwise one at a time, as the serial floor does."""
+    """Submit all, drain, read all: three phases, each timed, end to end = jobs / their sum.
+    The drain starts when the first worker process has announced itself (process start-up
+    is not queue throughput). With ``slots`` > 1 the producer submits and reads with as many
+    threads as there are slots in all, as the concurrent S3 floor does; otherwise one at a
+    time, as the serial floor does."""
     q = dls.Dispatch(url, store=store, ns=f"tp{new_id().lower()[-8:]}")
     f = q.udf(noop)
-    procs = _workers_ns(url, q.ns, processes, slots) if processes else []
+    threads = max(1, processes) * slots if slots > 1 else 1
+    procs: list[subprocess.Popen[str]] = []
     try:
-        if procs:
-            _until_announced(q, processes)
-        threads = processes * slots if slots > 1 else 1
         with ThreadPoolExecutor(threads) as pool:
             t0 = time.perf_counter()
             ids = list(pool.map(lambda i: f.submit(x=i), range(n)))
-            t1 = time.perf_counter()
+            submit_s = time.perf_counter() - t0
             if processes == 0:  # in-process worker threads (":memory:" lives in this process)
+                t1 = time.perf_counter()
                 dls.run_worker(q, isolation="thread", concurrency=slots, max_jobs=n)
+                drain_s = time.perf_counter() - t1
             else:
+                procs = _workers_ns(url, q.ns, processes, slots)
+                started = _until_announced(q, 1)
                 _until_done(q, ids)
+                drain_s = q.store.now() - started  # both in the store's clock
             t2 = time.perf_counter()
             values = list(pool.map(q.result, ids))
-            t3 = time.perf_counter()
+            read_s = time.perf_counter() - t2
     finally:
         for p in procs:
             p.terminate()
@@ -129,21 +133,26 @@ def throughput(url: str, store: Store | None, n: int, processes: int, slots: int
         "jobs": n,
         "processes": processes,
         "slots": slots,
-        "submit_per_s": n / (t1 - t0),
-        "drain_per_s": n / (t2 - t1),
-        "end_to_end_per_s": n / (t3 - t0),
+        "submit_per_s": n / submit_s,
+        "drain_per_s": n / drain_s,
+        "read_per_s": n / read_s,
+        "end_to_end_per_s": n / (submit_s + drain_s + read_s),
     }
 
 
-def _until_announced(q: Any, processes: int, timeout: float = 120.0) -> None:
-    """Wait until the worker processes have written their signs of life."""
+def _until_announced(q: Any, processes: int, timeout: float = 120.0) -> float:
+    """Wait until ``processes`` workers have written their signs of life; returns when the
+    first of them did (the store's clock)."""
     from lakeshore.census import workers_seen
 
     deadline = time.monotonic() + timeout
-    while len(workers_seen(q.store, q.ns, q.store.now())) < processes:
+    while True:
+        seen = workers_seen(q.store, q.ns, q.store.now())
+        if len(seen) >= processes:
+            return min(float(w["seen_at"]) for w in seen)
         if time.monotonic() > deadline:
             raise RuntimeError("the worker processes did not start")
-        time.sleep(0.05)  # polling the store: the workers are other processes
+        time.sleep(0.01)  # polling the store: the workers are other processes
 
 
 def _workers_ns(url: str, ns: str, processes: int, slots: int) -> list[subprocess.Popen[str]]:

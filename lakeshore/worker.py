@@ -58,6 +58,7 @@ class _State:
     lease_s: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle_turn: threading.Lock = field(default_factory=threading.Lock)
+    idle_delay: float = 0.005  # the idle slots' shared poll backoff
     started: int = 0
     done: int = 0
     last_sweep: float = -1e9
@@ -313,14 +314,21 @@ def _serve(
             if held is None:
                 state.give_back()
                 _maybe_sweep(state, ops)
+                if polling:  # the backoff is the worker's, not the slot's: one poll per pause
+                    with state.lock:
+                        delay, state.idle_delay = (
+                            state.idle_delay,
+                            min(state.idle_delay * 2, max_poll_s),
+                        )
                 idle = True
                 state.plane.store.pause(delay, state.stop)
-                delay = min(delay * 2, max_poll_s)
                 continue
         finally:
             if polling:
                 state.idle_turn.release()
         idle, delay = False, 0.005
+        with state.lock:
+            state.idle_delay = 0.005
         try:
             run_attempt(slot, q, held, _Tracked(state))
         except HookFailed:
