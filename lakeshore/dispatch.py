@@ -404,6 +404,10 @@ class Dispatch:
             except Conflict:
                 rec, etag = ops.read(rec.id)
                 continue
+            try:  # a claimer that judged the hint stale before the CAS may have dropped it
+                self.store.get(ops.keys.ready(nxt.priority, nxt.id))
+            except NotFound:
+                ops.put_ready(nxt)
             return rec.attempt + 1
 
     def logs(self, inv: str, attempt: int | None = None) -> str:

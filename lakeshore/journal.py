@@ -85,7 +85,7 @@ class JournalWriter:
         key_of: Any,
         attempt: int,
         *,
-        flush_frames: int = 256,
+        flush_frames: int = 1024,
         flush_bytes: int = 256 * 1024,
         flush_age_s: float = 0.05,
     ) -> None:

@@ -18,9 +18,10 @@ below keep the invariant through any crash between two requests:
 * **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
   last write) → delete the ready hint, if it is still the one claimed (``if_match``). A
   fenced-out attempt's result is dropped.
-* **stale hints**: a hint is deleted only when its record is terminal (or missing for longer
-  than ``ORPHAN_GRACE_S``), with ``if_match`` on the etag that was listed, so a hint rewritten
-  by a rerun in the meantime survives.
+* **stale hints**: a hint is deleted only when its record is terminal and the hint is older
+  than ``_RERUN_GRACE_S`` (a younger one may be a rerun between its hint and its record
+  write), or when the record is missing for longer than ``ORPHAN_GRACE_S``; always with
+  ``if_match`` on the etag that was listed, so a hint rewritten meanwhile survives.
 * **expired leases**: a claimer that reads a running record whose lease has run out (in the
   store's clock) requeues or fails it by CAS; the holder's late writes are then fenced.
 
@@ -53,6 +54,7 @@ __all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
 log = logging.getLogger("lakeshore.worker")
 
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
+_RERUN_GRACE_S = 30.0  # a ready hint beside a terminal record may be a rerun until this old
 _LISTING = 256  # candidates kept from one LIST of the ready hints
 _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
 _MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
@@ -319,6 +321,11 @@ class QueueOps:
             self.settle(nxt)
             rec, moved = nxt, True
         if rec.terminal:
+            if not moved and info.last_modified > now - _RERUN_GRACE_S:
+                # a young hint next to a terminal record may be a rerun in flight (hint
+                # written, record not yet queued): look again once it is older
+                self._remember(info, info.last_modified + _RERUN_GRACE_S)
+                return None, moved
             self.drop_hint(ObjectInfo(info.key, hint_etag, info.size, info.last_modified))
             return None, moved
         if lifecycle.past_deadline(rec, now):

@@ -151,3 +151,44 @@ def test_a_hint_seen_before_its_record_is_claimed_soon_after(plane: Any) -> None
         held = ops.claim("w", ops.store.now())
         time.sleep(0.05)
     assert held is not None and held.record.id == inv
+
+
+def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(plane: Any) -> None:
+    q = plane
+    inv = q.udf(jobs.add_one).submit(1)
+    assert dls.run_worker(q, once=True, isolation="thread") == 1
+    ops = q.ops("default")
+    rec, etag = ops.read(inv)
+    assert rec.state == "succeeded" and list(ops.ready_hints()) == []
+    # `lakeshore retry` is half done: the new hint is written, the record still terminal
+    nxt = lifecycle.rerun(rec, q.store.now())
+    ops.put_ready(nxt)
+    other = QueueOps(q.store, ops.keys)  # a claimer that reads the record right now
+    assert other.claim("w2", q.store.now()) is None
+    assert [i.key for i in ops.ready_hints()] == [ops.keys.ready(nxt.priority, inv)]  # kept
+    ops.cas(nxt, etag)  # the retry completes
+    again = QueueOps(q.store, ops.keys).claim("w3", q.store.now())
+    assert again is not None and again.record.id == inv and again.record.attempt == 2
+
+
+def test_retry_puts_back_a_hint_dropped_while_it_ran(plane: Any) -> None:
+    q = plane
+    inv = q.udf(jobs.add_one).submit(1)
+    assert dls.run_worker(q, once=True, isolation="thread") == 1
+    ops = q.ops("default")
+    real_put = ops.put_ready
+    calls = []
+
+    def put_then_lose(rec: Any) -> str:
+        etag = real_put(rec)
+        calls.append(rec.id)
+        if len(calls) == 1:  # a claimer judged this hint stale and deleted it
+            q.store.delete(ops.keys.ready(rec.priority, rec.id))
+        return etag
+
+    ops.put_ready = put_then_lose  # type: ignore[method-assign]
+    assert q.retry(inv) == 2
+    assert calls == [inv, inv]  # retry saw the hint gone and wrote it again
+    ops.put_ready = real_put  # type: ignore[method-assign]
+    assert dls.run_worker(q, once=True, isolation="thread") == 1
+    assert q.result(inv) == 2
