@@ -87,6 +87,7 @@ class QueueOps:
         self._lock = threading.Lock()
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
         self._clean = 0  # claims won since the last lost race
+        self._me = ""  # the worker id claims are made for (its own leases are no collision)
         # hint key -> (its etag, when to look again): read and found not claimable, skipped
         # without a GET until then or until the hint changes, so long-running jobs and
         # retries backing off at the head of the queue never hide the work behind them
@@ -215,6 +216,7 @@ class QueueOps:
         corrupt records are marked failed so they never block the queue; invocations
         backing off before a retry are skipped without a GET until they are due.
         """
+        self._me = worker
         lists = 0
         while True:
             info = self._next_candidate(now)
@@ -310,6 +312,10 @@ class QueueOps:
             expires = rec.lease.expires_at if rec.lease is not None else now
             if expires >= now:
                 self._remember(info, expires)  # its worker holds it: look again at expiry
+                if rec.lease is not None and rec.lease.worker != self._me:
+                    # taken by another process since we listed it: spread out as after a
+                    # lost race, or this process keeps walking just behind the other
+                    self._collided(True)
                 return None, moved
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
