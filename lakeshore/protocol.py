@@ -249,25 +249,28 @@ class QueueOps:
 
     def _next_candidate(self, now: float) -> ObjectInfo | None:
         """Take a candidate from the listing: the oldest while claims go through, a random
-        one of the head while they collide (other processes list the same head)."""
+        one of the head while they collide (other processes list the same head). The pick
+        stays inside the head's priority band: never a lower band first."""
         with self._lock:
             if time.monotonic() - self._listed_at > _LISTING_S:
                 self._listing = []
-            rest = [
-                i for i in self._listing if i.key not in self._trying and not self._skipped(i, now)
-            ]
-            if not rest:
+            head: list[int] = []
+            band = None
+            for i, info in enumerate(self._listing):
+                if info.key in self._trying or self._skipped(info, now):
+                    continue
+                this = info.key.rsplit("/", 2)[-2]
+                if band is None:
+                    band = this
+                elif this != band:
+                    break
+                head.append(i)
+                if len(head) >= self._spread:
+                    break
+            if not head:
                 self._listing = []
                 return None
-            # the spread stays inside the head's priority band: never a lower one first
-            band = rest[0].key.rsplit("/", 2)[-2]
-            width = 1
-            while (
-                width < min(self._spread, len(rest)) and rest[width].key.rsplit("/", 2)[-2] == band
-            ):
-                width += 1
-            info = rest[random.randrange(width)]
-            self._listing = [i for i in rest if i is not info]
+            info = self._listing.pop(random.choice(head))
             self._trying.add(info.key)
             return info
 
@@ -298,7 +301,9 @@ class QueueOps:
                 # after as long as the hint has existed, so a young one is picked up at once
                 # and an orphan costs few GETs until it can be dropped
                 age = max(0.0, now - info.last_modified)
-                self._remember(info, min(now + max(0.05, age), info.last_modified + ORPHAN_GRACE_S))
+                self._remember(
+                    info, min(now + max(0.005, age), info.last_modified + ORPHAN_GRACE_S)
+                )
             return None, moved
         except NewerRecord:
             self._remember(info, now + ORPHAN_GRACE_S)  # for a newer lakeshore's workers
