@@ -263,6 +263,9 @@ def _client(endpoint: str) -> Any:
             retries={"total_max_attempts": 1},
             max_pool_connections=32,
             s3={"addressing_style": "path"},
+            # the same checksum settings as S3Store: the floor does the same work per request
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         ),
         **FAKE_CREDS,
     )

@@ -159,3 +159,27 @@ def test_status_cost_stays_flat_as_history_grows() -> None:
     large = cost()
     assert large == small  # 15x the finished history, the same requests
     assert large[1] <= 10  # one GET per recent record, nothing for the rest
+
+
+def test_status_counts_exactly_when_small_and_from_signs_of_life_when_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lakeshore import census, codec
+    from lakeshore.keys import worker_key
+
+    q = make_plane(MemoryStore())
+    f = q.udf(jobs.add_one)
+    ids = [f.submit(i) for i in range(6)]
+    ops = q.ops("default")
+    held = [ops.claim("w1", q.store.now()), ops.claim("w1", q.store.now())]
+    assert all(h is not None for h in held)
+    q.cancel(ids[-1])  # its hint is stale until a claimer passes: not counted when exact
+    st = queue_status(ops, q.store.now(), recent=0)
+    assert (st.queued, st.running, st.estimated) == (3, 2, False)
+
+    # past EXACT_UP_TO live hints, running comes from the workers' signs of life
+    monkeypatch.setattr(census, "EXACT_UP_TO", 3)
+    life = {"worker": "w1", "seen_at": q.store.now(), "running_by_queue": {"default": 2}}
+    q.store.put(worker_key(q.ns, "w1"), codec.encode(life))
+    st = queue_status(ops, q.store.now(), recent=0)
+    assert st.estimated and st.running == 2 and st.queued == 6 - 2  # 6 hints, 2 running

@@ -202,6 +202,11 @@ class S3Store(Store):
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 s3={"addressing_style": addressing},
+                # CRC checksums only where S3 requires them (botocore's default before 1.36):
+                # records are small and checked by their codec, spilled values by sha256, and
+                # several S3-compatible servers reject the newer default's headers
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
             )
             region_name = region or _region_from_env() or session.region_name or "us-east-1"
             client = session.client(
