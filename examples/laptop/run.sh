@@ -10,9 +10,9 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-export LAKESHORE_URL="${LAKESHORE_URL:-file://$(mktemp -d /tmp/lakeshore-laptop-XXXXXX)/plane}"
+export LAKESHORE_URL="${LAKESHORE_URL:-file://$(mktemp -d "${TMPDIR:-/tmp}/lakeshore-laptop-XXXXXX")/plane}"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"      # workers import tasks.py by name
-logs="$(mktemp -d /tmp/lakeshore-laptop-logs-XXXXXX)"
+logs="$(mktemp -d "${TMPDIR:-/tmp}/lakeshore-laptop-logs-XXXXXX")"
 
 if [ -n "${LAKESHORE_PYTHON:-}" ]; then
   LKS=("$LAKESHORE_PYTHON" -m lakeshore)
