@@ -27,14 +27,8 @@ _MODEL: list[tuple[float, float]] | None = None
 
 
 def load_model() -> None:
-    """``--on-start`` hook: build the step table once per process that runs bodies.
-
-    It also sets the root logger to INFO. A worker's body processes do not configure
-    logging, so without this the bodies' ``log.info`` lines would be dropped before they
-    reach the job's captured log.
-    """
+    """``--on-start`` hook: build the step table once per process that runs bodies."""
     global _MODEL
-    logging.getLogger().setLevel(logging.INFO)
     started = time.monotonic()
     _MODEL = [(math.cos(a), math.sin(a)) for a in (2 * math.pi * i / 3600 for i in range(3600))]
     log.info("step table ready in %.3fs (pid %d)", time.monotonic() - started, os.getpid())
