@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # -- requests ---------------------------------------------------------------------------------
 
 
-def requests_per_job(keyed: bool, n: int = 200) -> dict[str, float]:
+def requests_per_job(keyed: bool, n: int = 1000) -> dict[str, float]:
     store = Counting(MemoryStore())
     q = dls.Dispatch(":memory:", store=store)
     f = q.udf(noop)

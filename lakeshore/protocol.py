@@ -55,7 +55,7 @@ log = logging.getLogger("lakeshore.worker")
 
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
 _RERUN_GRACE_S = 30.0  # a ready hint beside a terminal record may be a rerun until this old
-_LISTING = 256  # candidates kept from one LIST of the ready hints
+_LISTING = 1000  # candidates kept from one LIST of the ready hints (one S3 page)
 _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
 _MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
 _SCAN = 5000  # ready hints looked at (listed, not read) per LIST at most

@@ -61,7 +61,9 @@ class _State:
     idle_delay: float = 0.005  # the idle slots' shared poll backoff
     started: int = 0
     done: int = 0
-    last_sweep: float = -1e9
+    # the first sweep comes after _SWEEP_EVERY_S: a short-lived worker (--once, cron) pays
+    # nothing for it, and long-lived ones keep the tokens of past windows swept
+    last_sweep: float = field(default_factory=time.monotonic)
     running: set[Attempt] = field(default_factory=set)
     slots: list[Slot] = field(default_factory=list)
     failure: BaseException | None = None
