@@ -85,6 +85,7 @@ class QueueOps:
         self.store = store
         self.keys = keys
         self._lock = threading.Lock()
+        self._listing_lock = threading.Lock()  # one LIST in flight per process
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
         self._clean = 0  # claims won since the last lost race
         self._me = ""  # the worker id claims are made for (its own leases are no collision)
@@ -234,18 +235,25 @@ class QueueOps:
                 return got
 
     def _list(self, now: float) -> bool:
-        """List the head of the queue (what is not skipped); False when there is none."""
-        fresh: list[ObjectInfo] = []
-        for scanned, info in enumerate(self.ready_hints()):
-            if scanned >= _SCAN or len(fresh) >= _LISTING:
-                break
-            if not self._skipped(info, now):
-                fresh.append(info)
-        with self._lock:
-            self._later = {k: v for k, v in self._later.items() if v[1] > now}
-            self._listing = fresh
-            self._listed_at = time.monotonic()
-        return bool(fresh)
+        """List the head of the queue (what is not skipped); False when there is none.
+        One slot lists at a time: slots that ran dry together wait for its listing instead
+        of each sending the same LIST."""
+        asked = time.monotonic()
+        with self._listing_lock:
+            with self._lock:
+                if self._listed_at >= asked:  # another slot listed while we waited
+                    return bool(self._listing)
+            fresh: list[ObjectInfo] = []
+            for scanned, info in enumerate(self.ready_hints()):
+                if scanned >= _SCAN or len(fresh) >= _LISTING:
+                    break
+                if not self._skipped(info, now):
+                    fresh.append(info)
+            with self._lock:
+                self._later = {k: v for k, v in self._later.items() if v[1] > now}
+                self._listing = fresh
+                self._listed_at = time.monotonic()
+            return bool(fresh)
 
     def _next_candidate(self, now: float) -> ObjectInfo | None:
         """Take a candidate from the listing: the oldest while claims go through, a random
