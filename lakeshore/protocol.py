@@ -96,6 +96,7 @@ class QueueOps:
         self._listing: list[ObjectInfo] = []
         self._listed_at = -1e9  # time.monotonic() of the listing
         self._trying: set[str] = set()  # hint keys a slot of this process is reading now
+        self._misses: dict[str, int] = {}  # hint key -> times its record was not there yet
         self._tidy: queue.SimpleQueue[Callable[[], object]] | None = None
         self._tidy_cond = threading.Condition()
         self._tidy_pending = 0
@@ -197,6 +198,7 @@ class QueueOps:
     def _forget(self, key: str) -> None:
         with self._lock:
             self._later.pop(key, None)
+            self._misses.pop(key, None)
 
     def _skipped(self, info: ObjectInfo, now: float) -> bool:
         seen = self._later.get(info.key)
@@ -306,12 +308,13 @@ class QueueOps:
             if info.last_modified < now - ORPHAN_GRACE_S:
                 self.drop_hint(info)  # its submitter died before writing the record
             else:  # a submit in flight (its record comes next), or an orphan: look again
-                # after as long as the hint has existed, so a young one is picked up at once
-                # and an orphan costs few GETs until it can be dropped
-                age = max(0.0, now - info.last_modified)
-                self._remember(
-                    info, min(now + max(0.005, age), info.last_modified + ORPHAN_GRACE_S)
-                )
+                # soon, then less and less often, so a young one is picked up at once and an
+                # orphan costs a dozen GETs until it can be dropped. (Not from the hint's age:
+                # listings give last-modified times in whole seconds.)
+                with self._lock:
+                    misses = self._misses[info.key] = self._misses.get(info.key, 0) + 1
+                wait = min(0.005 * 2 ** min(misses, 12), 5.0)
+                self._remember(info, min(now + wait, info.last_modified + ORPHAN_GRACE_S))
             return None, moved
         except NewerRecord:
             self._remember(info, now + ORPHAN_GRACE_S)  # for a newer lakeshore's workers
@@ -320,6 +323,9 @@ class QueueOps:
             if self._fail_corrupt(inv, e, now):
                 self.drop_hint(info)  # the record is failed now: its hint is stale
             return None, moved
+        if self._misses:
+            with self._lock:
+                self._misses.pop(info.key, None)
         hint_etag = info.etag
         if rec.state == "running":
             expires = rec.lease.expires_at if rec.lease is not None else now

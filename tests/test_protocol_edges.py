@@ -192,3 +192,33 @@ def test_retry_puts_back_a_hint_dropped_while_it_ran(plane: Any) -> None:
     ops.put_ready = real_put  # type: ignore[method-assign]
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     assert q.result(inv) == 2
+
+
+def test_hint_seen_before_its_record_is_looked_at_again_soon_despite_coarse_listing_times() -> None:
+    """S3 listings give last-modified in whole seconds: a hint written a moment ago may look
+    almost a second old. A claimer that met it before its record must still come back at
+    once, not after that apparent age."""
+    from collections.abc import Iterator
+
+    from lakeshore.keys import QueueKeys
+    from lakeshore.store import MemoryStore
+    from lakeshore.store.base import CREATE, ObjectInfo
+
+    class CoarseTimes(MemoryStore):
+        def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+            for i in super().list(prefix, start_after):
+                yield ObjectInfo(i.key, i.etag, i.size, i.last_modified - 0.9)
+
+    store = CoarseTimes()
+    q = make_plane(store)
+    f = q.udf(jobs.add_one)
+    inv = f.submit(1)
+    ops = q.ops("default")
+    data, _ = store.get(ops.keys.record(inv))
+    store.delete(ops.keys.record(inv))  # as if the submit were between its hint and record
+    other = QueueOps(store, QueueKeys(q.ns, "default"))
+    now = store.now()
+    assert other.claim("w", now) is None  # the record is not there yet
+    store.put(ops.keys.record(inv), data, CREATE)  # now it is
+    held = other.claim("w", now + 0.05)
+    assert held is not None and held.record.id == inv
