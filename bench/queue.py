@@ -466,6 +466,14 @@ def _row(name: str, value: float, target: str, ok: bool | None, unit: str = "") 
     return {"measure": name, "value": value, "unit": unit, "target": target, "met": ok}
 
 
+def _at_least(name: str, value: float, bound: float, unit: str) -> dict[str, Any]:
+    return _row(name, value, f">= {bound:g}", value >= bound, unit)
+
+
+def _at_most(name: str, value: float, bound: float, unit: str) -> dict[str, Any]:
+    return _row(name, value, f"<= {bound:g}", value <= bound, unit)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="lakeshore queue benchmarks")
     parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run")
@@ -527,50 +535,24 @@ def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         lat = up["latency_memory"]["p50_ms"] / res["latency_memory"]["p50_ms"]
         two = tp["file, 2 processes"]["end_to_end_per_s"] / up["file_2"]["end_to_end_per_s"]
         rows += [
-            _row("memory in-process / upstream memory", mem, ">= 3", mem >= 3, "x"),
-            _row("round trip p50 upstream memory / lakeshore memory", lat, ">= 4", lat >= 4, "x"),
-            _row("file 2 workers / upstream sqlite file 2 workers", two, ">= 2", two >= 2, "x"),
+            _at_least("memory in-process / upstream memory", mem, 3, "x"),
+            _at_least("round trip p50 upstream memory / lakeshore memory", lat, 4, "x"),
+            _at_least("file 2 workers / upstream sqlite file 2 workers", two, 2, "x"),
         ]
     if "floor_serial" in res:
         one = tp["seaweedfs, 1 process"]["end_to_end_per_s"]
         many = tp["seaweedfs, 2 processes x 8"]["end_to_end_per_s"]
         rows += [
-            _row(
-                "SeaweedFS 1 worker / serial S3 floor",
-                one / res["floor_serial"],
-                ">= 0.8",
-                one / res["floor_serial"] >= 0.8,
-                "x",
+            _at_least("SeaweedFS 1 worker / serial S3 floor", one / res["floor_serial"], 0.8, "x"),
+            _at_least(
+                "SeaweedFS 2x8 / concurrent S3 floor", many / res["floor_concurrent"], 0.8, "x"
             ),
-            _row(
-                "SeaweedFS 2x8 / concurrent S3 floor",
-                many / res["floor_concurrent"],
-                ">= 0.8",
-                many / res["floor_concurrent"] >= 0.8,
-                "x",
-            ),
-            _row("SeaweedFS 2x8 / own serial", many / one, ">= 2", many / one >= 2, "x"),
+            _at_least("SeaweedFS 2x8 / own serial", many / one, 2, "x"),
         ]
     req = res["requests"]
     for name in ("no-op job", "no-op job with _key"):
-        rows.append(
-            _row(
-                f"class A per {name}",
-                req[name]["class_a"],
-                "<= 5",
-                req[name]["class_a"] <= 5,
-                "requests",
-            )
-        )
-        rows.append(
-            _row(
-                f"class B per {name}",
-                req[name]["class_b"],
-                "<= 3",
-                req[name]["class_b"] <= 3,
-                "requests",
-            )
-        )
+        rows.append(_at_most(f"class A per {name}", req[name]["class_a"], 5, "requests"))
+        rows.append(_at_most(f"class B per {name}", req[name]["class_b"], 3, "requests"))
         rows.append(
             _row(f"USD per million, {name}", req[name]["usd_per_million"], "-", None, "USD")
         )
@@ -587,46 +569,24 @@ def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     )
     two = tp["file, 2 processes"]["end_to_end_per_s"]
     one_f = tp["file, 1 process"]["end_to_end_per_s"]
+    rows.append(_at_least("file:// 2 workers / 1 worker", two / one_f, 1.5, "x"))
+    rows.append(_at_most("idle worker", res["idle_requests_per_min"], 60, "req/min"))
     rows.append(
-        _row("file:// 2 workers / 1 worker", two / one_f, ">= 1.5", two / one_f >= 1.5, "x")
-    )
-    rows.append(
-        _row(
-            "idle worker",
-            res["idle_requests_per_min"],
-            "<= 60",
-            res["idle_requests_per_min"] <= 60,
-            "req/min",
-        )
-    )
-    rows.append(
-        _row(
-            "idle worker, 8 slots",
-            res["idle_requests_per_min_8_slots"],
-            "<= 60",
-            res["idle_requests_per_min_8_slots"] <= 60,
-            "req/min",
-        )
+        _at_most("idle worker, 8 slots", res["idle_requests_per_min_8_slots"], 60, "req/min")
     )
     for backend in ("file", "seaweedfs"):
         key = f"contention_{backend}"
         if key in res:
             rows.append(
-                _row(
-                    f"lost CAS per claimed job, 8 workers, {backend}",
-                    res[key],
-                    "<= 0.5",
-                    res[key] <= 0.5,
-                    "per job",
+                _at_most(
+                    f"lost CAS per claimed job, 8 workers, {backend}", res[key], 0.5, "per job"
                 )
             )
     if "stream_seaweedfs" in res:
         st = res["stream_seaweedfs"]
         per_put, live = st["frames_per_put"], st["live_frames_per_s"]
-        rows.append(_row("frames per PUT, SeaweedFS", per_put, ">= 100", per_put >= 100, "frames"))
-        rows.append(
-            _row("frames/s read live, SeaweedFS", live, ">= 20000", live >= 20_000, "frames/s")
-        )
+        rows.append(_at_least("frames per PUT, SeaweedFS", per_put, 100, "frames"))
+        rows.append(_at_least("frames/s read live, SeaweedFS", live, 20_000, "frames/s"))
         rows.append(
             _row("frames/s replayed, SeaweedFS", st["replay_frames_per_s"], "-", None, "frames/s")
         )
