@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -174,6 +175,33 @@ class Attempt:
         else:  # our own write landed although the answer was lost: carry on from it
             self.held = Claimed(rec, etag, self.held.token, self.held.hint_etag)
 
+    def fence(self) -> bool:
+        """Prove, right before the body's files are published, that this attempt still holds
+        its lease: one heartbeat (a conditional write of the record), which also gives the
+        upload a whole lease ahead of it. False — the attempt is then stopped as killed or
+        lost — when it had stopped already or the record changed (cancelled, or taken over
+        after the lease ran out): nothing may be published.
+
+        Raises:
+            StoreError, PermissionDenied: the store failed or refused, so whether the lease
+                holds is unknown.
+        """
+        with self.lock:
+            for _ in range(2):  # a second try only after our own lost-answer write
+                if self.stop.is_set():
+                    return False
+                try:
+                    self.held = self.ops.heartbeat(self.held, self.ops.store.now())
+                except Conflict:
+                    self._recheck()
+                    continue
+                except lifecycle.IllegalTransition:
+                    break
+                self.last_ok = time.monotonic()
+                return True
+            self.halt("lost")
+            return False
+
 
 class Running(Protocol):
     """Where a worker keeps its running attempts (to release them when it stops)."""
@@ -206,7 +234,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     running.add(att)
     try:
         # the body's time starts when the body does (not while a child loads its model)
-        outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs), timer)
+        outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs), timer, att.fence)
     except BaseException:
         att.halt("released")
         outcome = Outcome("stopped")
@@ -246,6 +274,7 @@ def _execute(
     journal: JournalWriter,
     log_sink: Any,
     timer: threading.Timer | None = None,
+    fence: Callable[[], bool] | None = None,
 ) -> Outcome:
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}", slot.plane.max_payload_bytes)
@@ -265,14 +294,15 @@ def _execute(
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks)
         job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec)
-        return slot.child.run(job, stop, journal.add, log_sink, timer.start if timer else None)
+        started = timer.start if timer else None
+        return slot.child.run(job, stop, journal.add, log_sink, started, fence)
 
     if timer is not None:
         timer.start()
     before = slot.hooks.before_job
     prelude = (lambda: before(rec)) if before is not None else None
     return run_in_thread(
-        fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude, slot.body
+        fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude, slot.body, fence
     )
 
 

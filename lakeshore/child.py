@@ -9,9 +9,15 @@ Parent and child talk over a pipe. The child never touches the queue's store: yi
 as encoded frames and output as log text, and the parent writes them. (The child does its own
 file I/O through :mod:`lakeshore.run`.)
 
+Before the child uploads a batch of the body's files it asks the parent to *fence* them
+(``("fence",)``) and waits for the answer: the parent proves the attempt still holds its lease
+with a conditional write of the record (:meth:`lakeshore.attempt.Attempt.fence`) and answers
+``("fence", "ok")``, ``("fence", "lost")`` — nothing is published, the run ends as
+``("stopped",)`` — or ``("fence", "error", op, what, todo)`` when the store could not tell.
+
 Messages, child to parent: ``("ready",)``, ``("start_failed", error)``, ``("frame", bytes)``,
-``("log", text)``, ``("ok", bytes | None)``, ``("error", error)``. Parent to child:
-``("job", Job)``, ``("stop",)``.
+``("log", text)``, ``("fence",)``, ``("ok", bytes | None)``, ``("error", error)``,
+``("stopped",)``. Parent to child: ``("job", Job)``, ``("fence", answer, ...)``, ``("stop",)``.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import InvalidArgument, LakeshoreError, StoreUnavailable
 from lakeshore.logs import Sink, capture
 from lakeshore.record import Record
 from lakeshore.run import discard_staging
@@ -35,6 +42,7 @@ from lakeshore.runner import (
     POLL_S,
     Outcome,
     RunSpec,
+    Stopped,
     Unsendable,
     call_body,
     error_of,
@@ -113,6 +121,20 @@ def _serve(conn: Any, hooks: Hooks) -> None:
         with lock:
             conn.send(msg)
 
+    def fence() -> bool:
+        """Ask the worker whether the attempt still holds its lease; wait for the answer
+        (only this thread reads the pipe while a job runs)."""
+        send(("fence",))
+        try:
+            answer = conn.recv()
+        except (EOFError, OSError):
+            return False  # the worker is gone: its lease will expire, publish nothing
+        if answer[:2] == ("fence", "ok"):
+            return True
+        if answer[:2] == ("fence", "error"):
+            raise StoreUnavailable(*answer[2:5])
+        return False
+
     try:
         if hooks.on_start is not None:
             hooks.on_start()
@@ -145,9 +167,19 @@ def _serve(conn: Any, hooks: Hooks) -> None:
                         send(("frame", data))
 
                     data = call_body(
-                        fn, job.kind, tuple(args), kwargs, threading.Event(), emit, job.spec, True
+                        fn,
+                        job.kind,
+                        tuple(args),
+                        kwargs,
+                        threading.Event(),
+                        emit,
+                        job.spec,
+                        True,
+                        fence,
                     )
                     send(("ok", data))
+                except Stopped:
+                    send(("stopped",))
                 except Unsendable as e:
                     send(("error", fatal_error(e)))
                 except BaseException as e:
@@ -207,9 +239,11 @@ class ChildProcess:
         emit_encoded: Callable[[bytes], None],
         log: Sink | None,
         started: Callable[[], None] | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> Outcome:
         """Run one job in the child; kill the child when ``stop`` fires. ``started`` is
         called once the child is ready and the job is handed over (the body's clock).
+        ``fence`` answers the child's requests to publish files (none: always yes).
 
         Raises:
             HookFailed: a fresh child's ``on_start`` raised.
@@ -222,10 +256,18 @@ class ChildProcess:
             self.conn.send(("job", job))
             if started is not None:
                 started()
+            # A child told not to publish (lease lost) ends the job by itself at once: give it
+            # a moment to say so, and keep it for the next job rather than start a new one.
+            refused_at: float | None = None
             while True:
                 if self.conn.poll(POLL_S):
                     tag, *rest = self.conn.recv()
-                    if tag == "frame":
+                    if tag == "fence":
+                        answer = self._fence(fence)
+                        if answer[1] == "lost":
+                            refused_at = time.monotonic()
+                        self.conn.send(answer)
+                    elif tag == "frame":
                         try:
                             emit_encoded(rest[0])
                         except BaseException as e:
@@ -237,15 +279,28 @@ class ChildProcess:
                                 log(rest[0])
                     elif tag == "ok":
                         return Outcome("ok", value=rest[0])
+                    elif tag == "stopped":
+                        return Outcome("stopped")
                     else:
                         return Outcome("error", error=rest[0])
-                elif stop.is_set():
+                elif stop.is_set() and (
+                    refused_at is None or time.monotonic() - refused_at > _WIND_UP_S
+                ):
                     self._kill_during(job)
                     return Outcome("stopped")
                 elif not self.proc.is_alive() and not self.conn.poll():
                     return self._died_during(job)
         except (EOFError, OSError):
             return self._died_during(job)
+
+    @staticmethod
+    def _fence(fence: Callable[[], bool] | None) -> tuple[str, ...]:
+        if fence is None:
+            return ("fence", "ok")
+        try:
+            return ("fence", "ok" if fence() else "lost")
+        except LakeshoreError as e:  # the store failed or refused: whether it holds is unknown
+            return ("fence", "error", e.op, e.what, e.todo)
 
     def _died_during(self, job: Job) -> Outcome:
         """The child ended without answering. Killed by SIGTERM/SIGINT — a signal for the
@@ -290,6 +345,7 @@ class ChildProcess:
 
 
 _GROUP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
+_WIND_UP_S = 5.0  # how long a child refused a publish may take to report it stopped
 
 
 def _died(code: int | None) -> Outcome:

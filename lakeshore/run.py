@@ -14,16 +14,25 @@ bodies in one worker never see each other's files.
 
 Uploads are atomic for readers: object stores (S3, memory) publish an object whole when its
 PUT completes; on a local filesystem the file is copied beside its target and renamed.
+
+Uploads of a worker's body are *fenced*: before each batch (a return, a yield) the run's
+``fence`` proves that the attempt still holds its lease (a heartbeat, one conditional write of
+the record), so a worker that lost its lease while the body ran publishes nothing over the
+next attempt's outputs. The local folder for the cache and staging files must be the user's
+own: a real folder (not a symlink), owned by this user, writable by nobody else.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import hashlib
+import logging
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -32,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from lakeshore.errors import (
+    Conflict,
     InvalidArgument,
     LakeshoreError,
     NotFound,
@@ -42,6 +52,8 @@ from lakeshore.scope import at, current_prefix, keys_in, mirror, prefixed, resol
 
 __all__ = [
     "DataRoot",
+    "Fence",
+    "Fenced",
     "RunContext",
     "UnreturnedWrite",
     "active",
@@ -58,10 +70,21 @@ _CTX: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
     "lakeshore_run", default=None
 )
 _LOCAL_PROTOCOLS = ("file", "local")
+log = logging.getLogger("lakeshore.run")
+
+Fence = Callable[[], bool]
+"""Asked right before a batch of a body's files is published: True when the attempt still
+holds its lease (and has a whole lease ahead), False when it lost it (nothing may be
+published); raises a ``LakeshoreError`` (``StoreError``) when the store cannot tell."""
 
 
 class UnreturnedWrite(InvalidArgument):
     """A body wrote a key and did not return or yield it."""
+
+
+class Fenced(Conflict):
+    """The attempt lost its lease (cancelled, or taken over) before its files were published:
+    none of them was uploaded."""
 
 
 @dataclass(frozen=True)
@@ -122,12 +145,16 @@ class RunContext:
         prefix: str = "",
         tag: str = "run",
         in_child: bool = False,
+        fence: Fence | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self._root = root
         self.kind = kind
         self.prefix = prefix  # the scope returned keys are read in
         self.tag = tag
         self.in_child = in_child
+        self.fence = fence  # a worker's body: proves the lease before each batch of uploads
+        self.stop = stop  # set once the attempt stopped: upload nothing more
         self.pending: dict[str, Path] = {}
         self._lock = threading.Lock()  # threads that copied a producer's context share it
         self._fs: Any = None
@@ -204,17 +231,21 @@ class RunContext:
 
     def _cached(self, fs: Any, remote: str, full: str, info: dict[str, Any], op: str) -> str:
         digest = hashlib.sha256(self.root.url.encode()).hexdigest()[:16]
-        local = self.root.local_dir() / "cache" / digest / _slot(full)
+        cache = private_dir(self.root, "cache", op)
+        local = cache / digest / _slot(full)
         meta = local.parent / ".meta"  # the key's own folder: short, fixed names beside it
         stamp = _fingerprint(info)
         if local.exists() and meta.exists():
             st = local.stat()
             if meta.read_text() == f"{stamp}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}":
                 return str(local)  # unchanged remotely, untouched locally
-        _private_dirs(local.parent, self.root.local_dir())
-        tmp = local.parent / f".tmp-{secrets.token_hex(6)}"
-        tmp_meta = local.parent / f".tmp-{secrets.token_hex(6)}"
+        local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Fresh names, created exclusively (O_EXCL, mode 0600): never a file someone else
+        # put there, never through a symlink.
+        tmp = tmp_meta = None
         try:
+            tmp = _exclusive(local.parent)
+            tmp_meta = _exclusive(local.parent)
             if self.root.protocol == "memory":
                 # fsspec's memory files share one read position between readers: copy bytes
                 tmp.write_bytes(fs.cat_file(remote))
@@ -230,8 +261,9 @@ class RunContext:
             os.replace(tmp_meta, meta)
         except Exception as e:
             for t in (tmp, tmp_meta):
-                with contextlib.suppress(OSError):
-                    t.unlink(missing_ok=True)
+                if t is not None:
+                    with contextlib.suppress(OSError):
+                        t.unlink(missing_ok=True)
             raise _io_error(op, self.location(full), e) from None
         return str(local)
 
@@ -243,8 +275,8 @@ class RunContext:
             path = self.pending.get(full)
             if path is None:
                 if self._staging is None:
-                    base = self.root.local_dir() / "staging"
-                    _private_dirs(base, self.root.local_dir())
+                    op = f"run.write {self._relative(full)!r}"
+                    base = private_dir(self.root, "staging", op)
                     self._staging = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=base))
                 path = self._staging / _slot(full)
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,8 +291,7 @@ class RunContext:
             StoreUnavailable, PermissionDenied: the upload failed.
         """
         if self.pending:
-            for full in sorted(keys_in(value, self.prefix) & self.pending.keys()):
-                self._upload(full)
+            self._publish(sorted(keys_in(value, self.prefix) & self.pending.keys()))
 
     def finish(self, value: Any, verb: str = "return") -> None:
         """End of a body: every written key must be in ``value`` (what it returned, or all it
@@ -284,8 +315,46 @@ class RunContext:
                 "never orphaned in storage",
                 keys=[self.location(k) for k in missing],
             )
-        for full in sorted(self.pending):
+        self._publish(sorted(self.pending))
+
+    def _publish(self, keys: list[str]) -> None:
+        """Upload one batch of a body's files, fenced: every file must exist, then the fence
+        must confirm the lease, then each file goes up unless the attempt stopped meanwhile.
+
+        Raises:
+            InvalidArgument: a file was never written (nothing is uploaded).
+            Fenced: the attempt lost its lease or stopped (nothing more is uploaded).
+            StoreUnavailable: the lease could not be confirmed (nothing is uploaded).
+        """
+        if not keys:
+            return
+        for full in keys:
+            self._written(full)
+        if self.fence is not None:
+            try:
+                held = self.fence()
+            except LakeshoreError as e:  # the store failed or refused: the lease is unknown
+                raise StoreUnavailable(
+                    "run.write",
+                    "could not confirm that this attempt still holds its lease before "
+                    f"publishing its files ({e.op}: {e.what}); nothing was uploaded",
+                    "nothing to do: the attempt fails and is retried while attempts remain",
+                ) from None
+            if not held:
+                raise self._fenced(keys)
+        for full in keys:
+            if self.stop is not None and self.stop.is_set():
+                raise self._fenced(keys)
             self._upload(full)
+
+    def _fenced(self, keys: list[str]) -> Fenced:
+        shown = ", ".join(repr(self._relative(k)) for k in keys[:5])
+        return Fenced(
+            "run.write",
+            f"the attempt no longer holds its lease (cancelled, timed out, or taken over by "
+            f"another worker), so {shown} {'was' if len(keys) == 1 else 'were'} not uploaded",
+            "nothing to do: the invocation's current attempt publishes its own outputs",
+        )
 
     def flush(self, created_only: bool = False) -> None:
         """Upload every pending key (producer blocks: at block end). ``created_only`` leaves
@@ -302,17 +371,27 @@ class RunContext:
         p = f"{self.prefix}/" if self.prefix else ""
         return full[len(p) :] if p and full.startswith(p) else full
 
-    def _upload(self, full: str) -> None:
-        path = self.pending.get(full)
-        if path is None:
-            return  # another thread of this producer block uploaded it
+    def _written(self, full: str) -> str:
+        """The op name for uploading ``full``, once its staging file is known to exist.
+
+        Raises:
+            InvalidArgument: ``run.write`` handed out the path and nobody wrote it.
+        """
         op = f"run.write {self._relative(full)!r}"
-        if not path.is_file():
+        path = self.pending.get(full)
+        if path is not None and not path.is_file():
             raise InvalidArgument(
                 op,
                 f"the path run.write gave ({path}) was never written",
                 "create the file before returning its key, or don't return the key",
             )
+        return op
+
+    def _upload(self, full: str) -> None:
+        path = self.pending.get(full)
+        if path is None:
+            return  # another thread of this producer block uploaded it
+        op = self._written(full)
         fs, base = self._filesystem(op)
         remote = f"{base}/{full}"
         try:
@@ -355,12 +434,92 @@ class RunContext:
             _CTX.reset(token)
 
 
-def _private_dirs(path: Path, base: Path) -> None:
-    """Create ``path``; the cache base is the user's alone (0700), since cached objects and
-    staged outputs may be private data."""
-    if not base.exists():
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+_NOFOLLOW_DIR = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_DIRECTORY", 0)
+
+
+def private_dir(root: DataRoot, sub: str, op: str) -> Path:
+    """The folder ``sub`` (``cache`` or ``staging``) of the root's local directory, created
+    if needed, after checking that the local directory and ``sub`` are this user's alone.
+
+    Cached objects and staged outputs may be private data, and a folder another user
+    controls (a symlink planted in a shared /tmp, a folder they own or may write to) could
+    feed a body their files or receive its outputs. Only a real folder owned by this user is
+    used; if it is writable by group or others, those bits are removed (``sub``, which holds
+    the files, is made 0700).
+
+    Raises:
+        InvalidArgument: the folder is a symlink, not a folder, owned by another user, or
+            cannot be created.
+    """
+    base = root.local_dir()
+    _own_dir(base, op, 0o022)
+    path = base / sub
+    _own_dir(path, op, 0o077)
+    return path
+
+
+def _own_dir(path: Path, op: str, strip: int) -> None:
+    todo = (
+        "point Dispatch(cache_dir=...) or $LAKESHORE_CACHE at a folder of your own "
+        "(a real folder, mode 0700), or remove the one in the way"
+    )
+
+    def refuse(what: str) -> InvalidArgument:
+        return InvalidArgument(op, f"the cache folder {path} {what}", todo, path=str(path))
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise refuse(f"cannot be created ({e})") from None
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise refuse(f"cannot be checked ({e})") from None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = f" to {os.readlink(path)}"
+        except OSError:
+            target = ""
+        raise refuse(f"is a symlink{target}; lakeshore uses only a real folder of its own")
+    if not stat.S_ISDIR(st.st_mode):
+        raise refuse("is not a folder")
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:  # pragma: no cover - Windows: no owners or modes to check this way
+        return
+    # Check and fix through a handle that cannot follow a symlink swapped in meanwhile.
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW_DIR)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise refuse("was replaced while it was checked") from None
+        raise refuse(f"cannot be opened ({e})") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != getuid():
+            raise refuse(f"is owned by uid {st.st_uid}, not by this user (uid {getuid()})")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & strip:
+            os.fchmod(fd, mode & ~strip)
+            log.warning(
+                "the cache folder %s was open to others (mode %o); made it %o",
+                path,
+                mode,
+                mode & ~strip,
+            )
+    except OSError as e:
+        raise refuse(f"cannot be made private ({e})") from None
+    finally:
+        os.close(fd)
+
+
+def _exclusive(folder: Path) -> Path:
+    """A new, empty file of this user's in ``folder`` (created with O_EXCL, mode 0600)."""
+    fd, name = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    os.close(fd)
+    return Path(name)
 
 
 def _slot(full: str) -> str:
@@ -376,9 +535,13 @@ def _slot(full: str) -> str:
 
 
 def discard_staging(root: DataRoot, tag: str) -> None:
-    """Remove the staging folders of a run that was killed before it could clean up."""
-    base = root.local_dir() / "staging"
-    for path in base.glob(f"{tag}-*") if base.is_dir() else []:
+    """Remove the staging folders of a run that was killed before it could clean up (none
+    if the local directory is not this user's own)."""
+    try:
+        base = private_dir(root, "staging", "discard staging")
+    except InvalidArgument:
+        return
+    for path in base.glob(f"{tag}-*"):
         shutil.rmtree(path, ignore_errors=True)
 
 

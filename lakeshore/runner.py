@@ -12,6 +12,10 @@ Two isolations:
     function by reference. Stopping kills the child, so any body stops at once; a crash of the
     body (segfault, ``os._exit``) cannot take the worker down.
 
+Either way the body's files are published through a *fence* (see :mod:`lakeshore.run`): the
+attempt proves it still holds its lease right before each batch of uploads, and a run whose
+lease is gone ends as stopped, with nothing published.
+
 Results come back as encoded bytes (``codec.encode``); errors as text (type, message,
 traceback), never as pickled exceptions.
 """
@@ -31,13 +35,14 @@ from typing import Any
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError
 from lakeshore.logs import Sink, capture
-from lakeshore.run import DataRoot, RunContext
+from lakeshore.run import DataRoot, Fence, Fenced, RunContext
 from lakeshore.scope import at
 
 __all__ = [
     "BodyThread",
     "Outcome",
     "RunSpec",
+    "Stopped",
     "Unsendable",
     "call_body",
     "error_of",
@@ -97,8 +102,9 @@ def fatal_error(e: Unsendable) -> dict[str, str]:
     return {**error_of(e), "type": e.kind, "fatal": "1"}
 
 
-class _Stopped(Exception):
-    pass
+class Stopped(Exception):
+    """The run was stopped (cancelled, timed out, released, or its lease lost): it reports
+    no outcome of its own and publishes nothing more."""
 
 
 Emit = Callable[[bytes], None]  # takes an encoded frame
@@ -122,11 +128,14 @@ class RunSpec:
 
 
 def _files(step: Callable[[Any], None], value: Any) -> None:
-    """Publish or finish a body's files; contract errors repeat on a retry, so are final."""
+    """Publish or finish a body's files; contract errors repeat on a retry, so are final; a
+    fenced publish means the attempt is over (its lease is gone, or it was stopped)."""
     try:
         step(value)
     except InvalidArgument as e:
         raise Unsendable(str(e), type(e).__name__) from None
+    except Fenced:
+        raise Stopped from None
 
 
 def call_body(
@@ -138,20 +147,31 @@ def call_body(
     emit: Emit,
     spec: RunSpec | None = None,
     in_child: bool = False,
+    fence: Fence | None = None,
 ) -> bytes | None:
     """Run a body of any kind to completion under its run context (scope and files) and
     return its encoded result (None for streaming bodies). Generator bodies hand each
     encoded yield to ``emit`` (the journal) after uploading the files it names; they stop at
     the next yield once ``stop`` is set. Values are encoded before their files are
-    published, so an unsendable value never leaves orphaned files behind."""
+    published, so an unsendable value never leaves orphaned files behind. ``fence`` is asked
+    before each batch of uploads (see :data:`lakeshore.run.Fence`); when it says the lease is
+    gone, nothing is published and the run ends as stopped."""
     if spec is None:
         return result_bytes(kind, _body(fn, kind, args, kwargs, stop, emit, None))
-    ctx = RunContext(spec.root, "body", prefix=spec.prefix, tag=spec.tag, in_child=in_child)
+    ctx = RunContext(
+        spec.root,
+        "body",
+        prefix=spec.prefix,
+        tag=spec.tag,
+        in_child=in_child,
+        fence=fence,
+        stop=stop,
+    )
     try:
         with ctx.activate(), at(spec.prefix):
             value = _body(fn, kind, args, kwargs, stop, emit, ctx)
         if stop.is_set():
-            raise _Stopped  # cancelled or timed out meanwhile: publish nothing
+            raise Stopped  # cancelled or timed out meanwhile: publish nothing
         data = result_bytes(kind, value)
         verb = "yield" if kind in STREAMING else "return"
         _files(lambda v: ctx.finish(v, verb), value)
@@ -171,7 +191,7 @@ def _body(
 ) -> Any:
     def out(item: Any) -> None:
         if stop.is_set():
-            raise _Stopped  # stopped while it computed this item: publish nothing more
+            raise Stopped  # stopped while it computed this item: publish nothing more
         data = _frame(item)
         if ctx is not None:
             _files(ctx.publish, item)
@@ -185,7 +205,7 @@ def _body(
             for item in gen:
                 out(item)
                 if stop.is_set():
-                    raise _Stopped
+                    raise Stopped
         finally:
             gen.close()
         return None
@@ -198,7 +218,7 @@ def _body(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                raise _Stopped
+                raise Stopped
         return task.result()
 
     async def drain() -> None:
@@ -267,10 +287,12 @@ def run_in_thread(
     log: Sink | None = None,
     prelude: Callable[[], Any] | None = None,
     thread: BodyThread | None = None,
+    fence: Fence | None = None,
 ) -> Outcome:
     """Run the body in a thread (``thread``, or a new one); return when it ends or ``stop``
     fires (whichever is first). Its prints and log records go to ``log``; ``prelude`` (the
-    ``before_job`` hook) runs first, in the body's thread and context."""
+    ``before_job`` hook) runs first, in the body's thread and context; ``fence`` guards the
+    uploads of its files."""
     box: list[Outcome] = []
     done = threading.Event()
 
@@ -279,9 +301,9 @@ def run_in_thread(
             with capture(log):
                 if prelude is not None:
                     prelude()
-                data = call_body(fn, kind, args, kwargs, stop, emit, spec)
+                data = call_body(fn, kind, args, kwargs, stop, emit, spec, fence=fence)
             box.append(Outcome("ok", value=data))
-        except _Stopped:
+        except Stopped:
             box.append(Outcome("stopped"))
         except Unsendable as e:
             box.append(Outcome("error", error=fatal_error(e)))
