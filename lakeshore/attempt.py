@@ -135,7 +135,7 @@ class Attempt:
         self.why = ""  # "killed" | "lost" | "timeout" | "released"
         self.finished = threading.Event()
         self.final = ""
-        self.last_ok = time.monotonic()
+        self.interrupted = False  # ended by a signal meant for the whole worker
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
@@ -147,19 +147,26 @@ class Attempt:
         once the attempt has stopped."""
         rec = self.held.record
         with self.lock:
+            sent = time.monotonic()
             try:
                 self.held = self.ops.heartbeat(self.held, self.ops.store.now())
-                self.last_ok = time.monotonic()
-                return self.last_ok + rec.lease_s / 3
+                return sent + rec.lease_s / 3  # the new lease counts from the send
             except Conflict:
                 self._recheck()
             except (StoreError, lifecycle.IllegalTransition) as e:
                 log.warning("heartbeat of %s failed: %s", rec.id, e)
-        if time.monotonic() - self.last_ok > rec.lease_s:
-            self.halt("lost")  # self-fence: someone may have reaped us by now
+            if not self.stop.is_set() and self.lease_left() < fence_margin(rec.lease_s):
+                # self-fence while the lease still holds: once it runs out, another worker
+                # may take the job over, and this body must have stopped by then
+                self.halt("lost")
         if self.stop.is_set():
             return None
-        return time.monotonic() + rec.lease_s / 3
+        return time.monotonic() + rec.lease_s / 6  # failed: try again sooner
+
+    def lease_left(self) -> float:
+        """Seconds of the held lease still ahead, in the store's clock."""
+        lease = self.held.record.lease
+        return lease.expires_at - self.ops.store.now() if lease is not None else 0.0
 
     def _recheck(self) -> None:
         try:
@@ -183,6 +190,11 @@ class Running(Protocol):
     def discard(self, att: Attempt) -> None: ...
 
 
+def fence_margin(lease_s: float) -> float:
+    """How long before its lease runs out a holder that cannot renew stops its body."""
+    return lease_s / 6
+
+
 def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> Attempt:
     """Run one claimed attempt to its end and write the outcome. ``running`` holds the
     attempt while it runs, so a stopping worker can release it.
@@ -194,6 +206,10 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     rec = held.record
     t0 = time.monotonic()
     att = Attempt(ops, held)
+    if att.lease_left() < rec.lease_s * 2 / 3:
+        # The claim's write took over a third of the lease to come back: renew before the
+        # body starts, and do not start it unless the renewal shows the lease is still ours.
+        att.beat()
     slot.heartbeats.attach(att)
     timer = None
     if rec.timeout_s is not None:
@@ -205,8 +221,10 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     logs = log_writer(ops.store, ops.keys, rec.id, rec.attempt)
     running.add(att)
     try:
-        # the body's time starts when the body does (not while a child loads its model)
-        outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs), timer)
+        if att.stop.is_set():  # the renewal above found the lease gone (or a cancel)
+            outcome = Outcome("stopped")
+        else:  # the body's time starts when the body does (not while a child loads its model)
+            outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs), timer)
     except BaseException:
         att.halt("released")
         outcome = Outcome("stopped")
@@ -306,6 +324,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         if outcome.kind == "stopped" and att.why in ("released", ""):
             # released at the end of a shutdown's grace, or interrupted by a signal meant
             # for the whole worker: handed back, the attempt not counted
+            att.interrupted = att.why == ""
             _quietly(journal.close)
             try:
                 ops.finish(held, lifecycle.release(rec, token, now))

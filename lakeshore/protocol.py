@@ -211,9 +211,20 @@ class QueueOps:
         self.put_ready(rec)
         self.store.put(self.keys.record(rec.id), rec.to_bytes(), CREATE)
 
-    def claim(self, worker: str, now: float, lease_s: float | None = None) -> Claimed | None:
-        """Try to take one queued invocation; None when there is nothing to take.
+    def claim(
+        self,
+        worker: str,
+        now: float,
+        lease_s: float | None = None,
+        stopping: Callable[[], bool] | None = None,
+    ) -> Claimed | None:
+        """Try to take one queued invocation; None when there is nothing to take (or
+        ``stopping()`` turned true: no claim is written after that).
         ``lease_s`` overrides the invocation's lease length for this attempt.
+
+        ``now`` is the store time the caller read; each candidate is judged at the later of
+        it and a fresh reading, and the lease is counted from a reading taken just before the
+        claim's write, so a claim slowed by many reads still writes a full lease.
 
         Running invocations whose lease has run out are requeued (or failed) on the way;
         corrupt records are marked failed so they never block the queue; invocations
@@ -222,6 +233,9 @@ class QueueOps:
         self._me = worker
         lists = 0
         while True:
+            if stopping is not None and stopping():
+                return None
+            now = max(now, self.store.now())
             info = self._next_candidate(now)
             if info is None:
                 if lists >= _LISTS_PER_CLAIM or not self._list(now):
@@ -229,7 +243,7 @@ class QueueOps:
                 lists += 1
                 continue
             try:
-                got = self._try_claim(info, worker, now, lease_s)
+                got = self._try_claim(info, worker, now, lease_s, stopping)
             finally:
                 with self._lock:
                     self._trying.discard(info.key)
@@ -369,14 +383,25 @@ class QueueOps:
         return (rec, etag, hint_etag), moved
 
     def _try_claim(
-        self, info: ObjectInfo, worker: str, now: float, lease_s: float | None = None
+        self,
+        info: ObjectInfo,
+        worker: str,
+        now: float,
+        lease_s: float | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> Claimed | None:
         seen, _ = self._examine(info, now)
-        if seen is None:
+        if seen is None or (stopping is not None and stopping()):
             return None
         rec, etag, hint_etag = seen
         token = write_id()
-        running = lifecycle.claim(rec, worker, token, now, lease_s)
+        # The lease counts from the clock read right before the write, not from when the
+        # claim began: a slow read or a long walk past running records must not eat into it.
+        now = max(now, self.store.now())
+        try:
+            running = lifecycle.claim(rec, worker, token, now, lease_s)
+        except lifecycle.IllegalTransition:
+            return None  # its start deadline passed meanwhile: the next claim ends it
         try:
             new_etag = self.cas(running, etag)
         except Conflict:

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakeshore import codec
+from lakeshore import codec, lifecycle
 from lakeshore.admission import sweep_rate
 from lakeshore.attempt import Attempt, Slot, run_attempt
 from lakeshore.child import HookFailed, Hooks
-from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, StoreError
 from lakeshore.keys import worker_key
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.store.base import OVERWRITE
@@ -331,8 +331,18 @@ def _serve(
         idle, delay = False, 0.005
         with state.lock:
             state.idle_delay = 0.005
+        if state.stop.is_set():
+            # the stop came while the claim was in flight: hand the job back unstarted
+            _hand_back(q, held)
+            state.give_back()
+            return
         try:
-            run_attempt(slot, q, held, _Tracked(state))
+            att = run_attempt(slot, q, held, _Tracked(state))
+            if att.interrupted:
+                # its body process was ended by SIGTERM/SIGINT: a signal for the whole
+                # process group, this worker included, whose handler may not have run yet
+                # (it runs on the main thread). Stop claiming now, not one claim later.
+                state.stop.set()
         except HookFailed:
             raise
         except LakeshoreError as e:
@@ -350,13 +360,28 @@ def _claim(state: _State, ops: list[QueueOps], turn: int) -> tuple[Claimed | Non
     for i in range(len(ops)):
         q = ops[(turn + i) % len(ops)]
         try:
-            held = q.claim(state.worker_id, state.plane.store.now(), state.lease_s)
+            held = q.claim(
+                state.worker_id, state.plane.store.now(), state.lease_s, state.stop.is_set
+            )
         except StoreError as e:
             log.warning("claim on %s failed: %s", q.keys.queue, e)
             continue
         if held is not None:
             return held, q, (turn + i + 1) % len(ops)
     return None, ops[turn % len(ops)], turn
+
+
+def _hand_back(q: QueueOps, held: Claimed) -> None:
+    """Release a claimed attempt that was never started (queued again at once, the
+    attempt not counted)."""
+    rec = held.record
+    try:
+        q.finish(held, lifecycle.release(rec, held.token, q.store.now()))
+        log.info("%s %s attempt %d -> released before it started", rec.fn, rec.id, rec.attempt)
+    except (Conflict, lifecycle.IllegalTransition):
+        pass  # moved meanwhile (a cancel): nothing of ours to hand back
+    except LakeshoreError as e:
+        log.warning("handing back %s failed (its lease will expire): %s", rec.id, e)
 
 
 class _Tracked:

@@ -49,6 +49,7 @@ from lakeshore.store.base import (
     conflict,
     not_found,
 )
+from lakeshore.store.clock import machine_clock
 
 __all__ = ["LocalStore"]
 
@@ -72,7 +73,13 @@ def _decode(name: str) -> str:
 class LocalStore(Store):
     """A store on a local directory; see the module docstring for the guarantees."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         path = Path(root).expanduser()
         if not path.is_absolute():
             path = Path.cwd() / path
@@ -92,6 +99,8 @@ class LocalStore(Store):
                 "pick a writable directory or fix its permissions",
                 path=str(path),
             ) from e
+        # one clock for every process on this machine, and no wall-clock step moves it
+        self._clock = machine_clock(path, wall_clock)
 
     def files_location(self) -> tuple[str, dict[str, Any]]:
         return self.url, {}
@@ -121,6 +130,9 @@ class LocalStore(Store):
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + raw + data)
+                # listings report the store's clock, not the wall clock (see now())
+                t = self._clock()
+                os.utime(f.fileno(), (t, t))
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
@@ -295,7 +307,7 @@ class LocalStore(Store):
             yield ObjectInfo(key, etag, st.st_size - _HEADER, st.st_mtime)
 
     def now(self) -> float:
-        return time.time()
+        return self._clock()
 
 
 def _os_error(op: str, key: str, e: OSError) -> LakeshoreError:
