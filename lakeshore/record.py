@@ -301,8 +301,6 @@ def _error(v: Any) -> None:
         return
     if type(v) is not dict or not all(type(k) is str and type(x) is str for k, x in v.items()):
         raise _Bad("error", "must be a map of str to str (type, message, traceback) or None")
-    if "type" not in v or "message" not in v:
-        raise _Bad("error", "must have a type and a message")
 
 
 def _journal(v: Any) -> None:

@@ -50,7 +50,7 @@ MISTYPED = {
     "args": {"inline": 10**18},  # bytes(10**18) before: a MemoryError in the slot
     "priority": "high",
     "lease": [1, 2],
-    "error": "boom",
+    "error": {"type": 1},
     "attempt": True,
     "max_attempts": 0,
     "submitted_at": None,

@@ -18,7 +18,10 @@ becomes ``%2Eobj``: then no directory name can ever equal an object's file name.
     .tmp/                            temp files being written (leftovers of a crash are inert)
 
 The etag is 16 random bytes stored in the object's own header, so it changes on every write
-(even of identical bytes) and is read in the same ``open`` as the data. The ``.obj`` suffix
+(even of identical bytes) and is read in the same ``open`` as the data. A file without the
+header (stray or damaged) reads as an object holding the whole file, with a hash of the file
+as its etag: the layers above judge its bytes (and overwrite it by ``if_match``) instead of
+the store refusing every read and listing that meets it. The ``.obj`` suffix
 lets ``a`` and ``a/b`` both exist as keys, as they can on S3. Fsync is off by default (a
 crashed *process* loses nothing; a crashed *machine* may lose the last writes): pass
 ``fsync=True`` or ``?fsync=1`` in the URL to fsync each object and its directory entry.
