@@ -146,7 +146,10 @@ def _ndarray(data: bytes) -> Any:
             "pip install numpy in this environment",
         ) from None
     # plain msgpack, no extension types: an ext in here stays an ExtType and is refused below
-    parts = msgpack.unpackb(data, raw=False, **_limits(data))
+    n = len(data)
+    parts = msgpack.unpackb(
+        data, raw=False, max_str_len=n, max_bin_len=n, max_array_len=n, max_map_len=n // 2
+    )
     if not (type(parts) is list and len(parts) == 3):
         raise _bad("a numpy array is not [dtype, shape, bytes]")
     dtype_str, shape, raw = parts
@@ -170,23 +173,21 @@ def _ndarray(data: bytes) -> Any:
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
-def _limits(data: bytes) -> dict[str, int]:
-    # msgpack derives these from the input too; spelled out so no version of it can differ:
-    # no declared length may promise more items or bytes than the input holds
-    n = len(data)
-    return {
-        "max_str_len": n,
-        "max_bin_len": n,
-        "max_array_len": n,
-        "max_map_len": n // 2,
-        "max_ext_len": n,
-    }
-
-
 def _unpack_level(data: bytes) -> Any:
-    """One level: nested tuples come back as _Deferred."""
+    """One level: nested tuples come back as _Deferred. No declared length may promise more
+    items or bytes than the input holds (msgpack derives the same bounds itself; spelled out
+    so that no version of it can differ)."""
+    n = len(data)
     return msgpack.unpackb(
-        data, ext_hook=_ext_hook, raw=False, strict_map_key=False, **_limits(data)
+        data,
+        ext_hook=_ext_hook,
+        raw=False,
+        strict_map_key=False,
+        max_str_len=n,
+        max_bin_len=n,
+        max_array_len=n,
+        max_map_len=n // 2,
+        max_ext_len=n,
     )
 
 
