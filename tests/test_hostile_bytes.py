@@ -452,3 +452,14 @@ def test_numpy_arrays_still_round_trip() -> None:
 def test_every_record_decoder_error_is_a_record_error() -> None:
     with pytest.raises(RecordError):
         Record.from_bytes(mistyped_record("not_before", "soon"))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"rev": "x"}, {"wid": 5}, {"v": True}, {"max_depth": True}, {"lease_s": float("nan")}],
+)
+def test_a_mistyped_queue_record_is_a_record_error(fields: dict[str, Any]) -> None:
+    from lakeshore.queueconf import QueueConfig
+
+    with pytest.raises(RecordError):
+        QueueConfig.from_bytes(msgpack.packb({"v": 1, **fields}))
