@@ -44,12 +44,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from lakeshore import lifecycle
-from lakeshore.errors import Conflict, LakeshoreError, NotFound, StoreError
+from lakeshore.errors import Conflict, LakeshoreError, NotFound, PermissionDenied, StoreError
 from lakeshore.keys import QueueKeys
 from lakeshore.record import Blob, NewerRecord, Record, RecordError, write_id
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
-__all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
+__all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps", "corrupt_stub"]
 
 log = logging.getLogger("lakeshore.worker")
 
@@ -61,6 +61,7 @@ _MAX_SPREAD = 64  # widest random pick over the head of the queue once claims co
 _SCAN = 5000  # ready hints looked at (listed, not read) per LIST at most
 _LISTS_PER_CLAIM = 4
 _NARROW_AFTER = 16  # clean claims in a row before the spread halves again
+_BAD_HINT_S = 60.0  # a hint whose examination raised something unexpected: passed over this long
 
 
 _Claimable = tuple[Record, str, str]  # record, its etag, the ready hint's etag
@@ -111,7 +112,7 @@ class QueueOps:
             RecordError: the object is corrupt or of a newer schema.
         """
         data, etag = self.store.get(self.keys.record(inv))
-        return Record.from_bytes(data, self.keys.record(inv)), etag
+        return _decode(data, self.keys, inv), etag
 
     def cas(self, rec: Record, etag: str) -> str:
         """Write ``rec`` over the version ``etag``; Conflict when someone wrote first."""
@@ -244,6 +245,14 @@ class QueueOps:
                 continue
             try:
                 got = self._try_claim(info, worker, now, lease_s, stopping)
+            except (StoreError, PermissionDenied):
+                raise  # the store's trouble, not this hint's: the caller decides
+            except Exception:
+                # A bug or a shape nobody foresaw: one object must not stop the worker. Pass
+                # this hint over for a while (until it changes) and serve the others.
+                log.exception("claim on %s: passing over %s for now", self.keys.queue, info.key)
+                self._remember(info, now + _BAD_HINT_S)
+                continue
             finally:
                 with self._lock:
                     self._trying.discard(info.key)
@@ -420,18 +429,9 @@ class QueueOps:
             data, etag = self.store.get(self.keys.record(inv))
         except NotFound:
             return False
-        if _usable(data):
+        if _usable(data, self.keys, inv):
             return False  # rewritten meanwhile (or of a newer schema): not ours to fail
-        stub = Record(
-            id=inv,
-            ns=self.keys.ns,
-            queue=self.keys.queue,
-            fn="?",
-            args=Blob(inline=b""),
-            state="failed",
-            error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
-            finished_at=now,
-        )
+        stub = corrupt_stub(self.keys, inv, err, now)
         try:
             self.store.put(self.keys.record(inv), stub.to_bytes(), if_match(etag))
         except Conflict:
@@ -518,10 +518,49 @@ class QueueOps:
         return moved
 
 
-def _usable(data: bytes) -> bool:
+def corrupt_stub(
+    keys: QueueKeys,
+    inv: str,
+    err: RecordError,
+    finished_at: float | None,
+    submitted_at: float = 0.0,
+) -> Record:
+    """The failed record that replaces an unreadable one (``CorruptRecord``, saying why)."""
+    return Record(
+        id=inv,
+        ns=keys.ns,
+        queue=keys.queue,
+        fn="?",
+        args=Blob(inline=b""),
+        state="failed",
+        error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
+        submitted_at=submitted_at,
+        finished_at=finished_at,
+    )
+
+
+def _decode(data: bytes, keys: QueueKeys, inv: str) -> Record:
+    """The record stored for ``inv``; it must name itself as the one at this key, or a
+    write meant for it would land on another invocation's record.
+
+    Raises:
+        RecordError: corrupt, or a record of another invocation. NewerRecord: newer schema.
+    """
+    where = keys.record(inv)
+    rec = Record.from_bytes(data, where)
+    if (rec.id, rec.ns, rec.queue) != (inv, keys.ns, keys.queue):
+        raise RecordError(
+            f"read {where}",
+            f"the record names another invocation ({rec.ns}/{rec.queue}/{rec.id})",
+            "the object was copied or written by hand; cancel or delete the invocation",
+        )
+    return rec
+
+
+def _usable(data: bytes, keys: QueueKeys, inv: str) -> bool:
     """True unless ``data`` is a corrupt record (a newer schema is not corrupt)."""
     try:
-        Record.from_bytes(data)
+        _decode(data, keys, inv)
     except NewerRecord:
         return True
     except RecordError:

@@ -363,8 +363,11 @@ def _claim(state: _State, ops: list[QueueOps], turn: int) -> tuple[Claimed | Non
             held = q.claim(
                 state.worker_id, state.plane.store.now(), state.lease_s, state.stop.is_set
             )
-        except StoreError as e:
+        except LakeshoreError as e:
             log.warning("claim on %s failed: %s", q.keys.queue, e)
+            continue
+        except Exception:  # never let one claim end the slot: the next poll tries again
+            log.exception("claim on %s failed unexpectedly", q.keys.queue)
             continue
         if held is not None:
             return held, q, (turn + i + 1) % len(ops)
