@@ -1,12 +1,18 @@
 """Submitting: from a call to a published invocation record.
 
 The steps, in order: validate options and bind the call to the function's signature (the
-input hash), encode the arguments, look at the idempotency key, pass admission (slots and
-rate tokens), take the key (create-only), upload the producer's pending files, then publish:
-spilled arguments, id index, ready hint, record (create-only). Anything that fails after
-admission gives its slot and token back. A key whose first submitter died between the key
-object and the record is repaired by the next submit with that key, once the first had
-``KEY_REPAIR_GRACE_S`` to finish.
+input hash), encode the arguments, upload the producer's pending files, look at the
+idempotency key, pass admission (slots and rate tokens), take the key (create-only), then
+publish: spilled arguments, id index, ready hint, record (create-only). Anything that fails
+after admission gives its slot and token back.
+
+A key whose first submitter died between the key object and the record is repaired by the
+next submit with that key, once the first had ``KEY_REPAIR_GRACE_S`` to finish: the old id
+is fenced with a tombstone (``lakeshore.fence``) and the key moves to a new invocation by
+compare-and-swap. Nothing is ever written under an id whose record was deleted or fenced,
+so gc, which deletes an expired record before its folder, hint and key, can never remove
+a part of a live invocation. A submit that finds a tombstone at its own id (it was too slow
+and judged dead) never returns that id: it raises, or, with a key, starts over.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ def submit_call(
         KeyReused: strict idempotency and the key names different arguments.
         QueueFull: admission refused the submit (or no room came within
             ``submit_timeout`` seconds on a blocking queue).
+        Conflict: the submit stalled so long that it was judged dead and fenced out
+            (nothing was submitted; submit again), or a key kept changing under it.
+        StoreError: the key's object in the store is not one lakeshore wrote, or the
+            store failed.
     """
     conf = plane.settings.get(udf.queue)
     prio = priority if priority is not None else (udf.priority if udf.priority is not None else 5)
@@ -279,7 +289,8 @@ def _read_key(job: _Job, key: str, inv: str, create: bool) -> _Key | None:
             key=where,
         )
     ident, input_hash, at = held
-    return _Key(ident, input_hash, at, etag)
+    # naming our own id: our create landed and only its answer was lost (a retried request)
+    return _Key(ident, input_hash, at, etag, mine=ident == inv)
 
 
 def _write_key(job: _Job, key: str, inv: str, replacing: _Key | None) -> bool:
@@ -288,10 +299,15 @@ def _write_key(job: _Job, key: str, inv: str, replacing: _Key | None) -> bool:
     store = job.plane.store
     body = _key_body(inv, job.draft.input_hash, store.now())
     mode = CREATE if replacing is None else if_match(replacing.etag)
+    where = job.ops.keys.idem(key)
     try:
-        store.put(job.ops.keys.idem(key), body, mode)
+        store.put(where, body, mode)
     except Conflict:
-        return False
+        try:  # a retried request whose first try landed meets its own write
+            held = parse_key(store.get(where)[0])
+        except NotFound:
+            return False
+        return held is not None and held[0] == inv
     return True
 
 
