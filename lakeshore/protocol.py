@@ -9,7 +9,8 @@ below keep the invariant through any crash between two requests:
 
 * **submit**: [args object] → [id index] → ready hint → record (create-only). A hint whose
   record is missing is either in flight or orphaned: claimers look again after as long as it
-  has existed, and delete it once it is older than ``ORPHAN_GRACE_S``.
+  has existed, and delete it once it is older than ``ORPHAN_GRACE_S``. A submit whose two
+  writes took longer than ``SLOW_SUBMIT_S`` rewrites the hint after its record landed.
 * **claim**: list ready hints → get record → CAS record to running. Nothing else: the hint
   stays while the job runs. One listing serves several claims of this process (for up to
   ``_LISTING_S``), and the process's slots take different candidates from it.
@@ -49,11 +50,17 @@ from lakeshore.keys import QueueKeys
 from lakeshore.record import Blob, NewerRecord, Record, RecordError, write_id
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
-__all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps", "corrupt_stub"]
+__all__ = ["ORPHAN_GRACE_S", "SLOW_SUBMIT_S", "Claimed", "QueueOps", "corrupt_stub"]
 
 log = logging.getLogger("lakeshore.worker")
 
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
+# A submit whose hint and record writes took longer than this writes the hint once more.
+# Far below ORPHAN_GRACE_S: a claimer that judges the hint an orphan before a faster submit's
+# record lands would need a clock 60 - 10 - 1 s (whole-second last_modified) = 49 s ahead
+# of the store's, beyond the 30 s of skew the suite tests.
+SLOW_SUBMIT_S = 10.0
+_monotonic = time.monotonic  # the submit's stopwatch (tests replace it)
 _RERUN_GRACE_S = 30.0  # a ready hint beside a terminal record may be a rerun until this old
 _LISTING = 1000  # candidates kept from one LIST of the ready hints (one S3 page)
 _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
@@ -208,9 +215,23 @@ class QueueOps:
     # -- steps ---------------------------------------------------------------------------------
 
     def submit(self, rec: Record) -> None:
-        """Publish a new invocation: ready hint, then the record (create-only)."""
+        """Publish a new invocation: ready hint, then the record (create-only).
+
+        A claimer drops a hint whose record is missing once the hint is ``ORPHAN_GRACE_S``
+        old. When the two writes took longer than ``SLOW_SUBMIT_S``, the hint is written
+        again after the record, with new bytes (a new etag, also where the etag is a content
+        hash): a claimer's conditional delete of the old hint then fails, and a hint it
+        already deleted is back. A fast submit costs nothing extra.
+
+        Raises:
+            Conflict: a record exists at ``rec.id`` already.
+        """
+        started = _monotonic()
         self.put_ready(rec)
         self.store.put(self.keys.record(rec.id), rec.to_bytes(), CREATE)
+        if _monotonic() - started > SLOW_SUBMIT_S:
+            key = self.keys.ready(rec.priority, rec.id)
+            self.store.put(key, f"{rec.wid}.{write_id()}".encode(), OVERWRITE)
 
     def claim(
         self,

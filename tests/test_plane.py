@@ -200,10 +200,12 @@ def test_key_repair_after_a_crash_between_key_and_record(plane: Any) -> None:
     ops = q.ops("default")
     orphan = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     q.store.put(ops.keys.idem("k1"), codec.encode({"id": orphan, "input_hash": "?"}))
-    assert f.submit(1, _key="k1") == orphan  # the record is written now
-    assert q.status(orphan) == "queued"
+    repaired = f.submit(1, _key="k1")  # the key moves to a new invocation
+    assert repaired != orphan and q.status(repaired) == "queued"
+    assert q.get(orphan).error["type"] == "SubmitAbandoned"  # type: ignore[index]
+    assert f.submit(1, _key="k1") == repaired  # the key names the new one from now on
     dls.run_worker(q, once=True)
-    assert q.result(orphan) == 2
+    assert q.result(repaired) == 2
 
 
 def test_deadline_passes_while_queued(plane: Any) -> None:
