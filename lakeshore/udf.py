@@ -362,6 +362,11 @@ def load_body(
                 "pattern admits it"
             )
         module = _import(module_name, ref)
+    elif module_name in sys.modules:
+        # Present, but maybe half made: another slot (or a body) may be importing it right
+        # now. import_module imports nothing new for a module in sys.modules; it waits for
+        # an import under way to finish, so its functions are not judged missing.
+        module = _import(module_name, ref)
     try:
         obj = _walk(module, qualname)
     except (AttributeError, TypeError) as e:

@@ -14,6 +14,7 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ import pytest
 import lakeshore as dls
 from lakeshore.record import Record
 from lakeshore.store import MemoryStore, Store
+from lakeshore.udf import Allow, load_body
 from tests import jobs
 from tests.conftest import make_plane
+from tests.waiting import poll
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARY = "tests.trust_canary"
@@ -230,6 +233,43 @@ def test_a_child_runs_only_jobs_its_parent_approved() -> None:
         assert ok.kind == "ok"
     finally:
         child.close()
+
+
+def test_a_module_another_thread_is_importing_is_waited_for_not_judged_half_made() -> None:
+    """Found by the crash suite: slots of a worker with ``--allow`` met the module one of
+    them was importing, in sys.modules without its functions yet, and failed the job."""
+    name = "tests.trust_slow"
+    sys.modules.pop(name, None)
+    jobs.IMPORT_GATE.clear()
+    importer = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+    importer.start()
+    try:
+        poll(lambda: name in sys.modules, 30, "the import under way")
+        found: dict[str, Any] = {}
+
+        def load(ref: str, allow: list[str]) -> None:
+            try:
+                found[ref] = load_body(ref, {}, Allow(allow))
+            except Exception as e:
+                found[ref] = e
+
+        loaders = [
+            threading.Thread(target=load, args=(f"{name}:body", [f"{name}:*"]), daemon=True),
+            threading.Thread(target=load, args=(f"{name}:stamp", []), daemon=True),
+        ]
+        for t in loaders:
+            t.start()
+        for t in loaders:
+            t.join(1.0)  # bounded: they must still be waiting for the import, not done
+        assert all(t.is_alive() for t in loaders), found
+    finally:
+        jobs.IMPORT_GATE.set()
+        importer.join(30)
+    for t in loaders:
+        t.join(30)
+    assert found[f"{name}:body"]() == "plain"
+    assert isinstance(found[f"{name}:stamp"], dls.Udf) and found[f"{name}:stamp"]() == "decorated"
+    sys.modules.pop(name, None)
 
 
 # -- (5) the command line ------------------------------------------------------------------
