@@ -365,7 +365,8 @@ def load_body(
     elif module_name in sys.modules:
         # Present, but maybe half made: another slot (or a body) may be importing it right
         # now. import_module imports nothing new for a module in sys.modules; it waits for
-        # an import under way to finish, so its functions are not judged missing.
+        # an import under way to finish, so its functions are not judged missing. (Only if
+        # that import fails does it try once more: a module this process chose to import.)
         module = _import(module_name, ref)
     try:
         obj = _walk(module, qualname)
