@@ -33,7 +33,7 @@ from lakeshore.logs import log_writer, text_sink
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, RecordError
 from lakeshore.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
-from lakeshore.udf import Udf, UnknownFunction, body_kind, resolve
+from lakeshore.udf import Allow, Udf, UnknownFunction, body_kind, load_body
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
@@ -112,6 +112,7 @@ class Slot:
     plane: Dispatch
     isolation: str
     hooks: Hooks
+    allow: Allow = field(default_factory=Allow)  # the operator's allow-list (run_worker)
     child: ChildProcess | None = None
     body: BodyThread = field(default_factory=BodyThread)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
@@ -268,7 +269,7 @@ def _execute(
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}", slot.plane.max_payload_bytes)
         args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
-        target = _load(rec, slot.plane)
+        target = _load(rec, slot.plane, slot.allow)
     except StoreUnavailable as e:  # may work next time
         return Outcome("error", error=error_of(e))
     except LakeshoreError as e:  # missing, tampered or undecodable input; unknown function
@@ -282,7 +283,7 @@ def _execute(
     if isolation == "process":
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks)
-        job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec)
+        job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True)  # by _load
         return slot.child.run(job, stop, journal.add, log_sink, timer.start if timer else None)
 
     if timer is not None:
@@ -294,10 +295,13 @@ def _execute(
     )
 
 
-def _load(rec: Record, plane: Dispatch) -> Any:
-    """The callable an invocation names; pickled ones only where the worker opted in."""
+def _load(rec: Record, plane: Dispatch, allow: Allow) -> Any:
+    """The callable an invocation names, if this worker declared it as a body (see
+    :func:`lakeshore.udf.load_body`); pickled ones only where the worker opted in. This is
+    the one place a worker decides what it runs: a child process runs only what passed here.
+    """
     if rec.fn_pickle is None:
-        return resolve(rec.fn, plane.registry)
+        return load_body(rec.fn, plane.registry, allow)
     if not plane.allow_pickle:
         raise UnknownFunction(
             f"load {rec.fn}",

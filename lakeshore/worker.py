@@ -34,6 +34,7 @@ from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, StoreErr
 from lakeshore.keys import worker_key
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.store.base import OVERWRITE
+from lakeshore.udf import Allow
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
@@ -55,6 +56,7 @@ class _State:
     max_jobs: int | None
     stop: threading.Event
     hooks: Hooks = field(default_factory=Hooks)
+    allow: Allow = field(default_factory=Allow)
     lease_s: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle_turn: threading.Lock = field(default_factory=threading.Lock)
@@ -99,6 +101,7 @@ def run_worker(
     on_stop: Any = None,
     handle_signals: bool = False,
     announce_s: float = 30.0,
+    allow: list[str] | None = None,
 ) -> int:
     """Serve invocations from ``queues`` of ``plane``; return how many attempts it ran.
 
@@ -129,9 +132,14 @@ def run_worker(
         handle_signals: SIGTERM/SIGINT stop the worker as ``stop`` does; a second one exits
             the process at once. Only from the main thread.
         announce_s: how often the worker's sign of life is written.
+        allow: ``"module:qualname"`` patterns (fnmatch-style, ``"mypkg.jobs:*"``) of
+            functions this worker may run although they are not decorated, importing their
+            module if need be. Without it the worker runs only declared bodies: functions
+            decorated on ``plane``, and ``@udf`` functions of modules already imported in
+            this process. Anything else an invocation names fails it, never called.
 
     Raises:
-        InvalidArgument: a bad option or hook.
+        InvalidArgument: a bad option, hook or ``allow`` pattern.
         HookFailed: ``on_start`` raised (no job was run by that process).
     """
     if (
@@ -151,6 +159,7 @@ def run_worker(
     if once and idle_exit is None:
         idle_exit = 0.0  # one pass over the queues
     hooks = Hooks.of(on_start, before_job, on_stop)
+    allowed = Allow(allow or ())
     state = _State(
         plane=plane,
         worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}",
@@ -158,6 +167,7 @@ def run_worker(
         max_jobs=1 if once else max_jobs,
         stop=stop or threading.Event(),
         hooks=hooks,
+        allow=allowed,
         lease_s=lease_s,
     )
     names = queues or plane.queues()
@@ -282,7 +292,7 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
 
 
 def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_s: float) -> None:
-    slot = Slot(state.plane, state.isolation, state.hooks)
+    slot = Slot(state.plane, state.isolation, state.hooks, allow=state.allow)
     with state.lock:
         state.slots.append(slot)
     try:

@@ -181,6 +181,9 @@ def submit_loop(plane: Any, queue: str, n: int, seconds: float, start: float) ->
     return [acc, rej]
 
 
+IMPORT_GATE = threading.Event()  # tests/trust_slow.py's import waits on it
+
+
 # -- bodies that read and write files (dls.run) ---------------------------------------------
 
 GATE = threading.Event()  # a generator body waits on it after its first yield

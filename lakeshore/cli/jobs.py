@@ -12,7 +12,7 @@ from typing import Any
 from lakeshore.cli.common import add_common, ago, plane, print_json, wall
 from lakeshore.errors import InvalidArgument
 from lakeshore.record import TERMINAL, Record
-from lakeshore.udf import Udf, resolve
+from lakeshore.udf import Udf, import_ref
 
 __all__ = ["register"]
 
@@ -41,7 +41,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             "submit", f"{args.function!r} is not module:function", "e.g. mypkg.jobs:resize"
         )
     q = plane(args)
-    target = resolve(args.function, {})
+    target = import_ref(args.function)  # the user names it here, on their own authority
     fn = target.fn if isinstance(target, Udf) else target
     queue = args.queue or (target.queue if isinstance(target, Udf) else "default")
     options: dict[str, Any] = {"_key": args.key} if args.key else {}
