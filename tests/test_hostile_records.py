@@ -129,7 +129,11 @@ def test_deeply_nested_arguments_fail_cleanly_and_the_worker_keeps_serving(
         q.ops("default").submit(rec)  # hint + record, as any producer may write them
     good = [q.udf(jobs.add_one).submit(i) for i in range(3)]
     out = subprocess.run(
-        lakeshore_cmd("worker", "--isolation", isolation, "--idle-exit", "1", "--max-poll", "0.1"),
+        lakeshore_cmd(
+            "worker",
+            *("--allow", "tests.jobs:*", "--isolation", isolation),
+            *("--idle-exit", "1", "--max-poll", "0.1"),
+        ),
         env=env_for(url),
         capture_output=True,
         text=True,
