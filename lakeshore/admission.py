@@ -10,7 +10,9 @@ LIST of the slots plus one PUT — never a scan of the queue. A retry keeps its 
 
 A slot whose invocation ended without deleting it (a crash in between) makes the queue look
 fuller than it is, never emptier. When a queue looks full, the submitter checks a few of its
-oldest slots and frees those whose invocation is terminal or missing.
+oldest slots and frees those whose invocation is terminal or missing. A missing record may be
+a submit that is only slow: its id is fenced first (``lakeshore.fence``), so that submit
+fails instead of creating a live invocation beyond the limit.
 
 **Rate by window tokens.** ``rate_limit = N/period`` splits the store's clock into windows of
 ``period`` seconds; a submit must create one of the N token objects of the current window
@@ -27,8 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakeshore.errors import Conflict, LakeshoreError, NotFound
-from lakeshore.keys import QueueKeys
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
+from lakeshore.fence import fence
+from lakeshore.keys import QueueKeys, check_id
 from lakeshore.protocol import QueueOps
 from lakeshore.record import RecordError
 from lakeshore.store.base import CREATE, ObjectInfo
@@ -41,6 +44,7 @@ __all__ = [
     "acquire_slot",
     "admit",
     "give_back_rate",
+    "rate_text",
     "sweep_rate",
 ]
 
@@ -52,7 +56,8 @@ _TRIES = 8
 class QueueFull(LakeshoreError):
     """Admission refused a submit: the queue is at ``max_depth`` or past its ``rate_limit``.
 
-    Attributes: ``queue``, ``reason`` ("max_depth" or "rate_limit"), ``limit``.
+    Attributes: ``queue``, ``reason`` ("max_depth" or "rate_limit"), ``limit`` (the depth, or
+    the count per period) and ``limit_text`` (the setting as written: ``"100"``, ``"5/s"``).
     """
 
 
@@ -99,7 +104,13 @@ def _free(taken: set[int], limit: int) -> list[int]:
 
 
 def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
-    """Free leaked slots among the oldest few; True if any was freed."""
+    """Free leaked slots among the oldest few; True if any was freed.
+
+    A slot is leaked when its invocation is terminal, or has no record. No record may also
+    mean a submit that is only slow (producer uploads, a stalled process): before freeing
+    such a slot, the holder's id is fenced with a tombstone record (create-only), so that
+    submit can no longer create its record and raises instead. If the tombstone loses, the
+    record landed meanwhile and is judged like any other."""
     old = sorted(
         (i for i in infos if i.last_modified < now - SLOT_REPAIR_AGE_S),
         key=lambda i: i.last_modified,
@@ -107,18 +118,46 @@ def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
     freed = False
     for info in old[:_REPAIR_SAMPLE]:
         try:
-            holder = ops.store.get(info.key)[0].decode().split(" ")[0]
-            rec, _ = ops.read(holder)
-            leaked = rec.terminal
+            body = ops.store.get(info.key)[0]
         except NotFound:
-            leaked = True  # the submit died before its record, or the record was removed
-        except (RecordError, UnicodeDecodeError, LakeshoreError):
+            continue  # freed meanwhile
+        except LakeshoreError:
             continue
+        holder = _holder(body)
+        if holder is None:
+            leaked = True  # not written by a submit (a submit writes "<id> <nonce>" at once)
+        else:
+            try:
+                leaked = _ended(ops, holder, now)
+            except (RecordError, LakeshoreError):
+                continue
         if leaked:
             with contextlib.suppress(Conflict):
                 ops.store.delete(info.key, if_match=info.etag)
                 freed = True
     return freed
+
+
+def _holder(body: bytes) -> str | None:
+    """The invocation id a slot object names, or None when it names none."""
+    try:
+        return check_id(body.decode("ascii").split(" ")[0])
+    except (UnicodeDecodeError, InvalidArgument):
+        return None
+
+
+def _ended(ops: QueueOps, holder: str, now: float) -> bool:
+    """True when the slot's invocation is terminal or can no longer be created."""
+    try:
+        return ops.read(holder)[0].terminal
+    except NotFound:
+        pass
+    if fence(ops, holder, now, "its admission slot was older than 30 s with no record"):
+        return True
+    try:  # the record landed after all
+        return ops.read(holder)[0].terminal
+    except NotFound:
+        return True  # and is gone again (gc): nothing is live under this slot
 
 
 def acquire_rate(
@@ -161,6 +200,13 @@ def sweep_rate(ops: QueueOps, now: float, keep_s: float = 7200.0) -> int:
     return gone
 
 
+def rate_text(rate: tuple[int, int]) -> str:
+    """``(5, 1)`` -> ``"5/s"``, ``(600, 60)`` -> ``"600/min"``, ``(9, 3600)`` -> ``"9/h"``."""
+    count, period = rate
+    unit = {1: "s", 60: "min", 3600: "h"}.get(period, f"{period}s")
+    return f"{count}/{unit}"
+
+
 def admit(
     ops: QueueOps,
     inv: str,
@@ -179,18 +225,20 @@ def admit(
     delay = 0.01
     while True:
         token: tuple[str, str] | None = None
-        reason, limit = "", 0
+        reason, limit, text, what = "", 0, "", ""
         if rate is not None:
             got = acquire_rate(ops, inv, rate[0], rate[1], now())
             if isinstance(got, tuple):
                 token = got
             else:
-                reason, limit = "rate_limit", rate[0]
+                reason, limit, text = "rate_limit", rate[0], rate_text(rate)
+                what = f"rate limit reached ({text})"
         if not reason and max_depth is not None:
             slot = acquire_slot(ops, inv, max_depth, now())
             if slot is None:
                 give_back_rate(ops, token)
-                reason, limit = "max_depth", max_depth
+                reason, limit, text = "max_depth", max_depth, str(max_depth)
+                what = f"the queue is full (max_depth = {max_depth})"
             else:
                 return slot, token
         elif not reason:
@@ -199,11 +247,12 @@ def admit(
             waited = "" if on_full == "reject" else f" after waiting {wait_s:g} s"
             raise QueueFull(
                 f"submit to {ops.keys.queue}",
-                f"the queue is full ({reason} = {limit}){waited}",
+                f"{what}{waited}",
                 "retry later, raise the limit (lakeshore queue set), or use on_full='block'",
                 queue=ops.keys.queue,
                 reason=reason,
                 limit=limit,
+                limit_text=text,
             )
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # waiting for room
         delay = min(delay * 2, 0.5)

@@ -34,7 +34,7 @@ from lakeshore.logs import log_writer, text_sink
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, RecordError
 from lakeshore.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
-from lakeshore.udf import Udf, UnknownFunction, body_kind, resolve
+from lakeshore.udf import Allow, Udf, UnknownFunction, body_kind, load_body
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
@@ -113,6 +113,7 @@ class Slot:
     plane: Dispatch
     isolation: str
     hooks: Hooks
+    allow: Allow = field(default_factory=Allow)  # the operator's allow-list (run_worker)
     child: ChildProcess | None = None
     body: BodyThread = field(default_factory=BodyThread)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
@@ -136,7 +137,7 @@ class Attempt:
         self.why = ""  # "killed" | "lost" | "timeout" | "released"
         self.finished = threading.Event()
         self.final = ""
-        self.last_ok = time.monotonic()
+        self.interrupted = False  # ended by a signal meant for the whole worker
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
@@ -148,19 +149,26 @@ class Attempt:
         once the attempt has stopped."""
         rec = self.held.record
         with self.lock:
+            sent = time.monotonic()
             try:
                 self.held = self.ops.heartbeat(self.held, self.ops.store.now())
-                self.last_ok = time.monotonic()
-                return self.last_ok + rec.lease_s / 3
+                return sent + rec.lease_s / 3  # the new lease counts from the send
             except Conflict:
                 self._recheck()
             except (StoreError, lifecycle.IllegalTransition) as e:
                 log.warning("heartbeat of %s failed: %s", rec.id, e)
-        if time.monotonic() - self.last_ok > rec.lease_s:
-            self.halt("lost")  # self-fence: someone may have reaped us by now
+            if not self.stop.is_set() and self.lease_left() < fence_margin(rec.lease_s):
+                # self-fence while the lease still holds: once it runs out, another worker
+                # may take the job over, and this body must have stopped by then
+                self.halt("lost")
         if self.stop.is_set():
             return None
-        return time.monotonic() + rec.lease_s / 3
+        return time.monotonic() + rec.lease_s / 6  # failed: try again sooner
+
+    def lease_left(self) -> float:
+        """Seconds of the held lease still ahead, in the store's clock."""
+        lease = self.held.record.lease
+        return lease.expires_at - self.ops.store.now() if lease is not None else 0.0
 
     def _recheck(self) -> None:
         try:
@@ -197,7 +205,6 @@ class Attempt:
                     continue
                 except lifecycle.IllegalTransition:
                     break
-                self.last_ok = time.monotonic()
                 return True
             self.halt("lost")
             return False
@@ -211,6 +218,11 @@ class Running(Protocol):
     def discard(self, att: Attempt) -> None: ...
 
 
+def fence_margin(lease_s: float) -> float:
+    """How long before its lease runs out a holder that cannot renew stops its body."""
+    return lease_s / 6
+
+
 def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> Attempt:
     """Run one claimed attempt to its end and write the outcome. ``running`` holds the
     attempt while it runs, so a stopping worker can release it.
@@ -222,6 +234,10 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     rec = held.record
     t0 = time.monotonic()
     att = Attempt(ops, held)
+    if att.lease_left() < rec.lease_s * 2 / 3:
+        # The claim's write took over a third of the lease to come back: renew before the
+        # body starts, and do not start it unless the renewal shows the lease is still ours.
+        att.beat()
     slot.heartbeats.attach(att)
     timer = None
     if rec.timeout_s is not None:
@@ -233,8 +249,11 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     logs = log_writer(ops.store, ops.keys, rec.id, rec.attempt)
     running.add(att)
     try:
-        # the body's time starts when the body does (not while a child loads its model)
-        outcome = _execute(slot, rec, att.stop, ops, journal, text_sink(logs), timer, att.fence)
+        if att.stop.is_set():  # the renewal above found the lease gone (or a cancel)
+            outcome = Outcome("stopped")
+        else:  # the body's time starts when the body does (not while a child loads its model)
+            sink = text_sink(logs)
+            outcome = _execute(slot, rec, att.stop, ops, journal, sink, timer, att.fence)
     except BaseException:
         att.halt("released")
         outcome = Outcome("stopped")
@@ -279,7 +298,7 @@ def _execute(
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}", slot.plane.max_payload_bytes)
         args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
-        target = _load(rec, slot.plane)
+        target = _load(rec, slot.plane, slot.allow)
     except StoreUnavailable as e:  # may work next time
         return Outcome("error", error=error_of(e))
     except LakeshoreError as e:  # missing, tampered or undecodable input; unknown function
@@ -293,7 +312,7 @@ def _execute(
     if isolation == "process":
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks)
-        job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec)
+        job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True)  # by _load
         started = timer.start if timer else None
         return slot.child.run(job, stop, journal.add, log_sink, started, fence)
 
@@ -306,10 +325,13 @@ def _execute(
     )
 
 
-def _load(rec: Record, plane: Dispatch) -> Any:
-    """The callable an invocation names; pickled ones only where the worker opted in."""
+def _load(rec: Record, plane: Dispatch, allow: Allow) -> Any:
+    """The callable an invocation names, if this worker declared it as a body (see
+    :func:`lakeshore.udf.load_body`); pickled ones only where the worker opted in. This is
+    the one place a worker decides what it runs: a child process runs only what passed here.
+    """
     if rec.fn_pickle is None:
-        return resolve(rec.fn, plane.registry)
+        return load_body(rec.fn, plane.registry, allow)
     if not plane.allow_pickle:
         raise UnknownFunction(
             f"load {rec.fn}",
@@ -336,6 +358,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         if outcome.kind == "stopped" and att.why in ("released", ""):
             # released at the end of a shutdown's grace, or interrupted by a signal meant
             # for the whole worker: handed back, the attempt not counted
+            att.interrupted = att.why == ""
             _quietly(journal.close)
             try:
                 ops.finish(held, lifecycle.release(rec, token, now))

@@ -11,11 +11,17 @@
   folders sort by id, so the newest are found by listing backwards in time windows that
   double in length (LIST pages for those windows only, then one GET per record).
 * **Workers seen** are the sign-of-life objects workers write every ~30 s.
+
+Anything read here may have been written by someone else: a record that cannot be decoded
+is counted and listed as ``failed`` (a corrupt stub, as a claimer would write it), a sign of
+life of the wrong shape is skipped or stripped to its well-formed fields, and a folder name
+that is not an id is passed over. One bad object never stops a listing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +31,10 @@ from typing import Any
 from ulid import ULID
 
 from lakeshore import codec
-from lakeshore.errors import LakeshoreError, NotFound
-from lakeshore.keys import QueueKeys, workers_prefix
-from lakeshore.protocol import QueueOps
-from lakeshore.record import Record, RecordError
+from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound
+from lakeshore.keys import QueueKeys, check_name, workers_prefix
+from lakeshore.protocol import QueueOps, corrupt_stub
+from lakeshore.record import NewerRecord, Record, RecordError
 from lakeshore.store.base import Store
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "id_time",
     "newest_ids",
     "queue_status",
+    "read_sign_of_life",
     "records",
     "workers_seen",
 ]
@@ -55,24 +62,27 @@ def _floor(ms: int) -> str:
     return str(ULID.from_bytes(max(0, ms).to_bytes(6, "big") + bytes(10)))
 
 
-def _id_in(key: str, base: str) -> str | None:
-    rest = key[len(base) :]
-    head = rest.split("/", 1)[0]
-    return head if len(head) == 26 and not head.startswith("_") else None
+def _is_id(name: str) -> bool:
+    try:
+        return str(ULID.from_str(name)) == name
+    except ValueError:
+        return False
 
 
 def ids_between(store: Store, keys: QueueKeys, lo: str | None, hi: str) -> Iterator[str]:
     """Ids of invocation folders with ``lo <= id < hi`` (no lower bound when ``lo`` is None),
-    ascending. One LIST walk over just those folders."""
+    ascending. One LIST walk over just those folders; a folder whose name is not an id (not
+    lakeshore's) is passed over."""
     base = keys.ids_prefix
     last = None
     for info in store.list(base, start_after=f"{base}{lo}" if lo else None):
-        inv = _id_in(info.key, base)
-        if inv is None or inv >= hi:
+        inv = info.key[len(base) :].split("/", 1)[0]
+        if inv >= hi or inv.startswith("_"):
             return  # the "_" folders (and later ids) come after every id in the window
         if inv != last:
             last = inv
-            yield inv
+            if _is_id(inv):
+                yield inv
 
 
 def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) -> Iterator[str]:
@@ -95,12 +105,22 @@ def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) ->
 
 
 def records(ops: QueueOps, ids: list[str], threads: int = 16) -> list[Record]:
-    """The records of ``ids`` (read in parallel), skipping missing and unreadable ones."""
+    """The records of ``ids`` (read in parallel), skipping missing ones and those of a newer
+    schema. A record that cannot be decoded comes back as the failed ``CorruptRecord`` stub
+    a claimer would replace it with (nothing is written here).
+
+    Raises:
+        StoreError: the store failed.
+    """
 
     def one(inv: str) -> Record | None:
         try:
             return ops.read(inv)[0]
-        except (NotFound, RecordError):
+        except (NotFound, NewerRecord, InvalidArgument):
+            return None
+        except RecordError as e:
+            with contextlib.suppress(ValueError):
+                return corrupt_stub(ops.keys, inv, e, None, submitted_at=id_time(inv))
             return None
 
     with ThreadPoolExecutor(max(1, min(threads, len(ids)))) as pool:
@@ -166,13 +186,55 @@ def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
 def workers_seen(
     store: Store, ns: str, now: float, within_s: float = 300.0
 ) -> list[dict[str, Any]]:
-    """Signs of life written in the last ``within_s`` seconds, newest first."""
+    """Signs of life written in the last ``within_s`` seconds, newest first; each reduced to
+    its well-formed fields (see :func:`read_sign_of_life`)."""
     seen = []
     for info in store.list(workers_prefix(ns)):
         try:
-            data = codec.decode(store.get(info.key)[0], "worker sign of life")
-        except (LakeshoreError, ValueError):
+            data = read_sign_of_life(store.get(info.key)[0], info.key)
+        except LakeshoreError:
             continue
-        if isinstance(data, dict) and now - float(data.get("seen_at", 0)) <= within_s:
+        if data is not None and now - data["seen_at"] <= within_s:
             seen.append(data)
-    return sorted(seen, key=lambda d: -float(d.get("seen_at", 0)))
+    return sorted(seen, key=lambda d: -float(d["seen_at"]))
+
+
+def read_sign_of_life(data: bytes, where: str = "sign of life") -> dict[str, Any] | None:
+    """A worker's sign of life, keeping only the fields of the right type: ``seen_at``
+    (a number, required: None without it), ``worker``, ``host``, ``status`` (str), ``pid``,
+    ``running``, ``done`` (int >= 0), ``queues`` (queue names) and ``running_by_queue``
+    (queue name -> int >= 0).
+
+    Raises:
+        DecodeError: the bytes are not a lakeshore value.
+    """
+    obj = codec.decode(data, where)
+    if type(obj) is not dict:
+        return None
+    seen_at: Any = obj.get("seen_at")
+    if type(seen_at) not in (int, float) or not math.isfinite(seen_at):
+        return None
+    out: dict[str, Any] = {"seen_at": float(seen_at)}
+    for name in ("worker", "host", "status"):
+        if type(obj.get(name)) is str:
+            out[name] = obj[name]
+    for name in ("pid", "running", "done"):
+        if type(obj.get(name)) is int and obj[name] >= 0:
+            out[name] = obj[name]
+    queues = obj.get("queues")
+    if type(queues) is list:
+        out["queues"] = [q for q in queues if _queue_name(q)]
+    by_queue = obj.get("running_by_queue")
+    if type(by_queue) is dict:
+        out["running_by_queue"] = {
+            q: n for q, n in by_queue.items() if _queue_name(q) and type(n) is int and n >= 0
+        }
+    return out
+
+
+def _queue_name(name: Any) -> bool:
+    try:
+        check_name(name, "queue")
+    except InvalidArgument:
+        return False
+    return True

@@ -75,14 +75,14 @@ class Hooks:
         Raises:
             InvalidArgument: a reference cannot be imported, or a hook is not callable.
         """
-        from lakeshore.udf import UnknownFunction, resolve
+        from lakeshore.udf import UnknownFunction, import_ref
 
         def load(hook: Any, name: str) -> Any:
             if hook is None or callable(hook):
                 return hook
             if isinstance(hook, str):
                 try:
-                    return resolve(hook, {})
+                    return import_ref(hook)  # the operator's own: may import anything
                 except UnknownFunction as e:
                     raise InvalidArgument(f"worker hook {name}", e.what, e.todo) from None
             raise InvalidArgument(
@@ -96,7 +96,8 @@ class Hooks:
 
 @dataclass(frozen=True)
 class Job:
-    """One attempt, as sent to a child (picklable)."""
+    """One attempt, as sent to a child (picklable). ``approved``: the worker process
+    declared ``ref`` a body (or accepts pickles); a child never decides that on its own."""
 
     ref: str
     fn_pickle: bytes | None
@@ -104,11 +105,12 @@ class Job:
     payload: bytes
     spec: RunSpec | None
     record: Record
+    approved: bool = False
 
 
 def _serve(conn: Any, hooks: Hooks) -> None:
     """The child's main loop."""
-    from lakeshore.udf import Udf, resolve
+    from lakeshore.udf import Udf, UnknownFunction, import_ref
 
     # Ctrl-C and a cluster's SIGTERM reach the whole process group; stopping a body is the
     # worker's decision (finish within the grace, else release), so the child ignores them.
@@ -155,10 +157,17 @@ def _serve(conn: Any, hooks: Hooks) -> None:
                 try:
                     if hooks.before_job is not None:
                         hooks.before_job(job.record)
+                    if not job.approved:
+                        raise UnknownFunction(
+                            f"load {job.ref[:120]!r}",
+                            "the worker process did not approve this job; nothing was "
+                            "imported or called",
+                            "send jobs to a child only after lakeshore.attempt._load",
+                        )
                     target = (
                         unpickle(job.fn_pickle)
                         if job.fn_pickle is not None
-                        else resolve(job.ref, {})
+                        else import_ref(job.ref)  # approved by the worker process
                     )
                     fn = target.fn if isinstance(target, Udf) else target
                     args, kwargs = codec.decode(job.payload, "arguments")

@@ -12,10 +12,21 @@ code type             payload
 
 Pickle never carries data: an object of any other type fails to encode with a message that
 says what to send instead.
+
+Decoding treats the bytes as hostile (anyone who can write to the bucket can write them), and
+never crashes the process: values nest at most :data:`MAX_DEPTH` containers deep (lists,
+dicts and tuples together; refused at encode too, so a producer learns at submit), no
+declared length may exceed the bytes that are there, an unknown extension type is refused
+instead of handed to user code, and an array's dtype, shape and byte count must agree.
+A nested tuple is decoded level by level in a loop of our own, never by msgpack calling back
+into itself: each such callback held a whole unpacker on the C stack, and a few hundred
+levels overflowed it (a segfault, which no ``except`` can catch).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from typing import Any
 
@@ -23,18 +34,66 @@ import msgpack
 
 from lakeshore.errors import InvalidArgument, LakeshoreError
 
-__all__ = ["DecodeError", "decode", "encode"]
+__all__ = ["MAX_DEPTH", "DecodeError", "decode", "encode"]
 
+MAX_DEPTH = 100  # containers inside containers; real data stays far below it
+_MAX_NDIM = 64  # numpy's own limit (32 before numpy 2)
 _TUPLE = 1
 _NDARRAY = 2
 _SENDABLE = (
     "send None, bool, int, float, str, bytes, list, tuple, dict or numpy arrays; "
     "for files, write them to storage and pass their keys"
 )
+_LEAVES = frozenset({type(None), bool, int, float, str, bytes})
+# dtype.str of every array the codec sends: bool, ints, floats, complex, bytes, unicode,
+# void and datetimes; never objects, never structured descriptions
+_DTYPE = re.compile(
+    r"[<>|=]?(?:b1|[iu][1248]|f(?:2|4|8|12|16)|c(?:8|16|24|32)|[SUV][1-9]\d{0,9}"
+    r"|[Mm]8(?:\[\d{0,6}[A-Za-z]{1,2}\])?)\Z"
+)
 
 
 class DecodeError(LakeshoreError):
     """Bytes that should hold a lakeshore value do not (corrupt or foreign data)."""
+
+
+class _Deferred:
+    """A tuple whose payload is decoded after msgpack returns (see the module docstring)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _check_depth(value: Any, what: str) -> None:
+    """Refuse a value nested deeper than MAX_DEPTH (iterative: any depth is measured safely)."""
+    stack = [(value, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, dict):
+            items: Any = [*obj.keys(), *obj.values()]
+        elif isinstance(obj, list | tuple):
+            items = obj
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise InvalidArgument(
+                f"encode {what}",
+                f"the value nests lists, tuples and dicts more than {MAX_DEPTH} levels deep",
+                "flatten it (or send it as JSON text, or write it to a file and pass its key)",
+                limit=MAX_DEPTH,
+            )
+        if not _LEAVES.issuperset(map(type, items)):  # flat containers cost no Python loop
+            stack.extend((x, depth + 1) for x in items if type(x) not in _LEAVES)
+
+
+def _check_dtype(dtype: Any) -> None:
+    if dtype.hasobject or not _DTYPE.match(dtype.str):
+        raise TypeError(
+            f"numpy arrays of dtype {dtype.str!r} (only plain numeric, bool, "
+            "bytes, str and datetime dtypes)"
+        )
 
 
 def _default(obj: Any) -> Any:
@@ -44,6 +103,7 @@ def _default(obj: Any) -> Any:
     if np is not None and isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
             raise TypeError("numpy arrays of Python objects")
+        _check_dtype(obj.dtype)
         arr = np.ascontiguousarray(obj)
         return msgpack.ExtType(_NDARRAY, _packb([arr.dtype.str, list(arr.shape), arr.tobytes()]))
     if isinstance(obj, int):  # msgpack hands over ints it cannot hold
@@ -60,25 +120,108 @@ def _packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)  # type: ignore[no-any-return]
 
 
+def _bad(what: str) -> DecodeError:
+    return DecodeError(
+        "decode",
+        what,
+        "the object is corrupt or was written by another program; inspect it by hand",
+    )
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _TUPLE:
-        return tuple(_unpackb(data))
+        return _Deferred(data)
     if code == _NDARRAY:
-        try:
-            import numpy as np
-        except ImportError:
-            raise DecodeError(
-                "decode",
-                "the value holds a numpy array but numpy is not installed here",
-                "pip install numpy in this environment",
-            ) from None
-        dtype, shape, raw = _unpackb(data)
-        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
-    return msgpack.ExtType(code, data)
+        return _ndarray(data)
+    raise _bad(f"extension type {code} is not one lakeshore writes")
 
 
-def _unpackb(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+def _ndarray(data: bytes) -> Any:
+    try:
+        import numpy as np
+    except ImportError:
+        raise DecodeError(
+            "decode",
+            "the value holds a numpy array but numpy is not installed here",
+            "pip install numpy in this environment",
+        ) from None
+    # plain msgpack, no extension types: an ext in here stays an ExtType and is refused below
+    n = len(data)
+    parts = msgpack.unpackb(
+        data, raw=False, max_str_len=n, max_bin_len=n, max_array_len=n, max_map_len=n // 2
+    )
+    if not (type(parts) is list and len(parts) == 3):
+        raise _bad("a numpy array is not [dtype, shape, bytes]")
+    dtype_str, shape, raw = parts
+    if type(dtype_str) is not str or not _DTYPE.match(dtype_str):
+        raise _bad(
+            f"numpy dtype {str(dtype_str)[:40]!r} is not a plain numeric, bool or bytes dtype"
+        )
+    dtype = np.dtype(dtype_str)
+    if dtype.hasobject or dtype.itemsize < 1:
+        raise _bad(f"numpy dtype {dtype_str!r} cannot be sent")
+    if type(raw) is not bytes:
+        raise _bad("a numpy array's data is not bytes")
+    if (
+        type(shape) is not list
+        or len(shape) > _MAX_NDIM
+        or not all(type(d) is int and 0 <= d < 2**62 for d in shape)
+    ):
+        raise _bad(f"numpy shape is not a list of at most {_MAX_NDIM} sizes >= 0")
+    if math.prod(shape) * dtype.itemsize != len(raw):
+        raise _bad(f"numpy shape {shape[:8]} of {dtype_str} does not match {len(raw)} bytes")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+def _unpack_level(data: bytes) -> Any:
+    """One level: nested tuples come back as _Deferred. No declared length may promise more
+    items or bytes than the input holds (msgpack derives the same bounds itself; spelled out
+    so that no version of it can differ)."""
+    n = len(data)
+    return msgpack.unpackb(
+        data,
+        ext_hook=_ext_hook,
+        raw=False,
+        strict_map_key=False,
+        max_str_len=n,
+        max_bin_len=n,
+        max_array_len=n,
+        max_map_len=n // 2,
+        max_ext_len=n,
+    )
+
+
+def _finish(obj: Any, depth: int) -> Any:
+    """Check the depth of ``obj`` (a container at nesting level ``depth``) and decode its
+    deferred tuples, bottom up. Recursion is bounded: it stops at MAX_DEPTH."""
+    t = type(obj)
+    if t in _LEAVES:
+        return obj
+    if depth > MAX_DEPTH:
+        raise _bad(f"the value nests lists, tuples and dicts more than {MAX_DEPTH} levels deep")
+    if t is list:
+        if not _LEAVES.issuperset(map(type, obj)):
+            for i, x in enumerate(obj):
+                if type(x) not in _LEAVES:
+                    obj[i] = _finish(x, depth + 1)
+        return obj
+    if t is dict:
+        if _LEAVES.issuperset(map(type, obj)):
+            if not _LEAVES.issuperset(map(type, obj.values())):
+                for k, v in obj.items():
+                    if type(v) not in _LEAVES:
+                        obj[k] = _finish(v, depth + 1)
+            return obj
+        return {_finish(k, depth + 1): _finish(v, depth + 1) for k, v in obj.items()}
+    if t is _Deferred:
+        items = _unpack_level(obj.data)
+        if type(items) is not list:
+            raise _bad("a tuple's payload is not an array")
+        return tuple(_finish(items, depth))
+    np = sys.modules.get("numpy")
+    if np is not None and t is np.ndarray:  # built and checked by _ndarray
+        return obj
+    raise _bad(f"a {t.__name__} is not a lakeshore value")
 
 
 def encode(value: Any, what: str = "value") -> bytes:
@@ -86,8 +229,9 @@ def encode(value: Any, what: str = "value") -> bytes:
 
     Raises:
         InvalidArgument: ``value`` holds something that cannot be sent (the message names
-            the type and what to send instead).
+            the type and what to send instead), or nests deeper than :data:`MAX_DEPTH`.
     """
+    _check_depth(value, what)
     try:
         return _packb(value)
     except (TypeError, ValueError, OverflowError) as e:
@@ -97,18 +241,19 @@ def encode(value: Any, what: str = "value") -> bytes:
 
 
 def decode(data: bytes, what: str = "value") -> Any:
-    """Decode bytes made by :func:`encode`.
+    """Decode bytes made by :func:`encode`; safe on any bytes (see the module docstring).
 
     Raises:
-        DecodeError: the bytes are not a valid lakeshore value.
+        DecodeError: the bytes are not a valid lakeshore value, or hold one nested deeper
+            than :data:`MAX_DEPTH`, or an unknown extension type, or a malformed array.
     """
     try:
-        return _unpackb(data)
-    except DecodeError:
-        raise
+        return _finish(_unpack_level(data), 1)
+    except DecodeError as e:
+        raise DecodeError(f"decode {what}", e.what, e.todo) from None
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise DecodeError(
             f"decode {what}",
-            f"the stored bytes are not a lakeshore value ({type(e).__name__}: {e})",
+            f"the stored bytes are not a lakeshore value ({type(e).__name__}: {str(e)[:200]})",
             "the object is corrupt or was written by another program; inspect it by hand",
         ) from None

@@ -68,7 +68,10 @@ def _work(url: str, name: str) -> None:
     import logging
 
     logging.basicConfig(level=logging.INFO, format=f"  [{name}] %(message)s", stream=sys.stdout)
-    n = dls.run_worker(_plane(url), concurrency=2, idle_exit=1.5, worker_id=name)
+    q = _plane(url)
+    for body in (estimate_pi, flaky_square, countdown):
+        q.udf(body)  # a worker runs only the bodies it declares; a record cannot add any
+    n = dls.run_worker(q, concurrency=2, idle_exit=1.5, worker_id=name)
     print(f"  [{name}] drained {n} attempt(s), idle for 1.5 s, exiting", flush=True)
 
 

@@ -15,7 +15,17 @@ What goes, per expired invocation, in this order:
 Signs of life of workers not seen within ``older_than`` go too (``prune_workers``).
 
 A crash between steps leaves objects without a record; a later run finds them (folders with
-no record whose id is older than the cutoff) and removes them too.
+no record whose id is older than the cutoff) and removes them too. Such a folder may also be
+a submit that is only slow (stalled between its spilled arguments and its record): gc first
+creates a tombstone record at the id (``lakeshore.fence``), create-only, and removes the
+folder only if it landed, so that submit fails instead of publishing a record whose
+arguments are gone. The tombstone is a finished invocation like any other: a later run
+collects it once the retention has passed.
+
+A keyed resubmit racing gc never loses its invocation: a key whose record is missing is
+never repaired under its old id; the resubmit fences the old id and moves the key to a new
+id (see ``lakeshore.submit``), and gc deletes the key only by a delete conditional on the
+etag it read, while it still names the expired id.
 
 Cost: ids sort by submission time and an invocation cannot finish before it was submitted,
 so only folders with ids older than the cutoff are listed — one LIST walk over those, one
@@ -32,11 +42,13 @@ from ulid import ULID
 from lakeshore import codec
 from lakeshore.census import ids_between
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
+from lakeshore.fence import fence
 from lakeshore.keys import id_index, workers_prefix
 from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
 from lakeshore.queues import QueueSettings
 from lakeshore.record import RecordError
 from lakeshore.store.base import Store
+from lakeshore.submit import parse_key
 
 __all__ = ["GcReport", "collect", "parse_age", "prune_workers"]
 
@@ -101,7 +113,11 @@ def collect(
         try:
             rec, etag = ops.read(inv)
         except NotFound:
-            if now - ULID.from_str(inv).timestamp > ORPHAN_GRACE_S:  # else: a submit in flight
+            # younger: a submit in flight. Older: a submit that is only slow must not publish
+            # a record whose arguments are gone, so its id is fenced first (and the folder
+            # left alone if the record landed just now)
+            old = now - ULID.from_str(inv).timestamp > ORPHAN_GRACE_S
+            if old and (dry_run or fence(ops, inv, now, "gc found its folder without a record")):
                 report.orphans.append(inv)
                 _remove_folder(ops, inv, report, dry_run)
             continue
@@ -181,8 +197,9 @@ def _remove_satellites(
             data, etag = store.get(idem)
         except NotFound:
             return
-        if codec.decode(data, "idempotency key").get("id") != inv:
-            return  # the key was taken again by a newer invocation
+        held = parse_key(data)
+        if held is None or held[0] != inv:
+            return  # the key was taken again by a newer invocation (or is not one of ours)
         if not dry_run:
             with contextlib.suppress(Conflict):
                 store.delete(idem, if_match=etag)

@@ -57,15 +57,43 @@ def encode_segment(attempt: int, first: int, frames: list[tuple[int, bytes]]) ->
 
 
 def decode_segment(data: bytes, where: str) -> tuple[int, int, list[tuple[int, bytes]]]:
+    """``(attempt, first_seq, [(kind, payload), ...])`` of a segment, every part checked.
+
+    Raises:
+        CorruptSegment: not a segment map, or a part of the wrong type or range.
+    """
     try:
-        obj = msgpack.unpackb(data, raw=False)
-        return int(obj["a"]), int(obj["s"]), [(int(k), bytes(p)) for k, p in obj["f"]]
+        n = len(data)
+        obj = msgpack.unpackb(
+            data, raw=False, max_bin_len=n, max_str_len=n, max_array_len=n, max_map_len=n // 2
+        )
     except Exception as e:
-        raise CorruptSegment(
-            f"read {where}",
-            f"not a journal segment ({type(e).__name__})",
-            "the object is corrupt; the stream cannot be read past it",
-        ) from None
+        raise _corrupt(where, f"not a journal segment ({type(e).__name__})") from None
+    if type(obj) is not dict:
+        raise _corrupt(where, "not a journal segment (no map)")
+    attempt, first, frames = obj.get("a"), obj.get("s"), obj.get("f")
+    if type(attempt) is not int or attempt < 0 or type(first) is not int or first < 0:
+        raise _corrupt(where, "the segment's attempt and first seq are not integers >= 0")
+    if type(frames) is not list:
+        raise _corrupt(where, "the segment's frames are not a list")
+    out = []
+    for frame in frames:
+        if (
+            type(frame) is not list
+            or len(frame) != 2
+            or type(frame[0]) is not int
+            or frame[0] not in _KIND_NAMES
+            or type(frame[1]) is not bytes
+        ):
+            raise _corrupt(where, "a frame is not a pair of a known kind and bytes")
+        out.append((frame[0], frame[1]))
+    return attempt, first, out
+
+
+def _corrupt(where: str, what: str) -> CorruptSegment:
+    return CorruptSegment(
+        f"read {where}", what, "the object is corrupt; the stream cannot be read past it"
+    )
 
 
 def to_frame(attempt: int, seq: int, kind: int, payload: bytes) -> Frame:

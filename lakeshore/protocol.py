@@ -9,7 +9,8 @@ below keep the invariant through any crash between two requests:
 
 * **submit**: [args object] → [id index] → ready hint → record (create-only). A hint whose
   record is missing is either in flight or orphaned: claimers look again after as long as it
-  has existed, and delete it once it is older than ``ORPHAN_GRACE_S``.
+  has existed, and delete it once it is older than ``ORPHAN_GRACE_S``. A submit whose two
+  writes took longer than ``SLOW_SUBMIT_S`` rewrites the hint after its record landed.
 * **claim**: list ready hints → get record → CAS record to running. Nothing else: the hint
   stays while the job runs. One listing serves several claims of this process (for up to
   ``_LISTING_S``), and the process's slots take different candidates from it.
@@ -44,16 +45,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from lakeshore import lifecycle
-from lakeshore.errors import Conflict, LakeshoreError, NotFound, StoreError
+from lakeshore.errors import Conflict, LakeshoreError, NotFound, PermissionDenied, StoreError
 from lakeshore.keys import QueueKeys
 from lakeshore.record import Blob, NewerRecord, Record, RecordError, write_id
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
-__all__ = ["ORPHAN_GRACE_S", "Claimed", "QueueOps"]
+__all__ = ["ORPHAN_GRACE_S", "SLOW_SUBMIT_S", "Claimed", "QueueOps", "corrupt_stub"]
 
 log = logging.getLogger("lakeshore.worker")
 
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
+# A submit whose hint and record writes took longer than this writes the hint once more.
+# Far below ORPHAN_GRACE_S: a claimer that judges the hint an orphan before a faster submit's
+# record lands would need a clock 60 - 10 - 1 s (whole-second last_modified) = 49 s ahead
+# of the store's, beyond the 30 s of skew the suite tests.
+SLOW_SUBMIT_S = 10.0
+_monotonic = time.monotonic  # the submit's stopwatch (tests replace it)
 _RERUN_GRACE_S = 30.0  # a ready hint beside a terminal record may be a rerun until this old
 _LISTING = 1000  # candidates kept from one LIST of the ready hints (one S3 page)
 _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
@@ -61,6 +68,7 @@ _MAX_SPREAD = 64  # widest random pick over the head of the queue once claims co
 _SCAN = 5000  # ready hints looked at (listed, not read) per LIST at most
 _LISTS_PER_CLAIM = 4
 _NARROW_AFTER = 16  # clean claims in a row before the spread halves again
+_BAD_HINT_S = 60.0  # a hint whose examination raised something unexpected: passed over this long
 
 
 _Claimable = tuple[Record, str, str]  # record, its etag, the ready hint's etag
@@ -111,7 +119,7 @@ class QueueOps:
             RecordError: the object is corrupt or of a newer schema.
         """
         data, etag = self.store.get(self.keys.record(inv))
-        return Record.from_bytes(data, self.keys.record(inv)), etag
+        return _decode(data, self.keys, inv), etag
 
     def cas(self, rec: Record, etag: str) -> str:
         """Write ``rec`` over the version ``etag``; Conflict when someone wrote first."""
@@ -207,13 +215,38 @@ class QueueOps:
     # -- steps ---------------------------------------------------------------------------------
 
     def submit(self, rec: Record) -> None:
-        """Publish a new invocation: ready hint, then the record (create-only)."""
+        """Publish a new invocation: ready hint, then the record (create-only).
+
+        A claimer drops a hint whose record is missing once the hint is ``ORPHAN_GRACE_S``
+        old. When the two writes took longer than ``SLOW_SUBMIT_S``, the hint is written
+        again after the record, with new bytes (a new etag, also where the etag is a content
+        hash): a claimer's conditional delete of the old hint then fails, and a hint it
+        already deleted is back. A fast submit costs nothing extra.
+
+        Raises:
+            Conflict: a record exists at ``rec.id`` already.
+        """
+        started = _monotonic()
         self.put_ready(rec)
         self.store.put(self.keys.record(rec.id), rec.to_bytes(), CREATE)
+        if _monotonic() - started > SLOW_SUBMIT_S:
+            key = self.keys.ready(rec.priority, rec.id)
+            self.store.put(key, f"{rec.wid}.{write_id()}".encode(), OVERWRITE)
 
-    def claim(self, worker: str, now: float, lease_s: float | None = None) -> Claimed | None:
-        """Try to take one queued invocation; None when there is nothing to take.
+    def claim(
+        self,
+        worker: str,
+        now: float,
+        lease_s: float | None = None,
+        stopping: Callable[[], bool] | None = None,
+    ) -> Claimed | None:
+        """Try to take one queued invocation; None when there is nothing to take (or
+        ``stopping()`` turned true: no claim is written after that).
         ``lease_s`` overrides the invocation's lease length for this attempt.
+
+        ``now`` is the store time the caller read; each candidate is judged at the later of
+        it and a fresh reading, and the lease is counted from a reading taken just before the
+        claim's write, so a claim slowed by many reads still writes a full lease.
 
         Running invocations whose lease has run out are requeued (or failed) on the way;
         corrupt records are marked failed so they never block the queue; invocations
@@ -222,6 +255,9 @@ class QueueOps:
         self._me = worker
         lists = 0
         while True:
+            if stopping is not None and stopping():
+                return None
+            now = max(now, self.store.now())
             info = self._next_candidate(now)
             if info is None:
                 if lists >= _LISTS_PER_CLAIM or not self._list(now):
@@ -229,7 +265,15 @@ class QueueOps:
                 lists += 1
                 continue
             try:
-                got = self._try_claim(info, worker, now, lease_s)
+                got = self._try_claim(info, worker, now, lease_s, stopping)
+            except (StoreError, PermissionDenied):
+                raise  # the store's trouble, not this hint's: the caller decides
+            except Exception:
+                # A bug or a shape nobody foresaw: one object must not stop the worker. Pass
+                # this hint over for a while (until it changes) and serve the others.
+                log.exception("claim on %s: passing over %s for now", self.keys.queue, info.key)
+                self._remember(info, now + _BAD_HINT_S)
+                continue
             finally:
                 with self._lock:
                     self._trying.discard(info.key)
@@ -369,14 +413,25 @@ class QueueOps:
         return (rec, etag, hint_etag), moved
 
     def _try_claim(
-        self, info: ObjectInfo, worker: str, now: float, lease_s: float | None = None
+        self,
+        info: ObjectInfo,
+        worker: str,
+        now: float,
+        lease_s: float | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> Claimed | None:
         seen, _ = self._examine(info, now)
-        if seen is None:
+        if seen is None or (stopping is not None and stopping()):
             return None
         rec, etag, hint_etag = seen
         token = write_id()
-        running = lifecycle.claim(rec, worker, token, now, lease_s)
+        # The lease counts from the clock read right before the write, not from when the
+        # claim began: a slow read or a long walk past running records must not eat into it.
+        now = max(now, self.store.now())
+        try:
+            running = lifecycle.claim(rec, worker, token, now, lease_s)
+        except lifecycle.IllegalTransition:
+            return None  # its start deadline passed meanwhile: the next claim ends it
         try:
             new_etag = self.cas(running, etag)
         except Conflict:
@@ -395,18 +450,9 @@ class QueueOps:
             data, etag = self.store.get(self.keys.record(inv))
         except NotFound:
             return False
-        if _usable(data):
+        if _usable(data, self.keys, inv):
             return False  # rewritten meanwhile (or of a newer schema): not ours to fail
-        stub = Record(
-            id=inv,
-            ns=self.keys.ns,
-            queue=self.keys.queue,
-            fn="?",
-            args=Blob(inline=b""),
-            state="failed",
-            error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
-            finished_at=now,
-        )
+        stub = corrupt_stub(self.keys, inv, err, now)
         try:
             self.store.put(self.keys.record(inv), stub.to_bytes(), if_match(etag))
         except Conflict:
@@ -493,10 +539,49 @@ class QueueOps:
         return moved
 
 
-def _usable(data: bytes) -> bool:
+def corrupt_stub(
+    keys: QueueKeys,
+    inv: str,
+    err: RecordError,
+    finished_at: float | None,
+    submitted_at: float = 0.0,
+) -> Record:
+    """The failed record that replaces an unreadable one (``CorruptRecord``, saying why)."""
+    return Record(
+        id=inv,
+        ns=keys.ns,
+        queue=keys.queue,
+        fn="?",
+        args=Blob(inline=b""),
+        state="failed",
+        error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
+        submitted_at=submitted_at,
+        finished_at=finished_at,
+    )
+
+
+def _decode(data: bytes, keys: QueueKeys, inv: str) -> Record:
+    """The record stored for ``inv``; it must name itself as the one at this key, or a
+    write meant for it would land on another invocation's record.
+
+    Raises:
+        RecordError: corrupt, or a record of another invocation. NewerRecord: newer schema.
+    """
+    where = keys.record(inv)
+    rec = Record.from_bytes(data, where)
+    if (rec.id, rec.ns, rec.queue) != (inv, keys.ns, keys.queue):
+        raise RecordError(
+            f"read {where}",
+            f"the record names another invocation ({rec.ns}/{rec.queue}/{rec.id})",
+            "the object was copied or written by hand; cancel or delete the invocation",
+        )
+    return rec
+
+
+def _usable(data: bytes, keys: QueueKeys, inv: str) -> bool:
     """True unless ``data`` is a corrupt record (a newer schema is not corrupt)."""
     try:
-        Record.from_bytes(data)
+        _decode(data, keys, inv)
     except NewerRecord:
         return True
     except RecordError:

@@ -8,6 +8,7 @@ here (the plane reads and writes it).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ ON_FULL = ("reject", "block")
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*\Z")
 _PERIODS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 _PERIODS |= {"h": 3600, "hour": 3600}
+_NUMBERS = ("deadline_cutoff_s", "timeout_s", "lease_s", "retry_backoff_s", "result_retention_s")
 
 
 def parse_rate(rate: str) -> tuple[int, int]:
@@ -134,15 +136,34 @@ class QueueConfig:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "queue record") -> QueueConfig:
-        """Raises: RecordError for a corrupt or newer queue record."""
+        """Decode and validate a queue record (every field of its type and range).
+
+        Raises:
+            RecordError: a corrupt, mistyped or newer queue record.
+        """
         try:
             obj = msgpack.unpackb(data, raw=False)
-            if obj.get("v", 1) > 1:
+            if type(obj) is not dict:
+                raise ValueError("not a map")
+            v = obj.get("v", 1)
+            if type(v) is not int:
+                raise ValueError(f"v must be an integer, got a {type(v).__name__}")
+            if v > 1:
                 raise RecordError(
                     f"read {where}",
-                    f"queue record schema v{obj['v']} is newer than this lakeshore",
+                    f"queue record schema v{v} is newer than this lakeshore",
                     "upgrade lakeshore",
                 )
+            rev, wid = obj.get("rev", 0), obj.get("wid", "")
+            if type(rev) is not int or rev < 0 or type(wid) is not str:
+                raise ValueError("rev must be an integer >= 0 and wid a str")
+            for name in ("max_depth", "max_attempts"):  # bool passes isinstance(int) checks
+                if type(obj.get(name)) is bool:
+                    raise ValueError(f"{name} must be an integer or None, got a bool")
+            for name in _NUMBERS:
+                x = obj.get(name)
+                if x is not None and (type(x) not in (int, float) or not math.isfinite(x)):
+                    raise ValueError(f"{name} must be a finite number or None")
             known = {f.name for f in dataclasses.fields(cls)}
             return cls(**{k: v for k, v in obj.items() if k in known})
         except RecordError:

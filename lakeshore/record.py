@@ -13,13 +13,16 @@ the record back and recognise its own write by its ``wid``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
-from lakeshore.errors import StoreError
+from lakeshore.errors import InvalidArgument, StoreError
+from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
 
 __all__ = [
     "LIVE",
@@ -148,13 +151,15 @@ class Record:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "record") -> Record:
-        """Decode a record.
+        """Decode and validate a record: every field must have its type and range (see
+        ``docs/record.md``); anything else is refused, whoever wrote it.
 
         Raises:
-            RecordError: the bytes are not a record, or the record's schema is newer.
+            RecordError: the bytes are not a record, a field is missing, mistyped or out of
+                range (``NewerRecord``: the record's schema is newer).
         """
         try:
-            obj = msgpack.unpackb(data, raw=False)
+            obj = msgpack.unpackb(data, raw=False, **_limits(data))
         except Exception as e:
             raise RecordError(
                 f"read {where}",
@@ -164,7 +169,7 @@ class Record:
         if not isinstance(obj, dict):
             raise RecordError(f"read {where}", "not a record (no field map)", "inspect it")
         v = obj.get("v")
-        if not isinstance(v, int):
+        if type(v) is not int:
             raise RecordError(f"read {where}", "the record has no schema version", "inspect it")
         if v > SCHEMA_VERSION:
             raise NewerRecord(
@@ -174,22 +179,202 @@ class Record:
                 version=v,
             )
         try:
-            lease = obj.get("lease")
-            fields = {k: val for k, val in obj.items() if k in _FIELD_SET}
-            fields["args"] = Blob.from_obj(obj["args"])
-            fields["result"] = Blob.from_obj(obj.get("result"))
-            fields["lease"] = Lease(**lease) if lease else None
-            rec = cls(**fields)
-        except (KeyError, TypeError, ValueError) as e:
+            fields = _checked_fields(obj)
+        except _Bad as e:
             raise RecordError(
                 f"read {where}",
-                f"record is missing or mangles a field ({type(e).__name__}: {e})",
-                "the object is corrupt; cancel or delete the invocation",
+                f"record is missing or mangles a field: {e.field} {e.problem}",
+                "the object is corrupt or was written by another program; "
+                "cancel or delete the invocation",
+                field=e.field,
             ) from None
-        if rec.state not in STATES:
-            raise RecordError(f"read {where}", f"unknown state {rec.state!r}", "upgrade lakeshore")
-        return rec
+        return cls(**fields)
+
+
+class _Bad(Exception):
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+
+
+def _limits(data: bytes) -> dict[str, int]:
+    # no declared length may promise more than the input holds (msgpack does this too)
+    n = len(data)
+    lens = ("max_str_len", "max_bin_len", "max_array_len", "max_ext_len")
+    return {**dict.fromkeys(lens, n), "max_map_len": n // 2}
+
+
+def _show(value: Any) -> str:
+    """A short, safe description of a hostile value (never a deep repr)."""
+    if value is None or type(value) in (bool, int, float):
+        return repr(value)[:40]
+    if type(value) in (str, bytes):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return f"a {type(value).__name__}"
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int  # bool is not an int here
+
+
+def _is_number(v: Any) -> bool:
+    return (type(v) is int or type(v) is float) and math.isfinite(v)
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")  # canonical (upper case) Crockford base32
+
+
+def _int(obj: dict[str, Any], name: str, low: int, high: int | None = None) -> None:
+    v = obj[name]
+    if not _is_int(v) or v < low or (high is not None and v > high):
+        span = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise _Bad(name, f"must be an integer {span}, got {_show(v)}")
+
+
+def _number(
+    obj: dict[str, Any],
+    name: str,
+    *,
+    optional: bool = False,
+    low: float = -math.inf,
+    positive: bool = False,
+) -> None:
+    v = obj[name]
+    if v is None and optional:
+        return
+    if not _is_number(v) or v < low or (positive and v <= 0):
+        want = (
+            "a positive number"
+            if positive
+            else f"a number >= {low}"
+            if low > -math.inf
+            else "a number"
+        )
+        raise _Bad(name, f"must be {want}{' or None' if optional else ''}, got {_show(v)}")
+
+
+def _of_type(obj: dict[str, Any], name: str, kind: type, *, optional: bool = False) -> None:
+    v = obj[name]
+    if (v is None and optional) or type(v) is kind:
+        return
+    raise _Bad(name, f"must be a {kind.__name__}{' or None' if optional else ''}, got {_show(v)}")
+
+
+def _blob(obj: dict[str, Any], name: str) -> Blob:
+    b: Any = obj[name]
+    if type(b) is not dict:
+        raise _Bad(name, f"must be a map, got {_show(b)}")
+    if b.get("ref") is not None:
+        ref: Any = b.get("ref")
+        size: Any = b.get("size")
+        sha: Any = b.get("sha256")
+        if type(ref) is not str or not ref:
+            raise _Bad(f"{name}.ref", f"must be an object key, got {_show(ref)}")
+        if not _is_int(size) or size < 0:
+            raise _Bad(f"{name}.size", f"must be an integer >= 0, got {_show(size)}")
+        if type(sha) is not str or not _HEX64.match(sha):
+            raise _Bad(f"{name}.sha256", f"must be 64 hex digits, got {_show(sha)}")
+        return Blob(ref=ref, size=size, sha256=sha)
+    inline = b.get("inline")
+    if type(inline) is not bytes:
+        raise _Bad(f"{name}.inline", f"must be bytes, got {_show(inline)}")
+    return Blob(inline=inline)
+
+
+def _lease(v: Any) -> Lease | None:
+    if v is None:
+        return None
+    if type(v) is not dict:
+        raise _Bad("lease", f"must be a map or None, got {_show(v)}")
+    worker: Any = v.get("worker")
+    token: Any = v.get("token")
+    expires: Any = v.get("expires_at")
+    if type(worker) is not str or type(token) is not str:
+        raise _Bad("lease", "must have a str worker and a str token")
+    if not _is_number(expires):
+        raise _Bad("lease.expires_at", f"must be a number, got {_show(expires)}")
+    return Lease(worker, token, float(expires))
+
+
+def _error(v: Any) -> None:
+    if v is None:
+        return
+    if type(v) is not dict or not all(type(k) is str and type(x) is str for k, x in v.items()):
+        raise _Bad("error", "must be a map of str to str (type, message, traceback) or None")
+
+
+def _journal(v: Any) -> None:
+    if v is None:
+        return
+    if type(v) is not dict:
+        raise _Bad("journal", f"must be a map or None, got {_show(v)}")
+    attempt: Any = v.get("attempt")
+    frames: Any = v.get("frames")
+    ended: Any = v.get("ended")
+    if not (_is_int(attempt) and attempt >= 0 and _is_int(frames) and frames >= 0):
+        raise _Bad("journal", "must have an integer attempt >= 0 and frames >= 0")
+    if type(ended) is not bool:
+        raise _Bad("journal.ended", f"must be true or false, got {_show(ended)}")
+
+
+def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of the record in ``obj``, every field checked.
+
+    Raises:
+        _Bad: a required field is missing, or a field has the wrong type or range.
+    """
+    for name in ("id", "ns", "queue", "fn", "args"):
+        if name not in obj:
+            raise _Bad(name, "is missing")
+    fields = {k: v for k, v in obj.items() if k in _FIELD_SET}
+    full = {**_DEFAULTS, **fields}
+    _of_type(full, "id", str)
+    if not _ULID.match(full["id"]):
+        raise _Bad("id", f"must be a 26-character ULID, got {_show(full['id'])}")
+    for name in ("ns", "queue"):
+        _of_type(full, name, str)
+        try:
+            check_name(full[name], name)
+        except InvalidArgument:
+            raise _Bad(name, f"is not a valid name, got {_show(full[name])}") from None
+    for name in ("fn", "input_hash", "prefix", "wid"):
+        _of_type(full, name, str)
+    for name in ("key", "slot_etag"):
+        _of_type(full, name, str, optional=True)
+    _of_type(full, "fn_pickle", bytes, optional=True)
+    if type(full["state"]) is not str or full["state"] not in STATES:
+        raise _Bad("state", f"must be one of {', '.join(STATES)}, got {_show(full['state'])}")
+    _int(full, "priority", MIN_PRIORITY, MAX_PRIORITY)
+    _int(full, "attempt", 0)
+    _int(full, "max_attempts", 1)
+    _int(full, "released", 0)
+    _int(full, "rev", 0)
+    _int(full, "v", 1)
+    if full["slot"] is not None:
+        _int(full, "slot", 0)
+    for name in ("timeout_s", "deadline_at", "started_at", "finished_at"):
+        _number(full, name, optional=True)
+    for name in ("not_before", "submitted_at"):
+        _number(full, name)
+    _number(full, "retry_backoff_s", low=0)
+    _number(full, "lease_s", positive=True)
+    if full["timeout_s"] is not None and full["timeout_s"] <= 0:
+        raise _Bad(
+            "timeout_s", f"must be a positive number or None, got {_show(full['timeout_s'])}"
+        )
+    _error(full["error"])
+    _journal(full["journal"])
+    fields["args"] = _blob(full, "args")
+    fields["result"] = None if full["result"] is None else _blob(full, "result")
+    fields["lease"] = _lease(full["lease"])
+    return fields
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Record))
 _FIELD_SET = frozenset(_FIELD_NAMES)
+# what a field the writer left out reads as (checked like any written value)
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(Record) if f.default is not dataclasses.MISSING
+}
+_DEFAULTS["wid"] = ""

@@ -1,12 +1,18 @@
 """Submitting: from a call to a published invocation record.
 
 The steps, in order: validate options and bind the call to the function's signature (the
-input hash), encode the arguments, look at the idempotency key, pass admission (slots and
-rate tokens), take the key (create-only), upload the producer's pending files, then publish:
-spilled arguments, id index, ready hint, record (create-only). Anything that fails after
-admission gives its slot and token back. A key whose first submitter died between the key
-object and the record is repaired by the next submit with that key, once the first had
-``KEY_REPAIR_GRACE_S`` to finish.
+input hash), encode the arguments, upload the producer's pending files, look at the
+idempotency key, pass admission (slots and rate tokens), take the key (create-only), then
+publish: spilled arguments, id index, ready hint, record (create-only). Anything that fails
+after admission gives its slot and token back.
+
+A key whose first submitter died between the key object and the record is repaired by the
+next submit with that key, once the first had ``KEY_REPAIR_GRACE_S`` to finish: the old id
+is fenced with a tombstone (``lakeshore.fence``) and the key moves to a new invocation by
+compare-and-swap. Nothing is ever written under an id whose record was deleted or fenced,
+so gc, which deletes an expired record before its folder, hint and key, can never remove
+a part of a live invocation. A submit that finds a tombstone at its own id (it was too slow
+and judged dead) never returns that id: it raises, or, with a key, starts over.
 """
 
 from __future__ import annotations
@@ -14,24 +20,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 from inspect import Parameter
 from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec
 from lakeshore.admission import admit, give_back_rate
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
-from lakeshore.keys import DEFAULT_QUEUE, band, id_index, new_id
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, StoreError
+from lakeshore.fence import abandoned, fence
+from lakeshore.keys import DEFAULT_QUEUE, band, check_id, id_index, new_id
 from lakeshore.protocol import QueueOps
-from lakeshore.record import Blob, Record
+from lakeshore.record import Blob, Record, RecordError
 from lakeshore.run import flush
 from lakeshore.scope import current_prefix
-from lakeshore.store.base import CREATE
+from lakeshore.store.base import CREATE, if_match
 from lakeshore.udf import Udf
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
+    from lakeshore.queueconf import QueueConfig
 
-__all__ = ["KEY_REPAIR_GRACE_S", "KeyReused", "submit_call"]
+__all__ = ["KEY_REPAIR_GRACE_S", "KeyReused", "parse_key", "submit_call"]
 
 # A key whose record is missing is repaired only once its first submitter had this long to
 # finish: a younger one is probably still being written by a concurrent submit.
@@ -63,6 +72,10 @@ def submit_call(
         KeyReused: strict idempotency and the key names different arguments.
         QueueFull: admission refused the submit (or no room came within
             ``submit_timeout`` seconds on a blocking queue).
+        Conflict: the submit stalled so long that it was judged dead and fenced out
+            (nothing was submitted; submit again), or a key kept changing under it.
+        StoreError: the key's object in the store is not one lakeshore wrote, or the
+            store failed.
     """
     conf = plane.settings.get(udf.queue)
     prio = priority if priority is not None else (udf.priority if udf.priority is not None else 5)
@@ -116,65 +129,238 @@ def submit_call(
         ),
         lease_s=conf.lease_s or plane.lease_s,
     )
-    ops = plane.ops(udf.queue)
-    inv = new_id()
-    limited = conf.max_depth is not None or conf.rate_limit is not None
-    if key is not None:
-        # An existing key returns its invocation, never refused by admission; on a limited
-        # queue only look (admission comes before the key is taken).
-        found = _claim_key(plane, ops, key, inv, draft.input_hash, strict_key, create=not limited)
-        if found is not None and found[0] != inv:
-            return _existing(plane, ops, found, draft, payload, deadline_s)
-    slot, token = None, None
-    if limited:
+    flush()  # uploads first: a slot or key held through slow uploads would look abandoned
+    job = _Job(plane, plane.ops(udf.queue), conf, draft, payload, deadline_s, submit_timeout)
+    if key is None:
+        inv = new_id()
+        admitted, token = job.admit(inv)
+        if not _publish_admitted(job, inv, admitted, token):
+            raise _abandoned(udf.ref, inv)
+        return inv
+    return _submit_keyed(job, udf.ref, key, strict_key)
+
+
+@dataclasses.dataclass
+class _Job:
+    """One submit's settled inputs."""
+
+    plane: Dispatch
+    ops: QueueOps
+    conf: QueueConfig
+    draft: Record
+    payload: bytes
+    deadline_s: float | None
+    wait_s: float
+
+    @property
+    def limited(self) -> bool:
+        return self.conf.max_depth is not None or self.conf.rate_limit is not None
+
+    def admit(self, inv: str) -> tuple[Record, tuple[str, str] | None]:
+        """Take a slot and a rate token for ``inv`` (on a limited queue): the draft carrying
+        the slot, and the token.
+
+        Raises:
+            QueueFull: admission refused.
+        """
+        conf = self.conf
+        if not self.limited:
+            return self.draft, None
         slot, token = admit(
-            ops, inv, conf.max_depth, conf.rate, conf.on_full, submit_timeout, plane.store.now
+            self.ops,
+            inv,
+            conf.max_depth,
+            conf.rate,
+            conf.on_full,
+            self.wait_s,
+            self.plane.store.now,
         )
         draft = dataclasses.replace(
-            draft, slot=slot.n if slot else None, slot_etag=slot.etag if slot else None
+            self.draft, slot=slot.n if slot else None, slot_etag=slot.etag if slot else None
         )
-    try:
-        if key is not None and limited:
-            found = _claim_key(plane, ops, key, inv, draft.input_hash, strict_key, create=True)
-            if found is not None and found[0] != inv:  # a concurrent submit took the key
-                _undo_admission(plane, ops, inv, draft, token)
-                return _existing(plane, ops, found, draft, payload, deadline_s)
-        flush()  # the files this producer wrote for the job exist before the job does
-        _publish(plane, ops, inv, draft, payload, deadline_s)
-    except Conflict:
-        if key is None:
-            _undo_admission(plane, ops, inv, draft, token)
-            raise
-        # Only a key repair can have created our record first: the invocation exists.
-    except BaseException:
-        _undo_admission(plane, ops, inv, draft, token)
-        raise
-    return inv
+        return draft, token
 
 
-def _existing(
-    plane: Dispatch,
-    ops: QueueOps,
-    found: tuple[str, float],
-    draft: Record,
-    payload: bytes,
-    deadline_s: float | None,
-) -> str:
-    existing, since = found
-    if since > KEY_REPAIR_GRACE_S:
+@dataclasses.dataclass(frozen=True)
+class _Key:
+    """An idempotency key object as read: the id it names, when, and its etag."""
+
+    id: str
+    input_hash: str
+    at: float
+    etag: str
+    mine: bool = False
+
+
+_KEY_ROUNDS = 8  # a key that changes under us this often is being fought over: give up
+
+
+def _submit_keyed(job: _Job, ref: str, key: str, strict: bool) -> str:
+    """A submit with ``_key``: return the id the key names, or make the key name a new
+    invocation. The key moves to a new id (compare-and-swap on its etag) only once its old
+    id is fenced: a tombstone record, so the old submit can never become live after all.
+    An invocation is never published under an id whose key was taken by someone else."""
+    fenced: set[str] = set()  # ids this call saw fenced: the key must move off them
+    for _ in range(_KEY_ROUNDS):
+        inv = new_id()
+        # on a limited queue only look: admission comes before the key is taken
+        held = _read_key(job, key, inv, create=not job.limited)
+        if held is None and not job.limited:
+            continue  # taken and removed (gc) between our create and our read: again
+        move: _Key | None = None
+        if held is not None and not held.mine:
+            if strict and held.input_hash != job.draft.input_hash:
+                raise KeyReused(
+                    f"submit _key={key!r}",
+                    f"the key already names invocation {held.id} with different arguments",
+                    "use a new key, or drop _strict_key to get the existing id back",
+                    id=held.id,
+                )
+            if held.id not in fenced and not _needs_new_id(job, held):
+                return held.id
+            move = held
+        mine = held is not None and held.mine
+        draft, token = (job.draft, None) if mine else job.admit(inv)
         try:
-            ops.read(existing)
+            wrote = mine or _write_key(job, key, inv, move)
+        except BaseException:
+            _undo_admission(job.ops, inv, draft, token)
+            raise
+        if not wrote:
+            _undo_admission(job.ops, inv, draft, token)
+            continue  # the key changed under us: look again
+        if _publish_admitted(job, inv, draft, token):
+            return inv
+        fenced.add(inv)  # too slow, fenced out (its admission was given back)
+    raise Conflict(
+        f"submit _key={key!r}",
+        f"the key changed under this submit {_KEY_ROUNDS} times in a row",
+        "other producers are racing on this key; submit again",
+    )
+
+
+def _needs_new_id(job: _Job, held: _Key) -> bool:
+    """True when the id a key names will never run: no record once the key is older than
+    ``KEY_REPAIR_GRACE_S`` (the first submitter died after the key; the id is fenced here so
+    a slow one cannot publish later), or a tombstone record."""
+    ops = job.ops
+    now = job.plane.store.now()
+    if now - held.at <= KEY_REPAIR_GRACE_S:
+        return False  # probably a concurrent submit still writing its record
+    for _ in range(2):
+        try:
+            rec, _ = ops.read(held.id)
         except NotFound:
-            # The first submitter died after the key object, before the record: write the
-            # record now (create-only, so a slow original still wins).
-            with contextlib.suppress(Conflict):
-                _publish(plane, ops, existing, draft, payload, deadline_s)
-    return existing
+            why = f"a submit with its key found no record {KEY_REPAIR_GRACE_S:g} s later"
+            if fence(ops, held.id, now, why):
+                return True
+            continue  # the record landed meanwhile: look at it
+        except RecordError:
+            return False  # corrupt or newer: the claimers deal with it, the key stays
+        return abandoned(rec)
+    return True  # created and removed again meanwhile (gc): the id will never run
 
 
-def _undo_admission(
-    plane: Dispatch, ops: QueueOps, inv: str, draft: Record, token: tuple[str, str] | None
-) -> None:
+def _read_key(job: _Job, key: str, inv: str, create: bool) -> _Key | None:
+    """Create the key object for ``inv`` (``create``), or read the one that exists; None
+    when the key is free (only looking, or removed since our create failed).
+
+    Raises:
+        StoreError: the key object is not one lakeshore wrote.
+    """
+    store, where = job.plane.store, job.ops.keys.idem(key)
+    if create:
+        now = store.now()
+        body = _key_body(inv, job.draft.input_hash, now)
+        try:
+            return _Key(inv, job.draft.input_hash, now, store.put(where, body, CREATE), True)
+        except Conflict:
+            pass
+    try:
+        data, etag = store.get(where)
+    except NotFound:
+        return None
+    held = parse_key(data)
+    if held is None:
+        raise StoreError(
+            f"submit _key={key!r}",
+            f"the idempotency key object {where} is not one lakeshore wrote",
+            "delete that object (the key then starts afresh), or use another key",
+            key=where,
+        )
+    ident, input_hash, at = held
+    # naming our own id: our create landed and only its answer was lost (a retried request)
+    return _Key(ident, input_hash, at, etag, mine=ident == inv)
+
+
+def _write_key(job: _Job, key: str, inv: str, replacing: _Key | None) -> bool:
+    """Make the key name ``inv``: create it, or move it off ``replacing`` by compare-and-
+    swap. False when someone else changed it first."""
+    store = job.plane.store
+    body = _key_body(inv, job.draft.input_hash, store.now())
+    mode = CREATE if replacing is None else if_match(replacing.etag)
+    where = job.ops.keys.idem(key)
+    try:
+        store.put(where, body, mode)
+    except Conflict:
+        try:  # a retried request whose first try landed meets its own write
+            held = parse_key(store.get(where)[0])
+        except NotFound:
+            return False
+        return held is not None and held[0] == inv
+    return True
+
+
+def _key_body(inv: str, input_hash: str, now: float) -> bytes:
+    return codec.encode({"id": inv, "input_hash": input_hash, "at": now})
+
+
+def parse_key(data: bytes) -> tuple[str, str, float] | None:
+    """``(id, input_hash, at)`` of an idempotency key object, or None when the bytes are not
+    one (anything read from the store may be hostile). A key without ``at`` (written by an
+    older lakeshore) counts as old."""
+    try:
+        obj = codec.decode(data, "idempotency key")
+    except LakeshoreError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    ident, input_hash, at = obj.get("id"), obj.get("input_hash", ""), obj.get("at", 0.0)
+    if not isinstance(ident, str) or not isinstance(input_hash, str):
+        return None
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        return None
+    try:
+        return check_id(ident), input_hash, float(at)
+    except InvalidArgument:
+        return None
+
+
+def _abandoned(ref: str, inv: str) -> Conflict:
+    return Conflict(
+        f"submit {ref}",
+        f"the submit of {inv} was too slow to write its record and was abandoned (its "
+        "admission slot was freed, or gc swept its folder): nothing was submitted",
+        "submit again; upload large inputs before submitting, not inside a stalled process",
+        id=inv,
+    )
+
+
+def _publish_admitted(job: _Job, inv: str, draft: Record, token: tuple[str, str] | None) -> bool:
+    """Publish ``inv``; False when it was fenced out meanwhile (a tombstone holds its id):
+    its slot and rate token are then given back. Other failures give them back too."""
+    try:
+        if _publish(job, inv, draft):
+            return True
+    except BaseException:
+        _undo_admission(job.ops, inv, draft, token)
+        raise
+    job.ops.settle(dataclasses.replace(draft, id=inv, state="killed"))
+    give_back_rate(job.ops, token)
+    return False
+
+
+def _undo_admission(ops: QueueOps, inv: str, draft: Record, token: tuple[str, str] | None) -> None:
     """A submit that was admitted but did not happen gives its slot and token back (the
     slot only if the record really is not there)."""
     try:
@@ -188,54 +374,31 @@ def _undo_admission(
     give_back_rate(ops, token)
 
 
-def _publish(
-    plane: Dispatch,
-    ops: QueueOps,
-    inv: str,
-    draft: Record,
-    payload: bytes,
-    deadline_s: float | None,
-) -> None:
+def _publish(job: _Job, inv: str, draft: Record) -> bool:
+    """Write the invocation's objects and its record; False when a record was at ``inv``
+    already (a tombstone: this submit was fenced out)."""
+    plane, ops = job.plane, job.ops
     now = plane.store.now()
     rec = dataclasses.replace(
         draft,
         id=inv,
-        args=ops.put_blob(ops.keys.args(inv), payload, plane.spill_bytes),
-        deadline_at=now + deadline_s if deadline_s is not None else None,
+        args=ops.put_blob(ops.keys.args(inv), job.payload, plane.spill_bytes),
+        deadline_at=now + job.deadline_s if job.deadline_s is not None else None,
         submitted_at=now,
     )
     if rec.queue != DEFAULT_QUEUE:
         _index(plane, inv, rec.queue)
-    ops.submit(rec)
-    plane._where[inv] = rec.queue
-
-
-def _claim_key(
-    plane: Dispatch, ops: QueueOps, key: str, inv: str, input_hash: str, strict: bool, create: bool
-) -> tuple[str, float] | None:
-    """Create the key object for ``inv`` (or only look, with ``create=False``). Returns the
-    id the key names (``inv`` if we created it) and the seconds since the key was created;
-    None when only looking and the key is free."""
-    now = plane.store.now()
-    if create:
-        body = codec.encode({"id": inv, "input_hash": input_hash, "at": now})
-        try:
-            plane.store.put(ops.keys.idem(key), body, CREATE)
-            return inv, 0.0
-        except Conflict:
-            pass
     try:
-        held = codec.decode(plane.store.get(ops.keys.idem(key))[0], "idempotency key")
-    except NotFound:
-        return None
-    if strict and held["input_hash"] != input_hash:
-        raise KeyReused(
-            f"submit _key={key!r}",
-            f"the key already names invocation {held['id']} with different arguments",
-            "use a new key, or drop _strict_key to get the existing id back",
-            id=held["id"],
-        )
-    return str(held["id"]), now - float(held.get("at", 0.0))
+        ops.submit(rec)
+    except Conflict:
+        try:
+            landed = ops.read(inv)[0].wid == rec.wid  # our own write, retried by the store
+        except (NotFound, RecordError):
+            landed = False
+        if not landed:
+            return False
+    plane._where[inv] = rec.queue
+    return True
 
 
 def _index(plane: Dispatch, inv: str, queue: str) -> None:

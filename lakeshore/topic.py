@@ -15,6 +15,7 @@ the newest, so the tail — and with it the numbering — survives.
 from __future__ import annotations
 
 import random
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -22,15 +23,52 @@ from typing import Any
 
 from lakeshore import codec
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError
-from lakeshore.journal import END, VALUE, Frame, decode_segment, encode_segment, to_frame
+from lakeshore.journal import (
+    END,
+    VALUE,
+    CorruptSegment,
+    Frame,
+    decode_segment,
+    encode_segment,
+    to_frame,
+)
 from lakeshore.keys import seq_name, topic_prefix
 from lakeshore.store.base import CREATE, Store
 
-__all__ = ["Topic", "TopicClosed"]
+__all__ = ["Topic", "TopicClosed", "decode_post"]
+
+_SEQ = re.compile(r"\d{12}\Z")
 
 
 class TopicClosed(LakeshoreError):
     """The topic ended with ``close()``; it takes no more posts."""
+
+
+def decode_post(data: bytes, where: str) -> tuple[int, bytes]:
+    """The kind and the encoded value of one post, its wrapping checked.
+
+    Raises:
+        CorruptSegment: not a one-frame segment holding a ``{"post", "payload"}`` map.
+        DecodeError: the wrapping map is not a lakeshore value.
+    """
+    _, _, frames = decode_segment(data, where)
+    if len(frames) != 1:
+        raise CorruptSegment(
+            f"read {where}", f"a post holds {len(frames)} frames, not 1", "the post is corrupt"
+        )
+    kind, body = frames[0]
+    inner = codec.decode(body, f"post {where}")
+    if type(inner) is not dict or type(inner.get("payload")) is not bytes:
+        raise CorruptSegment(
+            f"read {where}", "the post does not wrap an encoded value", "the post is corrupt"
+        )
+    return kind, inner["payload"]
+
+
+def _seq_of(key: str) -> int | None:
+    """The seq a post key names; None for a foreign object in the topic's folder."""
+    name = key.rsplit("/", 1)[1]
+    return int(name) if _SEQ.match(name) else None
 
 
 class Topic:
@@ -58,7 +96,9 @@ class Topic:
         start = self._key(self._next - 1) if self._next > 0 else None
         nxt = self._next
         for info in self.store.list(self.prefix, start_after=start):
-            nxt = int(info.key.rsplit("/", 1)[1]) + 1
+            seq = _seq_of(info.key)
+            if seq is not None:
+                nxt = max(nxt, seq + 1)
         self._next = nxt
         return nxt
 
@@ -106,18 +146,15 @@ class Topic:
             return seq
 
     def _kind_at(self, seq: int) -> int:
-        _, _, frames = decode_segment(self.store.get(self._key(seq))[0], self._key(seq))
-        return frames[0][0]
+        return decode_post(self.store.get(self._key(seq))[0], self._key(seq))[0]
 
     def _read(self, since: int, after: str | None) -> Iterator[tuple[str, Frame]]:
         for info in self.store.list(self.prefix, start_after=after):
-            seq = int(info.key.rsplit("/", 1)[1])
-            if seq < since:
+            seq = _seq_of(info.key)
+            if seq is None or seq < since:
                 continue
-            _, _, frames = decode_segment(self.store.get(info.key)[0], info.key)
-            kind, body = frames[0]
-            inner = codec.decode(body, "topic frame")
-            yield info.key, to_frame(0, seq, kind, inner["payload"])
+            kind, payload = decode_post(self.store.get(info.key)[0], info.key)
+            yield info.key, to_frame(0, seq, kind, payload)
 
     def stream(self, since: int = 0) -> Iterator[Frame]:
         """The frames posted so far, from ``since`` on; stops at the current end (or END).

@@ -26,14 +26,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakeshore import codec
+from lakeshore import codec, lifecycle
 from lakeshore.admission import sweep_rate
 from lakeshore.attempt import Attempt, Slot, run_attempt
 from lakeshore.child import HookFailed, Hooks
-from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, StoreError
 from lakeshore.keys import worker_key
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.store.base import OVERWRITE
+from lakeshore.udf import Allow
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
@@ -55,6 +56,7 @@ class _State:
     max_jobs: int | None
     stop: threading.Event
     hooks: Hooks = field(default_factory=Hooks)
+    allow: Allow = field(default_factory=Allow)
     lease_s: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle_turn: threading.Lock = field(default_factory=threading.Lock)
@@ -99,6 +101,7 @@ def run_worker(
     on_stop: Any = None,
     handle_signals: bool = False,
     announce_s: float = 30.0,
+    allow: list[str] | None = None,
 ) -> int:
     """Serve invocations from ``queues`` of ``plane``; return how many attempts it ran.
 
@@ -129,9 +132,14 @@ def run_worker(
         handle_signals: SIGTERM/SIGINT stop the worker as ``stop`` does; a second one exits
             the process at once. Only from the main thread.
         announce_s: how often the worker's sign of life is written.
+        allow: ``"module:qualname"`` patterns (fnmatch-style, ``"mypkg.jobs:*"``) of
+            functions this worker may run although they are not decorated, importing their
+            module if need be. Without it the worker runs only declared bodies: functions
+            decorated on ``plane``, and ``@udf`` functions of modules already imported in
+            this process. Anything else an invocation names fails it, never called.
 
     Raises:
-        InvalidArgument: a bad option or hook.
+        InvalidArgument: a bad option, hook or ``allow`` pattern.
         HookFailed: ``on_start`` raised (no job was run by that process).
     """
     if (
@@ -151,6 +159,7 @@ def run_worker(
     if once and idle_exit is None:
         idle_exit = 0.0  # one pass over the queues
     hooks = Hooks.of(on_start, before_job, on_stop)
+    allowed = Allow(allow or ())
     state = _State(
         plane=plane,
         worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}",
@@ -158,6 +167,7 @@ def run_worker(
         max_jobs=1 if once else max_jobs,
         stop=stop or threading.Event(),
         hooks=hooks,
+        allow=allowed,
         lease_s=lease_s,
     )
     names = queues or plane.queues()
@@ -282,7 +292,7 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
 
 
 def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_s: float) -> None:
-    slot = Slot(state.plane, state.isolation, state.hooks)
+    slot = Slot(state.plane, state.isolation, state.hooks, allow=state.allow)
     with state.lock:
         state.slots.append(slot)
     try:
@@ -331,8 +341,18 @@ def _serve(
         idle, delay = False, 0.005
         with state.lock:
             state.idle_delay = 0.005
+        if state.stop.is_set():
+            # the stop came while the claim was in flight: hand the job back unstarted
+            _hand_back(q, held)
+            state.give_back()
+            return
         try:
-            run_attempt(slot, q, held, _Tracked(state))
+            att = run_attempt(slot, q, held, _Tracked(state))
+            if att.interrupted:
+                # its body process was ended by SIGTERM/SIGINT: a signal for the whole
+                # process group, this worker included, whose handler may not have run yet
+                # (it runs on the main thread). Stop claiming now, not one claim later.
+                state.stop.set()
         except HookFailed:
             raise
         except LakeshoreError as e:
@@ -350,13 +370,31 @@ def _claim(state: _State, ops: list[QueueOps], turn: int) -> tuple[Claimed | Non
     for i in range(len(ops)):
         q = ops[(turn + i) % len(ops)]
         try:
-            held = q.claim(state.worker_id, state.plane.store.now(), state.lease_s)
-        except StoreError as e:
+            held = q.claim(
+                state.worker_id, state.plane.store.now(), state.lease_s, state.stop.is_set
+            )
+        except LakeshoreError as e:
             log.warning("claim on %s failed: %s", q.keys.queue, e)
+            continue
+        except Exception:  # never let one claim end the slot: the next poll tries again
+            log.exception("claim on %s failed unexpectedly", q.keys.queue)
             continue
         if held is not None:
             return held, q, (turn + i + 1) % len(ops)
     return None, ops[turn % len(ops)], turn
+
+
+def _hand_back(q: QueueOps, held: Claimed) -> None:
+    """Release a claimed attempt that was never started (queued again at once, the
+    attempt not counted)."""
+    rec = held.record
+    try:
+        q.finish(held, lifecycle.release(rec, held.token, q.store.now()))
+        log.info("%s %s attempt %d -> released before it started", rec.fn, rec.id, rec.attempt)
+    except (Conflict, lifecycle.IllegalTransition):
+        pass  # moved meanwhile (a cancel): nothing of ours to hand back
+    except LakeshoreError as e:
+        log.warning("handing back %s failed (its lease will expire): %s", rec.id, e)
 
 
 class _Tracked:

@@ -181,6 +181,9 @@ def submit_loop(plane: Any, queue: str, n: int, seconds: float, start: float) ->
     return [acc, rej]
 
 
+IMPORT_GATE = threading.Event()  # tests/trust_slow.py's import waits on it
+
+
 # -- bodies that read and write files (dls.run) ---------------------------------------------
 
 GATE = threading.Event()  # a generator body waits on it after its first yield
@@ -356,3 +359,12 @@ def logged_nap(name: str, seconds: float, folder: str) -> str:
     with open(path, "a") as f:
         f.write(f"end {time.time()} {os.getpgid(0)}\n")
     return name
+
+
+def die_by_group_signal() -> None:
+    """An ``on_start`` hook: the child dies of SIGTERM as if a signal for the whole process
+    group reached it before it could ignore it (children ignore SIGTERM once they run)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -114,7 +114,7 @@ def test_max_depth_block_with_a_worker_draining(atomic_plane: Any, report: list[
     worker = threading.Thread(
         target=dls.run_worker,
         args=(q,),
-        kwargs={"queues": [QUEUE], "stop": stop, "max_poll_s": 0.05},
+        kwargs={"queues": [QUEUE], "stop": stop, "max_poll_s": 0.05, "allow": ["tests.jobs:*"]},
     )
     sampler = threading.Thread(target=sample)
     worker.start()

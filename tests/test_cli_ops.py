@@ -55,7 +55,8 @@ def test_submit_show_result_wait_retry(url: str, capsys: pytest.CaptureFixture[s
     code, again, _ = run(capsys, "submit", "tests.jobs:add_one", "--args", "[1]", "--key", "k")
     code2, same, _ = run(capsys, "submit", "tests.jobs:add_one", "--args", "[1]", "--key", "k")
     assert code == code2 == 0 and again == same  # a retried submit is safe with --key
-    dls.run_worker(q, isolation="thread", idle_exit=0.2, max_poll_s=0.05)
+    # a plain function (not @udf): its worker's operator allows it
+    dls.run_worker(q, isolation="thread", idle_exit=0.2, max_poll_s=0.05, allow=["tests.jobs:*"])
     code, out, _ = run(capsys, "result", inv)
     assert (code, out.strip()) == (0, "42")
     code, out, _ = run(capsys, "show", inv)

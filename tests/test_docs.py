@@ -147,6 +147,8 @@ class Notebook:
     done: int = 0  # blocks[:done] have run (or been written)
     failed_at: int | None = None  # line of the block that raised
     default_plane: lakeshore.dispatch.Dispatch | None = None
+    # modules the blocks imported from the page's folder (tasks.py…), kept between its blocks
+    imported: dict[str, types.ModuleType] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.module = types.ModuleType("__main__")
@@ -188,17 +190,18 @@ class Notebook:
         self.module.__file__ = str(script)
         real_main, real_default = sys.modules["__main__"], lakeshore.dispatch._default
         sys.modules["__main__"] = self.module
+        sys.modules.update(self.imported)  # as in one notebook: what a cell imported stays
         lakeshore.dispatch._default = self.default_plane  # `@dls.udf` binds per file
         try:
             exec(code, self.module.__dict__)
         finally:
             self.default_plane = lakeshore.dispatch._default
             sys.modules["__main__"], lakeshore.dispatch._default = real_main, real_default
-            # Modules the block imported from its folder (tasks.py…) stay its own: another
-            # page may have a module of the same name.
+            # Modules the block imported from its folder (tasks.py…) stay its page's own:
+            # another page may have a module of the same name.
             for name, mod in list(sys.modules.items()):
                 if str(getattr(mod, "__file__", None) or "").startswith(str(self.home)):
-                    del sys.modules[name]
+                    self.imported[name] = sys.modules.pop(name)
 
 
 _BLOCKS = all_blocks()

@@ -35,6 +35,7 @@ def _env(url: str, path: Path | None = None) -> dict[str, str]:
 def _worker(ns: str, module: str, *options: str) -> list[str]:
     """``lakeshore worker`` for a smoke test: bodies in threads, quick polls."""
     command = [sys.executable, "-m", "lakeshore", "worker", "--ns", ns, "--import", module]
+    command += ["--allow", f"{module}:*"]  # the examples' bodies are plain functions
     return [*command, "--isolation", "thread", "--max-poll", "0.1", *options]
 
 

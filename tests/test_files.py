@@ -258,7 +258,7 @@ def test_worker_in_another_process(tmp_path: Path) -> None:
     code = (
         "import lakeshore as dls;"
         f"q = dls.Dispatch({url!r}, data={data!r});"
-        "dls.run_worker(q, once=True)"
+        "dls.run_worker(q, once=True, allow=['tests.jobs:*'])"
     )
     env = {**os.environ, "LAKESHORE_CACHE": str(tmp_path / "worker-cache")}
     out = subprocess.run(

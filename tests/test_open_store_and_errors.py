@@ -133,8 +133,7 @@ def test_local_filesystem_errors_are_translated(tmp_path: Path) -> None:
         s.put("k", b"v")
     assert str(err.value).startswith("put k: filesystem error")
     (tmp_path / "st" / "objects" / "bad.obj").write_bytes(b"junk")  # not written by lakeshore
-    with pytest.raises(StoreError, match="bad header"):
-        s.get("bad")
+    assert s.get("bad")[0] == b"junk"  # read as it is: the layer above judges the bytes
 
 
 def test_local_fsync_mode_writes_and_reads(tmp_path: Path) -> None:

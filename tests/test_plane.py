@@ -154,10 +154,18 @@ def test_unknown_function_and_lookup_errors(plane: Any) -> None:
     ops.cas(rec.next_write(fn="tests.nowhere:gone"), etag)
     ok = ghost.submit(2)
     assert dls.run_worker(q, max_jobs=2, idle_exit=5) == 2  # the worker keeps serving
-    with pytest.raises(dls.Failed, match="cannot load the function"):
+    with pytest.raises(dls.Failed, match="not a declared body"):
         q.result(inv)
     assert q.get(inv).attempt == 1  # not retried: it would fail the same way
     assert q.result(ok) == 3
+    # allowed but missing: the worker tried to import it, and says so
+    again = ghost.submit(3)
+    rec, etag = ops.read(again)
+    ops.cas(rec.next_write(fn="tests.nowhere:gone"), etag)
+    assert dls.run_worker(q, once=True, allow=["tests.nowhere:*"]) == 1
+    with pytest.raises(dls.Failed, match="cannot load the function"):
+        q.result(again)
+    assert q.get(again).attempt == 1
 
 
 def test_corrupt_record_is_failed_and_skipped(plane: Any) -> None:
@@ -200,10 +208,12 @@ def test_key_repair_after_a_crash_between_key_and_record(plane: Any) -> None:
     ops = q.ops("default")
     orphan = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     q.store.put(ops.keys.idem("k1"), codec.encode({"id": orphan, "input_hash": "?"}))
-    assert f.submit(1, _key="k1") == orphan  # the record is written now
-    assert q.status(orphan) == "queued"
+    repaired = f.submit(1, _key="k1")  # the key moves to a new invocation
+    assert repaired != orphan and q.status(repaired) == "queued"
+    assert q.get(orphan).error["type"] == "SubmitAbandoned"  # type: ignore[index]
+    assert f.submit(1, _key="k1") == repaired  # the key names the new one from now on
     dls.run_worker(q, once=True)
-    assert q.result(orphan) == 2
+    assert q.result(repaired) == 2
 
 
 def test_deadline_passes_while_queued(plane: Any) -> None:
@@ -229,7 +239,7 @@ def test_result_from_a_process_that_never_saw_the_submit(tmp_path: Path) -> None
     code = (
         "import lakeshore as dls, sys;"
         f"q = dls.Dispatch({url!r});"
-        "dls.run_worker(q, queues=['elsewhere'], once=True);"
+        "dls.run_worker(q, queues=['elsewhere'], once=True, allow=['tests.jobs:add_one']);"
         f"print(q.result({inv!r}, timeout=30))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -61,7 +61,10 @@ def test_worker_processes_share_a_directory(tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
     ids = [f.submit(str(marks / f"{i}")) for i in range(60)]
-    code = "import lakeshore as dls, sys; dls.run_worker(dls.Dispatch(sys.argv[1]), idle_exit=1.5)"
+    code = (
+        "import lakeshore as dls, sys;"
+        "dls.run_worker(dls.Dispatch(sys.argv[1]), idle_exit=1.5, allow=['tests.jobs:*'])"
+    )
     procs = [subprocess.Popen([sys.executable, "-c", code, url]) for _ in range(3)]
     for p in procs:
         assert p.wait(240) == 0
@@ -95,7 +98,8 @@ def test_sigkill_mid_job_another_worker_finishes(
     inv = q.udf(jobs.slow_first_time).submit(str(marker), 60)
     code = (
         "import lakeshore as dls, sys;"
-        "dls.run_worker(dls.Dispatch(sys.argv[1], lease_s=1.0), once=True)"
+        "q = dls.Dispatch(sys.argv[1], lease_s=1.0);"
+        "dls.run_worker(q, once=True, allow=['tests.jobs:*'])"
     )
     victim = subprocess.Popen([sys.executable, "-c", code, url], env=env)
     poll(marker.exists, 60, "the first attempt to start")

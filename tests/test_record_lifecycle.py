@@ -88,7 +88,7 @@ def test_record_round_trips_every_field() -> None:
         priority=7,
         timeout_s=2.5,
         deadline_at=123.0,
-        result=Blob(ref="x/result-0001", size=3, sha256="ab"),
+        result=Blob(ref="x/result-0001", size=3, sha256="ab" * 32),
         error={"type": "E", "message": "m", "traceback": "tb"},
         journal={"attempt": 1, "frames": 3, "ended": False},
         fn_pickle=b"\x80",

@@ -25,6 +25,12 @@ def lakeshore_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "lakeshore", *args]
 
 
+def worker_cmd(*args: str) -> list[str]:
+    """``lakeshore worker``, allowed to run the plain functions of tests/jobs.py (a worker
+    runs only declared bodies: these are not decorated)."""
+    return lakeshore_cmd("worker", "--allow", "tests.jobs:*", *args)
+
+
 def env_for(url: str, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
@@ -40,7 +46,7 @@ def test_worker_with_concurrency_drains_200_jobs(tmp_path: Path) -> None:
     f = q.udf(jobs.add_one)
     ids = [f.submit(i) for i in range(200)]
     out = subprocess.run(
-        lakeshore_cmd("worker", "--concurrency", "4", "--idle-exit", "1", "--max-poll", "0.1"),
+        worker_cmd("--concurrency", "4", "--idle-exit", "1", "--max-poll", "0.1"),
         env=env_for(url),
         capture_output=True,
         text=True,
@@ -59,7 +65,7 @@ def test_sigterm_releases_the_lease_without_counting_an_attempt(tmp_path: Path) 
     q = dls.Dispatch(url, lease_s=30)
     inv = q.udf(jobs.wait_for_file).submit(str(gate), _max_attempts=1)
     worker = subprocess.Popen(
-        lakeshore_cmd("worker", "--grace", "0.5", "--max-poll", "0.1"),
+        worker_cmd("--grace", "0.5", "--max-poll", "0.1"),
         env=env_for(url),
         stderr=subprocess.PIPE,
         text=True,
@@ -92,7 +98,7 @@ def test_sigterm_releases_the_lease_without_counting_an_attempt(tmp_path: Path) 
 def test_idle_exit_on_an_empty_queue_exits_zero(tmp_path: Path) -> None:
     t0 = time.monotonic()
     out = subprocess.run(
-        lakeshore_cmd("worker", "--idle-exit", "0.5"),
+        worker_cmd("--idle-exit", "0.5"),
         env=env_for(f"file://{tmp_path}/plane"),
         capture_output=True,
         text=True,
@@ -110,8 +116,7 @@ def test_hooks_run_the_documented_number_of_times(tmp_path: Path, isolation: str
     q = dls.Dispatch(url)
     ids = [q.udf(jobs.note_pid).submit(i) for i in range(6)]
     out = subprocess.run(
-        lakeshore_cmd(
-            "worker",
+        worker_cmd(
             "--concurrency",
             "2",
             "--isolation",
@@ -155,7 +160,7 @@ def test_a_failing_on_start_stops_the_worker_clearly(tmp_path: Path) -> None:
     q = dls.Dispatch(url)
     inv = q.udf(jobs.add_one).submit(1)
     out = subprocess.run(
-        lakeshore_cmd("worker", "--on-start", "tests.jobs:hook_start_fails", "--idle-exit", "5"),
+        worker_cmd("--on-start", "tests.jobs:hook_start_fails", "--idle-exit", "5"),
         env=env_for(url),
         capture_output=True,
         text=True,
@@ -173,7 +178,7 @@ def test_logs_of_a_printing_body_from_another_process(tmp_path: Path) -> None:
     f = q.udf(jobs.chatty)
     a, b = f.submit(1), f.submit(2)
     out = subprocess.run(
-        lakeshore_cmd("worker", "--concurrency", "2", "--idle-exit", "1", "--max-poll", "0.1"),
+        worker_cmd("--concurrency", "2", "--idle-exit", "1", "--max-poll", "0.1"),
         env=env_for(url),
         capture_output=True,
         text=True,
@@ -223,7 +228,7 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     q = dls.Dispatch(url, lease_s=30)
     inv = q.udf(jobs.pid_after_file).submit(str(tmp_path / "never"))
     worker = subprocess.Popen(
-        lakeshore_cmd("worker", "--grace", "60", "--max-poll", "0.1"),
+        worker_cmd("--grace", "60", "--max-poll", "0.1"),
         env=env_for(url),
         stderr=subprocess.PIPE,
         text=True,

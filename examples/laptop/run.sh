@@ -32,8 +32,10 @@ pids=()
 trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' EXIT   # never leave workers behind
 for n in 1 2; do
   # a plain command, not the lks function: $! is then the worker itself, not a subshell
-  "${LKS[@]}" worker --import tasks --concurrency 2 --grace 2 --max-poll 0.2 \
-    --on-start tasks:warm_up --worker-id "laptop-$n" >"$logs/worker-$n.log" 2>&1 &
+  # --allow: the bodies in tasks.py are plain functions; a worker runs those only when
+  # its operator allows them (a record alone cannot make it import or call anything)
+  "${LKS[@]}" worker --import tasks --allow 'tasks:*' --concurrency 2 --grace 2 \
+    --max-poll 0.2 --on-start tasks:warm_up --worker-id "laptop-$n" >"$logs/worker-$n.log" 2>&1 &
   pids+=("$!")
   echo "worker laptop-$n: pid $!, log $logs/worker-$n.log"
 done

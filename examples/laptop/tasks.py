@@ -1,5 +1,7 @@
 """Bodies for the laptop example. Workers import them by name (``tasks:thumbnail``), so this
-folder must be on ``PYTHONPATH`` for the workers; ``run.sh`` sets it."""
+folder must be on ``PYTHONPATH`` for the workers; ``run.sh`` sets it. They are plain
+functions (submitted with ``lakeshore submit tasks:thumbnail``), so the workers run them only
+because their command allows it: ``--allow 'tasks:*'``."""
 
 from __future__ import annotations
 

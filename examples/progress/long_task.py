@@ -1,7 +1,8 @@
 """The body of the progress example: a long job that reports how far it got.
 
 Workers import it by name (``long_task:crunch``), so this folder must be on their
-``PYTHONPATH``. Only the producer and the workers need it; ``watch.py`` does not.
+``PYTHONPATH``, and allow it (``--allow 'long_task:*'``: it is a plain function). Only the
+producer and the workers need it; ``watch.py`` does not.
 """
 
 from __future__ import annotations

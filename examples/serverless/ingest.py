@@ -1,6 +1,7 @@
 """The work behind the serverless producer. Workers import this module by name
-(``ingest:describe_upload``), so it must be on their ``PYTHONPATH``; the Lambda package
-carries it too, because ``handler.py`` submits these functions by reference."""
+(``ingest:describe_upload``), so it must be on their ``PYTHONPATH`` and allowed on their
+command line (``--allow 'ingest:*'``: these are plain functions); the Lambda package carries
+it too, because ``handler.py`` submits these functions by reference."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Workers import this module by name (``jobs``), so the directory that holds it must be on
 ``PYTHONPATH`` on every node; ``worker-array.sbatch`` adds the directory it was submitted
-from. The producer (``submit_batch.py``) imports it too.
+from, and allows its plain functions as bodies (``--allow 'jobs:*'``). The producer
+(``submit_batch.py``) imports it too.
 
 ``simulate`` is the job: a random walk of ``steps`` steps from one seed, summarised by its
 mean squared displacement. The step table it uses stands in for something expensive to

@@ -12,7 +12,7 @@ from typing import Any
 from lakeshore.cli.common import add_common, ago, plane, print_json, wall
 from lakeshore.errors import InvalidArgument
 from lakeshore.record import TERMINAL, Record
-from lakeshore.udf import Udf, resolve
+from lakeshore.udf import Udf, import_ref
 
 __all__ = ["register"]
 
@@ -41,7 +41,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             "submit", f"{args.function!r} is not module:function", "e.g. mypkg.jobs:resize"
         )
     q = plane(args)
-    target = resolve(args.function, {})
+    target = import_ref(args.function)  # the user names it here, on their own authority
     fn = target.fn if isinstance(target, Udf) else target
     queue = args.queue or (target.queue if isinstance(target, Udf) else "default")
     options: dict[str, Any] = {"_key": args.key} if args.key else {}
@@ -81,7 +81,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print_json(record_dict(rec))
         return 0
     lease = rec.lease
-    run_s = (rec.finished_at or time.time()) - rec.started_at if rec.started_at else None
+    now = q.store.now()  # record times are in the store's clock, not this machine's
+    run_s = (rec.finished_at or now) - rec.started_at if rec.started_at else None
     rows = [
         ("id", rec.id),
         ("function", rec.fn),
@@ -101,7 +102,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         ("ran for", ago(run_s) if run_s is not None else "-"),
         (
             "worker",
-            f"{lease.worker} (lease {ago(lease.expires_at - time.time())} left)" if lease else "-",
+            f"{lease.worker} (lease {ago(lease.expires_at - now)} left)" if lease else "-",
         ),
         ("timeout", f"{rec.timeout_s}s" if rec.timeout_s else "-"),
         (

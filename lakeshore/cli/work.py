@@ -47,12 +47,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     for name in queues:
         check_name(name, "queue")
     logging.getLogger("lakeshore.worker").info(
-        "worker on %s namespace %s, queues %s, concurrency %d, isolation %s",
+        "worker on %s namespace %s, queues %s, concurrency %d, isolation %s%s",
         q.store.url,
         q.ns,
         ",".join(queues),
         args.concurrency,
         args.isolation,
+        f", allow {' '.join(args.allow)}" if args.allow else "",
     )
     done = run_worker(
         q,
@@ -69,6 +70,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         before_job=args.before_job,
         on_stop=args.on_stop,
         handle_signals=True,
+        allow=args.allow or [],
     )
     logging.getLogger("lakeshore.worker").info("worker done: %d attempt(s)", done)
     return 0
@@ -159,6 +161,15 @@ def register(sub: Any) -> None:
         action="append",
         metavar="MODULE",
         help="module to import first (its functions, its hooks); repeatable",
+    )
+    p.add_argument(
+        "--allow",
+        action="append",
+        metavar="PATTERN",
+        help="also run functions matching this module:qualname pattern (fnmatch, e.g. "
+        "'mypkg.jobs:*') although they are not decorated with @udf, importing their module "
+        "if need be; repeatable. Without it the worker runs only @udf functions of the "
+        "--import modules",
     )
     p.add_argument("--concurrency", "-c", type=int, default=1, help="jobs at once (default 1)")
     p.add_argument(

@@ -18,7 +18,10 @@ becomes ``%2Eobj``: then no directory name can ever equal an object's file name.
     .tmp/                            temp files being written (leftovers of a crash are inert)
 
 The etag is 16 random bytes stored in the object's own header, so it changes on every write
-(even of identical bytes) and is read in the same ``open`` as the data. The ``.obj`` suffix
+(even of identical bytes) and is read in the same ``open`` as the data. A file without the
+header (stray or damaged) reads as an object holding the whole file, with a hash of the file
+as its etag: the layers above judge its bytes (and overwrite it by ``if_match``) instead of
+the store refusing every read and listing that meets it. The ``.obj`` suffix
 lets ``a`` and ``a/b`` both exist as keys, as they can on S3. Fsync is off by default (a
 crashed *process* loses nothing; a crashed *machine* may lose the last writes): pass
 ``fsync=True`` or ``?fsync=1`` in the URL to fsync each object and its directory entry.
@@ -30,12 +33,13 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import io
 import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
 from lakeshore.store.base import (
@@ -49,6 +53,7 @@ from lakeshore.store.base import (
     conflict,
     not_found,
 )
+from lakeshore.store.clock import machine_clock
 
 __all__ = ["LocalStore"]
 
@@ -72,7 +77,13 @@ def _decode(name: str) -> str:
 class LocalStore(Store):
     """A store on a local directory; see the module docstring for the guarantees."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         path = Path(root).expanduser()
         if not path.is_absolute():
             path = Path.cwd() / path
@@ -92,6 +103,8 @@ class LocalStore(Store):
                 "pick a writable directory or fix its permissions",
                 path=str(path),
             ) from e
+        # one clock for every process on this machine, and no wall-clock step moves it
+        self._clock = machine_clock(path, wall_clock)
 
     def files_location(self) -> tuple[str, dict[str, Any]]:
         return self.url, {}
@@ -121,6 +134,9 @@ class LocalStore(Store):
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + raw + data)
+                # listings report the store's clock, not the wall clock (see now())
+                t = self._clock()
+                os.utime(f.fileno(), (t, t))
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
@@ -132,19 +148,23 @@ class LocalStore(Store):
 
     def _read(
         self, key: str, path: Path, header_only: bool = False
-    ) -> tuple[bytes, str, os.stat_result]:
+    ) -> tuple[bytes, str, int, float]:
+        """``(data, etag, data size, mtime)`` of the object file at ``path``.
+
+        A file without lakeshore's header (a stray or damaged file) is not an error: it
+        reads as an object whose data is the whole file and whose etag is a hash of it, so
+        the layers above judge the bytes like any other (a record that does not decode is
+        failed and overwritten by a conditional write on that etag)."""
         with open(path, "rb") as f:
             blob = f.read(_HEADER) if header_only else f.read()
             st = os.fstat(f.fileno())
-        if len(blob) < _HEADER or not blob.startswith(_MAGIC):
-            raise StoreError(
-                f"read {key}",
-                f"{path} is not a lakeshore object (bad header)",
-                "remove the stray file; only lakeshore should write under objects/",
-                key=key,
-                path=str(path),
-            )
-        return blob[_HEADER:], f'"{blob[len(_MAGIC) : _HEADER].hex()}"', st
+            if len(blob) < _HEADER or not blob.startswith(_MAGIC):
+                if header_only:
+                    f.seek(0)
+                    return b"", _foreign_etag(f), st.st_size, st.st_mtime
+                return blob, _foreign_etag(io.BytesIO(blob)), st.st_size, st.st_mtime
+        etag = f'"{blob[len(_MAGIC) : _HEADER].hex()}"'
+        return blob[_HEADER:], etag, st.st_size - _HEADER, st.st_mtime
 
     def _current_etag(self, key: str, path: Path) -> str | None:
         try:
@@ -169,8 +189,8 @@ class LocalStore(Store):
     def get(self, key: str) -> tuple[bytes, str]:
         check_key(key, "get")
         try:
-            data, etag, _ = self._read(key, self._path(key))
-        except (FileNotFoundError, NotADirectoryError):
+            data, etag, _, _ = self._read(key, self._path(key))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise not_found(key, self.url) from None
         except OSError as e:
             raise _os_error("get", key, e) from e
@@ -287,15 +307,23 @@ class LocalStore(Store):
             if not key.startswith(prefix) or (start_after is not None and key <= start_after):
                 continue
             try:
-                _, etag, st = self._read(key, directory / name, header_only=True)
-            except FileNotFoundError:
-                continue  # deleted while we listed
+                _, etag, size, mtime = self._read(key, directory / name, header_only=True)
+            except (FileNotFoundError, IsADirectoryError):
+                continue  # deleted while we listed (or a stray directory: not an object)
             except OSError as e:
                 raise _os_error("list", key, e) from e
-            yield ObjectInfo(key, etag, st.st_size - _HEADER, st.st_mtime)
+            yield ObjectInfo(key, etag, size, mtime)
 
     def now(self) -> float:
-        return time.time()
+        return self._clock()
+
+
+def _foreign_etag(f: BinaryIO) -> str:
+    """The etag of a file without our header: a hash of its content (read in chunks)."""
+    h = hashlib.blake2b(digest_size=16)
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+    return f'"{h.hexdigest()}"'
 
 
 def _os_error(op: str, key: str, e: OSError) -> LakeshoreError:

@@ -11,7 +11,7 @@ import itertools
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from lakeshore.store.base import (
     conflict,
     not_found,
 )
+from lakeshore.store.clock import TickClock
 
 __all__ = ["MemoryStore"]
 
@@ -43,7 +44,7 @@ class MemoryStore(Store):
     """An in-process store. Etags are unique per write, so they change even when the bytes
     do not (stricter than S3)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self.url = ":memory:"
         self._lock = threading.Lock()
         self._written = threading.Condition(self._lock)  # notified on every write
@@ -53,6 +54,7 @@ class MemoryStore(Store):
         self._counter = itertools.count(1)
         self._instance = f"{id(self):x}"
         self._files = secrets.token_hex(6)  # ids of dead objects come back; this does not
+        self._clock = TickClock(wall=wall_clock)  # a step of the wall clock does not move it
 
     def files_location(self) -> tuple[str, dict[str, Any]]:
         # fsspec's memory filesystem is shared by the process: one folder per store.
@@ -78,7 +80,7 @@ class MemoryStore(Store):
                 raise conflict("put", key, mode, self.url)
             if mode.kind == "if_match" and (current is None or current.etag != mode.etag):
                 raise conflict("put", key, mode, self.url)
-            obj = _Obj(data, self._etag(), time.time())
+            obj = _Obj(data, self._etag(), self._clock())
             if current is None:
                 bisect.insort(self._keys, key)
             self._objs[key] = obj
@@ -130,4 +132,4 @@ class MemoryStore(Store):
             cursor, inclusive = page[-1][0], False
 
     def now(self) -> float:
-        return time.time()
+        return self._clock()

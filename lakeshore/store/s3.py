@@ -13,7 +13,10 @@ The only module of lakeshore that imports boto3. What it takes care of:
   become :class:`~lakeshore.errors.Conflict`; 503 ``SlowDown``, 500 and connection failures are
   retried with jittered exponential backoff, then become ``StoreUnavailable``.
 * **The store clock** comes from the ``Date`` header of recent responses, so leases are judged
-  in the server's time whatever the local clock says.
+  in the server's time whatever the local clock says. Each sample is kept as "server time
+  minus this process's monotonic clock", so a step of the local wall clock (NTP after a VM
+  pause) changes nothing; samples age out after ``_CLOCK_WINDOW_S``, so a step of the
+  server's own clock is followed within that window.
 * **Servers without conditional deletes** (LocalStack answers ``DELETE`` with ``If-Match``
   with 501): the store notices on the first such answer and from then on compares the etag
   with a ``HEAD`` before a plain ``DELETE`` (see :meth:`S3Store.delete`; not atomic).
@@ -92,6 +95,7 @@ _BY_STATUS: dict[int, str] = {
 }
 _TRANSIENT_IO = (bex.ConnectionError, bex.HTTPClientError, bex.IncompleteReadError)
 _CLOCK_SAMPLES = 64
+_CLOCK_WINDOW_S = 10.0  # samples older than this no longer count (the newest always does)
 
 
 def _classify(e: Exception) -> tuple[str, int | None, str]:
@@ -132,7 +136,10 @@ class S3Store(Store):
         backoff_base: seconds of the first pause between retries; it doubles after each.
         backoff_cap: longest pause between retries, in seconds (each pause is also
             jittered by a random factor between 0.5 and 1.5).
-        local_clock: this machine's clock (tests inject skew); leases never use it directly.
+        local_clock: this machine's wall clock, used only when the server sends no ``Date``
+            (in-process fakes); tests inject skew and steps. Leases never use it.
+        ticks: the clock that measures time between responses; never stepped
+            (``time.monotonic``).
         client: a ready boto3 S3 client (tests with ``botocore.stub.Stubber``); overrides the
             connection arguments above. It must be built with
             ``Config(retries={"total_max_attempts": 1})``: SDK retries of conditional writes
@@ -162,6 +169,7 @@ class S3Store(Store):
         backoff_cap: float = 2.0,
         client: Any = None,
         local_clock: Callable[[], float] = time.time,
+        ticks: Callable[[], float] = time.monotonic,
     ) -> None:
         if not bucket or "/" in bucket:
             raise InvalidArgument(
@@ -174,10 +182,14 @@ class S3Store(Store):
         self.prefix = f"{prefix}/" if prefix else ""
         self.url = f"s3://{bucket}/{prefix}".rstrip("/")
         self.retries = retries
-        self._local_clock = local_clock  # this machine's clock; tests inject a skewed one
+        self._local_clock = local_clock  # the wall clock: only for servers without Date
+        self._ticks = ticks
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
-        self._offsets: collections.deque[float] = collections.deque(maxlen=_CLOCK_SAMPLES)
+        # (ticks when sampled, server time - ticks): the newest samples, oldest first
+        self._offsets: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=_CLOCK_SAMPLES
+        )
         self._no_date = False
         self._rng = random.Random()
         self._rng_lock = threading.Lock()
@@ -257,7 +269,10 @@ class S3Store(Store):
             return
         # Date has one-second resolution and is truncated, so each sample underestimates the
         # offset by up to a second; the maximum over recent samples converges on the truth.
-        self._offsets.append(server - self._local_clock())
+        # Measured against the monotonic clock, not the wall clock: a step of this machine's
+        # wall clock must not move the store's clock.
+        ticks = self._ticks()
+        self._offsets.append((ticks, server - ticks))
 
     def _sleep_backoff(self, attempt: int) -> None:
         with self._rng_lock:
@@ -488,10 +503,13 @@ class S3Store(Store):
                 ),
             )
             self._no_date = not self._offsets
-        if not self._offsets:
+        samples = list(self._offsets)  # a snapshot: response hooks append concurrently
+        if not samples:
             # Only in-process fakes omit Date (moto's HEAD); they share this machine's clock.
             return self._local_clock()
-        return self._local_clock() + max(self._offsets)
+        ticks = self._ticks()
+        recent = [off for at, off in samples if ticks - at <= _CLOCK_WINDOW_S]
+        return ticks + max(recent or [samples[-1][1]])
 
     @property
     def clock_source(self) -> str:

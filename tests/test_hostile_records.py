@@ -1,0 +1,264 @@
+"""Hostile objects in the store against workers and readers (issue 15, items 6, 8 and 9):
+records written by hand with mistyped fields or deeply nested arguments, a garbage object
+file on a local-directory store, hostile signs of life. The worker must fail the bad
+invocation, keep serving the good ones, and ``lakeshore status`` / ``ls`` must keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+import lakeshore as dls
+from lakeshore import codec, keys, protocol
+from lakeshore.cli import main
+from lakeshore.keys import worker_key
+from lakeshore.record import Blob, Record
+from lakeshore.store.base import Store, if_match
+from lakeshore.store.local import LocalStore
+from tests import jobs
+from tests.conftest import make_plane
+from tests.test_hostile_bytes import deep_tuple, ext
+from tests.test_worker_cli import env_for, lakeshore_cmd
+
+ADD_ONE = "tests.jobs:add_one"
+
+
+def handmade(q: Any, inv: str, **fields: Any) -> dict[str, Any]:
+    """A well-formed record map of ``add_one(1)`` on the default queue, then ``fields``."""
+    args = Blob(inline=codec.encode(((1,), {})))
+    rec = Record(id=inv, ns=q.ns, queue="default", fn=ADD_ONE, args=args)
+    obj: dict[str, Any] = msgpack.unpackb(rec.to_bytes())
+    obj.update(fields)
+    return obj
+
+
+def put_by_hand(q: Any, inv: str, data: bytes) -> None:
+    """What a producer with write access can do: a ready hint and any record bytes."""
+    ops = q.ops("default")
+    q.store.put(ops.keys.ready(5, inv), b"by hand")
+    q.store.put(ops.keys.record(inv), data)
+
+
+MISTYPED = {
+    "not_before": "soon",
+    "args": {"inline": 10**18},  # bytes(10**18) before: a MemoryError in the slot
+    "priority": "high",
+    "lease": [1, 2],
+    "error": {"type": 1},
+    "attempt": True,
+    "max_attempts": 0,
+    "submitted_at": None,
+    "journal": {"attempt": "1"},
+    "result": {"ref": 5, "size": 1, "sha256": "x"},
+    "id": "not-an-id",
+}
+
+
+def test_mistyped_record_fields_are_failed_and_good_work_runs(atomic_store: Store) -> None:
+    q = make_plane(atomic_store)
+    bad = {}
+    for field, value in MISTYPED.items():  # written first: they head the queue
+        inv = keys.new_id()
+        put_by_hand(q, inv, msgpack.packb(handmade(q, inv, **{field: value}), use_bin_type=True))
+        bad[inv] = field
+    good = [q.udf(jobs.add_one).submit(i) for i in range(4)]
+    ran = dls.run_worker(q, isolation="thread", concurrency=2, idle_exit=0.5, max_poll_s=0.05)
+    assert ran == len(good)
+    assert [q.result(i, timeout=5) for i in good] == [1, 2, 3, 4]
+    for inv, field in bad.items():
+        rec = q.get(inv)
+        assert (rec.state, rec.fn) == ("failed", "?"), field
+        assert rec.error is not None and rec.error["type"] == "CorruptRecord"
+        assert field in rec.error["message"], (field, rec.error["message"])
+    assert list(q.store.list(q.ops("default").keys.ready_prefix)) == []
+
+
+def test_a_record_naming_another_invocation_is_failed_not_followed(atomic_store: Store) -> None:
+    q = make_plane(atomic_store)
+    here, elsewhere = keys.new_id(), keys.new_id()
+    put_by_hand(q, here, msgpack.packb(handmade(q, elsewhere), use_bin_type=True))
+    dls.run_worker(q, isolation="thread", idle_exit=0.3, max_poll_s=0.05)
+    rec = q.get(here)
+    assert rec.state == "failed" and rec.error is not None
+    assert "another invocation" in rec.error["message"]
+    assert list(q.store.list(q.ops("default").keys.invocation_prefix(elsewhere))) == []
+
+
+def test_an_unexpected_error_on_one_hint_does_not_stop_the_worker(
+    atomic_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = make_plane(atomic_store)
+    f = q.udf(jobs.add_one)
+    poisoned = f.submit(0)
+    good = [f.submit(i) for i in range(1, 4)]
+    claim = protocol.lifecycle.claim
+
+    def flaky_claim(rec: Record, *a: Any, **kw: Any) -> Record:
+        if rec.id == poisoned:
+            raise RuntimeError("a bug met while examining this one record")
+        return claim(rec, *a, **kw)
+
+    monkeypatch.setattr(protocol.lifecycle, "claim", flaky_claim)
+    ran = dls.run_worker(q, isolation="thread", idle_exit=0.3, max_poll_s=0.05)
+    assert ran == 3
+    assert [q.result(i, timeout=5) for i in good] == [2, 3, 4]
+    assert q.status(poisoned) == "queued"  # passed over, left for a later look
+
+
+def deep_args(levels: int) -> bytes:
+    """The arguments ``((<tuple nested levels deep>,), {})`` encoded by hand."""
+    return ext(1, b"\x92" + ext(1, b"\x91" + deep_tuple(levels)) + b"\x80")
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_deeply_nested_arguments_fail_cleanly_and_the_worker_keeps_serving(
+    tmp_path: Path, isolation: str
+) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url)
+    deep = [keys.new_id() for _ in range(3)]
+    for inv in deep:  # 480 levels killed three worker processes in a row
+        args = Blob(inline=deep_args(480))
+        rec = Record(id=inv, ns=q.ns, queue="default", fn=ADD_ONE, args=args)
+        q.ops("default").submit(rec)  # hint + record, as any producer may write them
+    good = [q.udf(jobs.add_one).submit(i) for i in range(3)]
+    out = subprocess.run(
+        lakeshore_cmd(
+            "worker",
+            *("--allow", "tests.jobs:*", "--isolation", isolation),
+            *("--idle-exit", "1", "--max-poll", "0.1"),
+        ),
+        env=env_for(url),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert [q.result(i, timeout=5) for i in good] == [1, 2, 3]
+    for inv in deep:
+        rec = q.get(inv)
+        assert (rec.state, rec.attempt) == ("failed", 1)  # failed at once, not retried
+        assert rec.error is not None and rec.error["type"] == "DecodeError"
+        assert "100 levels deep" in rec.error["message"]
+
+
+def garbage_record(store: LocalStore, q: Any, inv: str, content: bytes) -> Path:
+    path = store.root / "objects" / q.ops("default").keys.record(inv)
+    path = path.with_name("record.obj")
+    assert path.exists()
+    path.write_bytes(content)
+    return path
+
+
+GARBAGE = [b"this is not a record at all, nor an object", b"LSO", b""]
+
+
+def test_a_garbage_record_file_is_failed_and_good_work_runs(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    q = make_plane(store)
+    f = q.udf(jobs.add_one)
+    doomed = [f.submit(0) for _ in GARBAGE]  # first: they head the queue
+    for inv, content in zip(doomed, GARBAGE, strict=True):
+        garbage_record(store, q, inv, content)
+    good = [f.submit(i) for i in range(1, 4)]
+    ran = dls.run_worker(q, isolation="thread", idle_exit=0.5, max_poll_s=0.05)
+    assert ran == 3
+    assert [q.result(i, timeout=5) for i in good] == [2, 3, 4]
+    for inv in doomed:
+        rec = q.get(inv)
+        assert rec.state == "failed" and rec.error is not None
+        assert rec.error["type"] == "CorruptRecord"
+
+
+def test_local_store_reads_a_headerless_file_as_its_content(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    store.put("a/b", b"x")
+    path = tmp_path / "store" / "objects" / "a" / "b.obj"
+    for content in (b"garbage without a header", b"LSO1", b""):
+        path.write_bytes(content)
+        data, etag = store.get("a/b")
+        assert data == content and store.get("a/b")[1] == etag  # stable while unchanged
+        [info] = store.list("a/")
+        assert (info.key, info.etag, info.size) == ("a/b", etag, len(content))
+    path.write_bytes(b"other garbage")
+    assert store.get("a/b")[1] != etag
+    from lakeshore.errors import Conflict
+
+    with pytest.raises(Conflict):
+        store.put("a/b", b"fenced", if_match(etag))
+    new = store.put("a/b", b"repaired", if_match(store.get("a/b")[1]))
+    assert store.get("a/b") == (b"repaired", new)
+    path.write_bytes(b"again")
+    store.delete("a/b", if_match=store.get("a/b")[1])
+    assert list(store.list("a/")) == []
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    u = f"file://{tmp_path}/plane"
+    monkeypatch.setenv("LAKESHORE_URL", u)
+    return u
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_status_and_ls_exit_0_beside_a_garbage_record_file(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    store = q.store
+    assert isinstance(store, LocalStore)
+    f = q.udf(jobs.add_one)
+    good = [f.submit(i) for i in range(3)]
+    doomed = f.submit(0)
+    garbage_record(store, q, doomed, b"garbage through and through")
+    code, out, err = run(capsys, "status")
+    assert code == 0, err
+    assert "3" in out.splitlines()[3]  # three queued: the garbage one is not live
+    code, out, err = run(capsys, "status", "--json")
+    assert code == 0, err
+    [st] = json.loads(out)["queues"]
+    assert (st["queued"], st["recent"]["failed"], st["recent"]["queued"]) == (3, 1, 3)
+    code, out, err = run(capsys, "ls")
+    assert code == 0, err
+    assert all(inv in out for inv in good)
+    assert f"{doomed}  failed" in out
+    code, out, err = run(capsys, "ls", "--json", "--state", "queued")
+    assert code == 0, err
+    assert sorted(r["id"] for r in json.loads(out)["invocations"]) == sorted(good)
+
+
+def test_status_survives_hostile_signs_of_life(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    q.udf(jobs.add_one).submit(1)
+    now = q.store.now()
+    hostile: list[Any] = [
+        {"worker": "w1", "seen_at": now, "queues": 5, "running_by_queue": [1]},
+        {"worker": "w2", "seen_at": now, "queues": [None, "default"], "running": {"x": 1}},
+        {"worker": ["x"], "seen_at": "now"},
+        [1, 2, 3],
+    ]
+    for i, life in enumerate(hostile):
+        q.store.put(worker_key(q.ns, f"w{i}"), codec.encode(life))
+    q.store.put(worker_key(q.ns, "junk"), b"\xc1 not msgpack")
+    # (a deeply nested sign of life is in test_hostile_bytes: in process it would segfault
+    # this very test run on a regression)
+    code, out, err = run(capsys, "status")
+    assert code == 0, err
+    assert "workers seen in the last 5 minutes: 2" in out
+    code, out, err = run(capsys, "status", "--json")
+    assert code == 0, err
+    names = sorted(w["worker"] for w in json.loads(out)["workers"])
+    assert names == ["w1", "w2"]

@@ -1,0 +1,436 @@
+"""Issue 15, items 3, 4, 5 and 10, the rate-limit message and hostile key objects: a submit
+that returned an id has a runnable job, gc racing a keyed resubmit loses nothing, admission
+never lets a slow submit exceed ``max_depth``.
+
+Races are made deterministic with :class:`Gate`, a store wrapper that stops one named thread
+at an exact request until the test lets it go; time is moved with injected clocks (the
+claimer's and gc's ``now``, the submit's stopwatch), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import lakeshore as dls
+import lakeshore.admission as adm
+import lakeshore.protocol as protocol
+import lakeshore.submit as sub
+from lakeshore import codec
+from lakeshore.admission import admit
+from lakeshore.gc import collect
+from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
+from lakeshore.record import Record
+from lakeshore.store import ObjectInfo, PutMode, Store
+from lakeshore.store.base import OVERWRITE
+from tests import jobs
+from tests.conftest import make_plane
+
+WAIT_S = 60.0  # the longest a test waits for a thread to reach a trap (a bug, not a race)
+
+
+@dataclass
+class Trap:
+    """Stop the thread named ``thread`` at its first ``verb`` on a key that ``match``es,
+    before the request (or after it, with ``after``), until ``go`` is set."""
+
+    verb: str
+    match: Callable[[str], bool]
+    thread: str
+    after: bool = False
+    reached: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self) -> None:
+        assert self.reached.wait(WAIT_S), f"never reached {self.verb} in {self.thread}"
+
+
+class Gate(Store):
+    """Delegates to ``inner``; stops threads at traps and counts requests."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.url = inner, inner.url
+        self.traps: list[Trap] = []
+        self.counts: Counter[str] = Counter()
+
+    def trap(
+        self, verb: str, match: Callable[[str], bool], thread: str, after: bool = False
+    ) -> Trap:
+        t = Trap(verb, match, thread, after)
+        self.traps.append(t)
+        return t
+
+    def _stop(self, verb: str, key: str, after: bool) -> None:
+        me = threading.current_thread().name
+        for t in self.traps:
+            mine = (t.verb, t.thread, t.after) == (verb, me, after)
+            if mine and not t.reached.is_set() and t.match(key):
+                t.reached.set()
+                assert t.go.wait(WAIT_S), "the test never let the thread go"
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        self.counts["GET"] += 1
+        self._stop("GET", key, False)
+        try:
+            return self.inner.get(key)
+        finally:
+            self._stop("GET", key, True)
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        self.counts["PUT"] += 1
+        self._stop("PUT", key, False)
+        try:
+            return self.inner.put(key, data, mode)
+        finally:
+            self._stop("PUT", key, True)
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        self.counts["DELETE"] += 1
+        self._stop("DELETE", key, False)
+        try:
+            self.inner.delete(key, if_match)
+        finally:
+            self._stop("DELETE", key, True)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self.counts["LIST"] += 1
+        return self.inner.list(prefix, start_after)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def files_location(self) -> tuple[str, dict[str, Any]]:
+        return self.inner.files_location()
+
+
+class Run:
+    """Run ``fn`` in a thread named ``name``; ``result()`` returns what it returned or
+    raises what it raised."""
+
+    def __init__(self, name: str, fn: Callable[[], Any]) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+        def body() -> None:
+            try:
+                self.value = fn()
+            except BaseException as e:
+                self.error = e
+
+        self.thread = threading.Thread(target=body, name=name, daemon=True)
+        self.thread.start()
+
+    def result(self) -> Any:
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@pytest.fixture
+def gate(atomic_store: Store) -> Gate:
+    return Gate(atomic_store)
+
+
+def _live(q: Any, queue: str = "default") -> list[Record]:
+    ops = q.ops(queue)
+    out = []
+    for info in list(q.store.list(ops.keys.base + "/")):
+        if info.key.endswith("/record"):
+            rec = Record.from_bytes(q.store.get(info.key)[0])
+            if not rec.terminal:
+                out.append(rec)
+    return out
+
+
+def _hint(q: Any, rec: Record) -> bool:
+    ops = q.ops(rec.queue)
+    try:
+        ops.store.get(ops.keys.ready(rec.priority, rec.id))
+    except dls.NotFound:
+        return False
+    return True
+
+
+def _runnable(q: Any, inv: str) -> Record:
+    """The invocation is live, has its ready hint and its arguments."""
+    rec = q.get(inv)
+    assert rec.state == "queued", rec.state
+    assert _hint(q, rec), "a queued record without its ready hint: no worker will find it"
+    q.ops(rec.queue).get_blob(rec.args, "arguments")  # raises if the spilled args are gone
+    return rec
+
+
+def _finish(q: Any, n: int = 1) -> None:
+    dls.run_worker(q, isolation="thread", max_jobs=n, idle_exit=2.0, max_poll_s=0.02)
+
+
+# -- item 3: a slow submit loses its job --------------------------------------------------
+
+
+def test_slow_submit_whose_hint_a_claimer_dropped_still_runs(
+    gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = make_plane(gate)
+    f = q.udf(jobs.add_one)
+    skipped = [0.0]  # seconds the submit "stalled", as its stopwatch sees them
+    real = protocol.time.monotonic
+    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0], raising=False)
+    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
+    slow = Run("slow", lambda: f.submit(41))
+    stall.wait()  # hint written, record not yet
+    ops = q.ops("default")
+    [hint] = list(ops.ready_hints())
+    # a claimer 61 s later (in the store's clock) finds no record: an orphan, it drops the hint
+    claimer = QueueOps(gate.inner, ops.keys)
+    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None
+    assert list(ops.ready_hints()) == []
+    skipped[0] = ORPHAN_GRACE_S + 1
+    stall.go.set()
+    inv = slow.result()
+    _runnable(q, inv)  # the id submit returned is a job some worker will run
+    _finish(q)
+    assert q.result(inv, timeout=30) == 42
+
+
+def test_a_fast_submit_costs_what_it_did(gate: Gate) -> None:
+    q = make_plane(gate)
+    f = q.udf(jobs.add_one)
+    f.submit(0)  # the queue settings are read once per producer
+    gate.counts.clear()
+    f.submit(1)
+    assert gate.counts == Counter(PUT=2)  # ready hint, record
+    gate.counts.clear()
+    f.submit(1, _key="k")
+    assert gate.counts == Counter(PUT=3)  # key, ready hint, record
+    gate.counts.clear()
+    f.submit(1, _key="k")
+    assert gate.counts == Counter(PUT=1, GET=1)  # refused key create, key read
+
+
+# -- item 4: gc racing a keyed resubmit ---------------------------------------------------
+
+# Where gc stops while a resubmit with the same key runs to its end.
+GC_PAUSES = {
+    "after deleting the record": ("DELETE", lambda k: k.endswith("/record"), True),
+    "before reading the key": ("GET", lambda k: "/_keys/" in k, False),
+    "before deleting the key": ("DELETE", lambda k: "/_keys/" in k, False),
+}
+
+
+def _expired_keyed(q: Any, f: Any, payload: bytes) -> str:
+    first = f.submit(payload, _key="k")
+    _finish(q)
+    assert q.status(first) == "succeeded"
+    return str(first)
+
+
+def _gc(q: Any) -> Any:
+    return collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1)
+
+
+@pytest.mark.parametrize("pause", list(GC_PAUSES))
+def test_gc_racing_a_keyed_resubmit_leaves_one_runnable_invocation(
+    gate: Gate, monkeypatch: pytest.MonkeyPatch, pause: str
+) -> None:
+    q = make_plane(gate, spill_bytes=64)
+    f = q.udf(jobs.size_of)
+    payload = b"x" * 1000  # spilled: the arguments are an object of their own
+    first = _expired_keyed(q, f, payload)
+    monkeypatch.setattr(sub, "KEY_REPAIR_GRACE_S", -1.0)  # the key is old enough to repair
+    verb, match, after = GC_PAUSES[pause]
+    stop = gate.trap(verb, match, "gc", after)
+    gc = Run("gc", lambda: _gc(q))
+    stop.wait()
+    again = f.submit(payload, _key="k")  # runs to its end while gc is stopped
+    stop.go.set()
+    assert first in gc.result().expired
+    _runnable(q, again)
+    assert f.submit(payload, _key="k") == again  # the key names it: no second invocation
+    assert [r.id for r in _live(q)] == [again]
+    _finish(q)
+    assert q.result(again, timeout=30) == 1000
+
+
+def test_gc_finishing_while_a_keyed_resubmit_is_between_its_reads_and_writes(
+    gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = make_plane(gate, spill_bytes=64)
+    f = q.udf(jobs.size_of)
+    payload = b"y" * 1000
+    first = _expired_keyed(q, f, payload)
+    monkeypatch.setattr(sub, "KEY_REPAIR_GRACE_S", -1.0)
+    gc_stop = gate.trap("DELETE", lambda k: k.endswith("/record"), "gc", after=True)
+    gc = Run("gc", lambda: _gc(q))
+    gc_stop.wait()  # the record is gone, the key still names it
+    # the resubmit reads the key, finds no record, and stops before writing anything
+    resub_stop = gate.trap("GET", lambda k: k.endswith(f"{first}/record"), "resub", after=True)
+    resub = Run("resub", lambda: f.submit(payload, _key="k"))
+    resub_stop.wait()
+    gc_stop.go.set()
+    assert first in gc.result().expired  # gc removed everything, the key too
+    resub_stop.go.set()
+    again = resub.result()
+    _runnable(q, again)
+    assert f.submit(payload, _key="k") == again
+    assert [r.id for r in _live(q)] == [again]
+    _finish(q)
+    assert q.result(again, timeout=30) == 1000
+
+
+def test_gc_sweeping_the_folder_of_a_slow_submit_fences_it_out(gate: Gate) -> None:
+    q = make_plane(gate, spill_bytes=64)
+    f = q.udf(jobs.size_of)
+    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
+    slow = Run("slow", lambda: f.submit(b"z" * 1000))
+    stall.wait()  # spilled arguments and hint written, no record
+    # gc, 2 minutes later in the store's clock: an orphaned folder
+    report = collect(q.ops("default"), q.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S)
+    [orphan] = report.orphans
+    stall.go.set()
+    with pytest.raises(dls.Conflict, match="abandoned"):
+        slow.result()  # no id returned: nothing was submitted
+    assert _live(q) == []
+    assert q.get(orphan).error["type"] == "SubmitAbandoned"  # type: ignore[index]
+
+
+# -- item 5: key repair after a crash that left spilled arguments -------------------------
+
+
+def test_key_repair_after_a_crash_that_left_spilled_arguments(atomic_plane: Any) -> None:
+    q = make_plane(atomic_plane.store, spill_bytes=64)
+    ops = q.ops("default")
+    f = q.udf(jobs.size_of)
+    crashed = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    old = q.store.now() - 3600  # the key was taken an hour ago
+    q.store.put(ops.keys.idem("k"), codec.encode({"id": crashed, "input_hash": "?", "at": old}))
+    q.store.put(ops.keys.args(crashed), codec.encode(((b"o" * 500,), {})))  # then it died
+    inv = f.submit(b"n" * 700, _key="k")
+    _runnable(q, inv)
+    assert f.submit(b"n" * 700, _key="k") == inv
+    _finish(q)
+    assert q.result(inv, timeout=30) == 700  # the resubmitter's arguments
+
+
+# -- item 10: max_depth exceeded, and a queue that refuses forever ------------------------
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_slow_submit_whose_slot_was_repaired_never_exceeds_max_depth(
+    gate: Gate, monkeypatch: pytest.MonkeyPatch, keyed: bool
+) -> None:
+    q = make_plane(gate)
+    q.configure("adm", max_depth=1, on_full="reject", rate_limit="1000/h")
+    ops = q.ops("adm")
+    f = q.udf(queue="adm")(jobs.add_one)
+    options = {"_key": "k"} if keyed else {}
+    stall = gate.trap("PUT", lambda k: "/_ready/" in k, "slow")  # slot taken, no record
+    slow = Run("slow", lambda: f.submit(1, **options))
+    stall.wait()
+    monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)  # the slot looks 30 s old
+    other = f.submit(2)  # frees the slot of the slow submit, which has no record
+    stall.go.set()
+    with pytest.raises((dls.Conflict, dls.QueueFull)):
+        slow.result()  # never an id whose record is a tombstone
+    assert [r.id for r in _live(q, "adm")] == [other]
+    assert len(list(q.store.list(ops.keys.slots_prefix))) == 1
+    assert len(list(q.store.list(ops.keys.rate_prefix))) == 1  # the slow one gave its back
+    _finish(q)
+    assert q.result(other, timeout=30) == 3
+    assert f.submit(3)  # and the queue takes work again
+
+
+def test_a_slot_with_garbage_in_it_does_not_block_the_queue_forever(
+    plane: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = plane
+    q.configure("adm", max_depth=1)
+    ops = q.ops("adm")
+    q.store.put(ops.keys.slot(0), b"\xff\xfe not a slot")
+    monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)
+    assert q.udf(queue="adm")(jobs.add_one).submit(1)
+
+
+def test_a_leaked_slot_of_a_missing_record_is_fenced_then_freed(
+    plane: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = plane
+    q.configure("adm", max_depth=1)
+    ops = q.ops("adm")
+    dead = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    q.store.put(ops.keys.slot(0), f"{dead} x".encode())  # a submitter died here
+    monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)
+    assert q.udf(queue="adm")(jobs.add_one).submit(1)
+    rec, _ = ops.read(dead)  # a late submit of that id could not publish now
+    assert rec.state == "failed" and rec.error["type"] == "SubmitAbandoned"  # type: ignore[index]
+
+
+# -- the rate-limit message ---------------------------------------------------------------
+
+
+def test_a_refused_submit_names_the_rate_limit_with_its_period(plane: Any) -> None:
+    ops = plane.ops("adm")
+    at = 1_000_000.5  # one window for every call
+    for i in range(5):
+        admit(ops, f"i{i}", None, (5, 1), "reject", 0.0, lambda: at)
+    with pytest.raises(dls.QueueFull) as err:
+        admit(ops, "i5", None, (5, 1), "reject", 0.0, lambda: at)
+    assert "rate limit reached (5/s)" in str(err.value)
+    assert "rate_limit = 5" not in str(err.value)
+    e = err.value
+    assert (e.queue, e.reason, e.limit, e.limit_text) == ("adm", "rate_limit", 5, "5/s")
+    with pytest.raises(dls.QueueFull, match=r"rate limit reached \(600/min\)"):
+        for i in range(601):
+            admit(ops, f"m{i}", None, (600, 60), "reject", 0.0, lambda: at)
+
+
+def test_a_refused_submit_names_max_depth(plane: Any) -> None:
+    q = plane
+    q.configure("adm", max_depth=1)
+    f = q.udf(queue="adm")(jobs.add_one)
+    f.submit(1)
+    with pytest.raises(dls.QueueFull, match=r"the queue is full \(max_depth = 1\)") as err:
+        f.submit(2)
+    assert (err.value.reason, err.value.limit, err.value.limit_text) == ("max_depth", 1, "1")
+
+
+# -- hostile idempotency key objects ------------------------------------------------------
+
+HOSTILE_KEYS = {
+    "not msgpack": b"\xc1garbage",
+    "a list": codec.encode([1, 2]),
+    "no id": codec.encode({"input_hash": "?"}),
+    "an int id": codec.encode({"id": 5, "input_hash": "?"}),
+    "not an id": codec.encode({"id": "../../etc", "input_hash": "?"}),
+    "a text time": codec.encode({"id": "01ARZ3NDEKTSV4RRFFQ69G5FAV", "at": "soon"}),
+    "a bytes hash": codec.encode({"id": "01ARZ3NDEKTSV4RRFFQ69G5FAV", "input_hash": b"?"}),
+}
+
+
+@pytest.mark.parametrize("body", list(HOSTILE_KEYS))
+@pytest.mark.parametrize("strict", [False, True], ids=["lax", "strict"])
+def test_a_hostile_key_object_gives_a_clear_error(plane: Any, body: str, strict: bool) -> None:
+    q = plane
+    ops = q.ops("default")
+    q.store.put(ops.keys.idem("k"), HOSTILE_KEYS[body])
+    with pytest.raises(dls.StoreError, match="not one lakeshore wrote"):
+        q.udf(jobs.add_one).submit(1, _key="k", _strict_key=strict)
+    assert _live(q) == []  # nothing was published
+
+
+@pytest.mark.parametrize("body", list(HOSTILE_KEYS))
+def test_gc_keeps_going_past_a_hostile_key_object(plane: Any, body: str) -> None:
+    q = plane
+    f = q.udf(jobs.add_one)
+    first = f.submit(1, _key="k")
+    _finish(q)
+    ops = q.ops("default")
+    q.store.put(ops.keys.idem("k"), HOSTILE_KEYS[body])
+    assert _gc(q).expired == [first]
+    assert q.store.get(ops.keys.idem("k"))[0] == HOSTILE_KEYS[body]  # not ours: left alone
