@@ -28,9 +28,9 @@ class Counting(Store):
         with self._lock:
             self.counts[verb] += 1
 
-    def get(self, key: str) -> tuple[bytes, str]:
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         self._count("GET")
-        return self.inner.get(key)
+        return self.inner.get(key, max_bytes)
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
         self._count("PUT")

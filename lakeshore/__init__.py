@@ -31,6 +31,7 @@ from lakeshore.errors import (
     StoreError,
     StoreUnavailable,
     TimedOut,
+    TooLarge,
 )
 from lakeshore.journal import Frame
 from lakeshore.queueconf import QueueConfig
@@ -64,6 +65,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TimedOut",
+    "TooLarge",
     "Topic",
     "TopicClosed",
     "Udf",

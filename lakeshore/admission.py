@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
 from lakeshore.fence import fence
 from lakeshore.keys import QueueKeys, check_id
-from lakeshore.protocol import QueueOps
+from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
 from lakeshore.record import RecordError
 from lakeshore.store.base import CREATE, ObjectInfo
 
@@ -118,9 +118,11 @@ def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
     freed = False
     for info in old[:_REPAIR_SAMPLE]:
         try:
-            body = ops.store.get(info.key)[0]
+            body = ops.store.get(info.key, max_bytes=MAX_SMALL_BYTES)[0]
         except NotFound:
             continue  # freed meanwhile
+        except TooLarge:
+            body = b""  # not a slot a submit wrote: freed below
         except LakeshoreError:
             continue
         holder = _holder(body)

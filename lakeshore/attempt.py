@@ -65,7 +65,9 @@ class Heartbeats:
                     target=self._loop, name="lakeshore-heartbeat", daemon=True
                 )
                 self._thread.start()
-            self._att, self._due = att, time.monotonic() + att.held.record.lease_s / 3
+            # due when a third of the lease is used up (at once if more already is)
+            left = att.lease_left() - att.held.record.lease_s * 2 / 3
+            self._att, self._due = att, time.monotonic() + max(0.0, left)
             if self._due < self._wake_at:
                 self._cond.notify_all()
 
@@ -114,6 +116,7 @@ class Slot:
     isolation: str
     hooks: Hooks
     allow: Allow = field(default_factory=Allow)  # the operator's allow-list (run_worker)
+    signalled: Callable[[], bool] = field(default=lambda: False)  # the worker got SIGTERM/INT
     child: ChildProcess | None = None
     body: BodyThread = field(default_factory=BodyThread)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
@@ -164,6 +167,11 @@ class Attempt:
         if self.stop.is_set():
             return None
         return time.monotonic() + rec.lease_s / 6  # failed: try again sooner
+
+    def overdue(self) -> bool:
+        """True when the body must stop now: less than the fence margin of its lease is
+        left and it was not renewed (a heartbeat may be stuck in a slow request)."""
+        return not self.stop.is_set() and self.lease_left() < fence_margin(self.held.record.lease_s)
 
     def lease_left(self) -> float:
         """Seconds of the held lease still ahead, in the store's clock."""
@@ -238,6 +246,8 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
         # The claim's write took over a third of the lease to come back: renew before the
         # body starts, and do not start it unless the renewal shows the lease is still ours.
         att.beat()
+        if not att.stop.is_set() and att.lease_left() < rec.lease_s * 2 / 3:
+            att.halt("released")  # not renewed: hand it back rather than start it short
     slot.heartbeats.attach(att)
     timer = None
     if rec.timeout_s is not None:
@@ -311,7 +321,7 @@ def _execute(
     spec = RunSpec(slot.plane.data_root, rec.prefix, tag=f"{rec.id}-{rec.attempt}")
     if isolation == "process":
         if slot.child is None:
-            slot.child = ChildProcess(slot.hooks)
+            slot.child = ChildProcess(slot.hooks, slot.signalled)
         job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True)  # by _load
         started = timer.start if timer else None
         return slot.child.run(job, stop, journal.add, log_sink, started, fence)

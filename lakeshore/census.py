@@ -33,7 +33,7 @@ from ulid import ULID
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound
 from lakeshore.keys import QueueKeys, check_name, workers_prefix
-from lakeshore.protocol import QueueOps, corrupt_stub
+from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.record import NewerRecord, Record, RecordError
 from lakeshore.store.base import Store
 
@@ -191,7 +191,7 @@ def workers_seen(
     seen = []
     for info in store.list(workers_prefix(ns)):
         try:
-            data = read_sign_of_life(store.get(info.key)[0], info.key)
+            data = read_sign_of_life(store.get(info.key, max_bytes=MAX_SMALL_BYTES)[0], info.key)
         except LakeshoreError:
             continue
         if data is not None and now - data["seen_at"] <= within_s:

@@ -203,8 +203,11 @@ def _serve(conn: Any, hooks: Hooks) -> None:
 class ChildProcess:
     """The child of one worker slot."""
 
-    def __init__(self, hooks: Hooks) -> None:
+    def __init__(self, hooks: Hooks, signalled: Callable[[], bool] = lambda: False) -> None:
         self.hooks = hooks
+        # a SIGTERM/SIGINT reached the worker too: a child ended by one was interrupted by a
+        # signal for the whole process group, not failed (else it died like any other way)
+        self.signalled = signalled
         self.proc: Any = None
         self.conn: Any = None
         self.starts = 0
@@ -258,7 +261,7 @@ class ChildProcess:
             HookFailed: a fresh child's ``on_start`` raised.
         """
         if (self.proc is None or not self.proc.is_alive()) and not self._start(stop):
-            if stop.is_set() or self.last_exit in _GROUP_SIGNALS:
+            if stop.is_set() or self._interrupted(self.last_exit):
                 return Outcome("stopped")
             return _died(self.last_exit)
         try:
@@ -318,7 +321,10 @@ class ChildProcess:
         self.proc.join(5)
         code = self.proc.exitcode
         self._kill_during(job)
-        return Outcome("stopped") if code in _GROUP_SIGNALS else _died(code)
+        return Outcome("stopped") if self._interrupted(code) else _died(code)
+
+    def _interrupted(self, code: int | None) -> bool:
+        return code in _GROUP_SIGNALS and self.signalled()
 
     def _kill_during(self, job: Job) -> None:
         """Kill the child mid-job, and remove what it staged (it cannot clean up now)."""

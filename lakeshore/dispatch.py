@@ -28,7 +28,7 @@ from lakeshore.errors import (
 from lakeshore.journal import Frame
 from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, id_index
 from lakeshore.logs import follow_logs, read_logs
-from lakeshore.protocol import QueueOps
+from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
 from lakeshore.queueconf import QueueConfig
 from lakeshore.queues import QueueSettings
 from lakeshore.record import Blob, Record
@@ -253,7 +253,8 @@ class Dispatch:
             self._where[inv] = queue
             return ops, rec, etag
         try:
-            queue = self.store.get(id_index(self.ns, inv))[0].decode()
+            raw = self.store.get(id_index(self.ns, inv), max_bytes=MAX_SMALL_BYTES)[0]
+            queue = raw.decode("utf-8", "replace")
         except NotFound:
             queue = ""
         if queue and queue not in tried:
@@ -405,7 +406,7 @@ class Dispatch:
                 rec, etag = ops.read(rec.id)
                 continue
             try:  # a claimer that judged the hint stale before the CAS may have dropped it
-                self.store.get(ops.keys.ready(nxt.priority, nxt.id))
+                self.store.get(ops.keys.ready(nxt.priority, nxt.id), max_bytes=MAX_SMALL_BYTES)
             except NotFound:
                 ops.put_ready(nxt)
             return rec.attempt + 1

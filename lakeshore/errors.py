@@ -27,6 +27,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TimedOut",
+    "TooLarge",
 ]
 
 
@@ -91,6 +92,11 @@ class PermissionDenied(LakeshoreError):
 class StoreError(LakeshoreError):
     """The store failed in a way that retrying will not fix (missing bucket, unsupported
     feature, corrupt local object)."""
+
+
+class TooLarge(StoreError):
+    """An object is larger than the reader allows (``get(key, max_bytes=...)``): it was not
+    read. Attributes: ``key``, ``size``, ``limit``."""
 
 
 class StoreUnavailable(StoreError):

@@ -13,13 +13,11 @@ show it, gc collects it like any finished invocation.
 from __future__ import annotations
 
 from lakeshore.errors import Conflict
-from lakeshore.protocol import QueueOps
+from lakeshore.protocol import ABANDONED, QueueOps
 from lakeshore.record import Blob, Record
 from lakeshore.store.base import CREATE
 
 __all__ = ["ABANDONED", "abandoned", "fence"]
-
-ABANDONED = "SubmitAbandoned"
 
 
 def fence(ops: QueueOps, inv: str, now: float, why: str) -> bool:

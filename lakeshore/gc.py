@@ -39,12 +39,11 @@ from dataclasses import dataclass, field
 
 from ulid import ULID
 
-from lakeshore import codec
-from lakeshore.census import ids_between
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
+from lakeshore.census import ids_between, read_sign_of_life
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
 from lakeshore.fence import fence
 from lakeshore.keys import id_index, workers_prefix
-from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
+from lakeshore.protocol import MAX_SMALL_BYTES, ORPHAN_GRACE_S, QueueOps
 from lakeshore.queues import QueueSettings
 from lakeshore.record import RecordError
 from lakeshore.store.base import Store
@@ -150,8 +149,9 @@ def prune_workers(store: Store, ns: str, older_than_s: float, now: float, dry_ru
     gone = 0
     for info in list(store.list(workers_prefix(ns))):
         try:
-            seen = float(codec.decode(store.get(info.key)[0], "sign of life").get("seen_at", 0))
-        except (LakeshoreError, AttributeError, TypeError, ValueError):
+            life = read_sign_of_life(store.get(info.key, max_bytes=MAX_SMALL_BYTES)[0], info.key)
+            seen = life["seen_at"] if life is not None else 0.0
+        except LakeshoreError:
             seen = 0.0  # unreadable: as good as never seen
         if seen < now - older_than_s:
             if not dry_run:
@@ -194,9 +194,11 @@ def _remove_satellites(
     if key is not None:
         idem = ops.keys.idem(key)
         try:
-            data, etag = store.get(idem)
+            data, etag = store.get(idem, max_bytes=MAX_SMALL_BYTES)
         except NotFound:
             return
+        except TooLarge:
+            return  # not a key lakeshore wrote: left alone, like any key it cannot parse
         held = parse_key(data)
         if held is None or held[0] != inv:
             return  # the key was taken again by a newer invocation (or is not one of ours)

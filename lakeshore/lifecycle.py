@@ -59,7 +59,10 @@ def holds(rec: Record, token: str) -> bool:
 
 def backoff_s(rec: Record) -> float:
     """Delay before the next attempt after attempt ``rec.attempt`` failed: exponential."""
-    return float(min(MAX_BACKOFF_S, rec.retry_backoff_s * 2 ** max(0, rec.attempt - 1)))
+    # the exponent is capped: a record from the store may claim any attempt number, and a
+    # huge power would hold the interpreter (every thread of the worker) for minutes
+    exponent = min(max(0, rec.attempt - 1), 32)
+    return float(min(MAX_BACKOFF_S, rec.retry_backoff_s * 2**exponent))
 
 
 def past_deadline(rec: Record, now: float) -> bool:

@@ -45,15 +45,36 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from lakeshore import lifecycle
-from lakeshore.errors import Conflict, LakeshoreError, NotFound, PermissionDenied, StoreError
+from lakeshore.errors import (
+    Conflict,
+    LakeshoreError,
+    NotFound,
+    PermissionDenied,
+    StoreError,
+    TooLarge,
+)
 from lakeshore.keys import QueueKeys
 from lakeshore.record import Blob, NewerRecord, Record, RecordError, write_id
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
-__all__ = ["ORPHAN_GRACE_S", "SLOW_SUBMIT_S", "Claimed", "QueueOps", "corrupt_stub"]
+__all__ = [
+    "ABANDONED",
+    "MAX_RECORD_BYTES",
+    "ORPHAN_GRACE_S",
+    "SLOW_SUBMIT_S",
+    "Claimed",
+    "QueueOps",
+    "corrupt_stub",
+]
 
 log = logging.getLogger("lakeshore.worker")
 
+ABANDONED = "SubmitAbandoned"  # error type of a record whose submit was judged dead
+# Records hold inline values up to the plane's spill size (64 KiB by default), an error's
+# text and, with allow_pickle, a pickled callable: far below this. Larger is not read.
+MAX_RECORD_BYTES = 64 << 20
+# Keys, slots, hints, index entries, queue records, signs of life: small by construction.
+MAX_SMALL_BYTES = 1 << 20
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
 # A submit whose hint and record writes took longer than this writes the hint once more.
 # Far below ORPHAN_GRACE_S: a claimer that judges the hint an orphan before a faster submit's
@@ -116,9 +137,19 @@ class QueueOps:
 
         Raises:
             NotFound: no such invocation in this queue.
-            RecordError: the object is corrupt or of a newer schema.
+            RecordError: the object is corrupt, of a newer schema, or larger than any
+                record lakeshore writes (``MAX_RECORD_BYTES``; then it is not read).
         """
-        data, etag = self.store.get(self.keys.record(inv))
+        key = self.keys.record(inv)
+        try:
+            data, etag = self.store.get(key, max_bytes=MAX_RECORD_BYTES)
+        except TooLarge as e:
+            raise RecordError(
+                f"read {key}",
+                f"the object is {e.details.get('size')} bytes, more than any record "
+                f"({MAX_RECORD_BYTES})",
+                "it was not read; delete it or cancel the invocation",
+            ) from None
         return _decode(data, self.keys, inv), etag
 
     def cas(self, rec: Record, etag: str) -> str:
@@ -134,7 +165,7 @@ class QueueOps:
         try:
             self.store.put(key, data, CREATE)
         except Conflict:
-            if self.store.get(key)[0] != data:  # same attempt, same key: only our own retry
+            if self.store.get(key, max_bytes=len(data))[0] != data:  # only our own retry
                 raise
         return Blob(ref=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
@@ -190,7 +221,7 @@ class QueueOps:
         etag = held.hint_etag
         if etag is None:  # claimed without a listing (tests, tools): read it first
             try:
-                etag = self.store.get(key)[1]
+                etag = self.store.get(key, max_bytes=MAX_SMALL_BYTES)[1]
             except NotFound:
                 return
         with contextlib.suppress(Conflict):
@@ -214,24 +245,54 @@ class QueueOps:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def submit(self, rec: Record) -> None:
-        """Publish a new invocation: ready hint, then the record (create-only).
+    def submit(self, rec: Record) -> bool:
+        """Publish a new invocation: ready hint, then the record (create-only). Returns
+        False when another record holds the id already (a tombstone: the submit was judged
+        dead and fenced out); True once the record is ours.
 
         A claimer drops a hint whose record is missing once the hint is ``ORPHAN_GRACE_S``
         old. When the two writes took longer than ``SLOW_SUBMIT_S``, the hint is written
         again after the record, with new bytes (a new etag, also where the etag is a content
         hash): a claimer's conditional delete of the old hint then fails, and a hint it
-        already deleted is back. A fast submit costs nothing extra.
+        already deleted is back. A fast submit costs nothing extra. If that rewrite fails,
+        the record is ended as abandoned (it may have no hint: no worker would find it) and
+        the error is raised.
 
         Raises:
-            Conflict: a record exists at ``rec.id`` already.
+            StoreError: the store failed (the invocation was not published).
         """
         started = _monotonic()
         self.put_ready(rec)
-        self.store.put(self.keys.record(rec.id), rec.to_bytes(), CREATE)
+        where = self.keys.record(rec.id)
+        try:
+            etag = self.store.put(where, rec.to_bytes(), CREATE)
+        except Conflict:
+            try:  # our own write, retried by the store after a lost answer?
+                rec_now, etag = self.read(rec.id)
+            except (NotFound, RecordError):
+                return False
+            if rec_now.wid != rec.wid:
+                return False
         if _monotonic() - started > SLOW_SUBMIT_S:
             key = self.keys.ready(rec.priority, rec.id)
-            self.store.put(key, f"{rec.wid}.{write_id()}".encode(), OVERWRITE)
+            try:
+                self.store.put(key, f"{rec.wid}.{write_id()}".encode(), OVERWRITE)
+            except LakeshoreError:
+                gone = rec.next_write(
+                    state="failed",
+                    error={
+                        "type": ABANDONED,
+                        "message": "the submit stalled and could not write its ready hint "
+                        "again; nothing ran",
+                        "traceback": "",
+                    },
+                    finished_at=self.store.now(),
+                )
+                with contextlib.suppress(LakeshoreError):
+                    self.cas(gone, etag)
+                    self.settle(gone)
+                raise
+        return True
 
     def claim(
         self,
@@ -446,11 +507,17 @@ class QueueOps:
 
     def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> bool:
         """Overwrite an unreadable record with a failed one that says why; True if done."""
+        key = self.keys.record(inv)
         try:
-            data, etag = self.store.get(self.keys.record(inv))
+            data, etag = self.store.get(key, max_bytes=MAX_RECORD_BYTES)
         except NotFound:
             return False
-        if _usable(data, self.keys, inv):
+        except TooLarge:  # never read: its etag comes from a listing
+            found = [i for i in self.store.list(key) if i.key == key]
+            if not found or found[0].size <= MAX_RECORD_BYTES:
+                return False  # gone, or rewritten meanwhile
+            data, etag = b"", found[0].etag
+        if data and _usable(data, self.keys, inv):
             return False  # rewritten meanwhile (or of a newer schema): not ours to fail
         stub = corrupt_stub(self.keys, inv, err, now)
         try:

@@ -11,9 +11,11 @@ import threading
 import time
 from typing import Any
 
-from lakeshore.errors import Conflict, NotFound
+from lakeshore.errors import Conflict, NotFound, TooLarge
 from lakeshore.keys import QueueKeys
+from lakeshore.protocol import MAX_SMALL_BYTES
 from lakeshore.queueconf import QueueConfig
+from lakeshore.record import RecordError
 from lakeshore.store.base import CREATE, Store, if_match
 
 __all__ = ["CACHE_S", "QueueSettings"]
@@ -40,9 +42,15 @@ class QueueSettings:
             RecordError: the queue record is corrupt or newer.
         """
         try:
-            data, etag = self.store.get(self._key(queue))
+            data, etag = self.store.get(self._key(queue), max_bytes=MAX_SMALL_BYTES)
         except NotFound:
             return QueueConfig(), None
+        except TooLarge as e:
+            raise RecordError(
+                f"read {self._key(queue)}",
+                f"the queue record is {e.details.get('size')} bytes: not one lakeshore wrote",
+                "delete it with the store's tools; the next submit writes it again",
+            ) from None
         return QueueConfig.from_bytes(data, self._key(queue)), etag
 
     def get(self, queue: str) -> QueueConfig:

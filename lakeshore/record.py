@@ -26,6 +26,7 @@ from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
 
 __all__ = [
     "LIVE",
+    "MAX_COUNT",
     "SCHEMA_VERSION",
     "STATES",
     "TERMINAL",
@@ -225,6 +226,9 @@ _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")  # canonical (upper case) Crockford base32
 
 
+MAX_COUNT = 2**31 - 1  # attempts, max_attempts, released
+
+
 def _int(obj: dict[str, Any], name: str, low: int, high: int | None = None) -> None:
     v = obj[name]
     if not _is_int(v) or v < low or (high is not None and v > high):
@@ -346,9 +350,10 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     if type(full["state"]) is not str or full["state"] not in STATES:
         raise _Bad("state", f"must be one of {', '.join(STATES)}, got {_show(full['state'])}")
     _int(full, "priority", MIN_PRIORITY, MAX_PRIORITY)
-    _int(full, "attempt", 0)
-    _int(full, "max_attempts", 1)
-    _int(full, "released", 0)
+    # counters bounded far above any real use: arithmetic on them must stay cheap
+    _int(full, "attempt", 0, MAX_COUNT)
+    _int(full, "max_attempts", 1, MAX_COUNT)
+    _int(full, "released", 0, MAX_COUNT)
     _int(full, "rev", 0)
     _int(full, "v", 1)
     if full["slot"] is not None:

@@ -679,7 +679,12 @@ def call_local(
     yields their keys. Generators and coroutines are wrapped, so the contract applies when
     they are iterated or awaited."""
     outer = _CTX.get()
-    ctx = RunContext(outer._root if outer is not None else root, "local", prefix=current_prefix())
+    if outer is not None:  # inside a body: its uploads are fenced by the body's lease too
+        ctx = RunContext(
+            outer._root, "local", prefix=current_prefix(), fence=outer.fence, stop=outer.stop
+        )
+    else:
+        ctx = RunContext(root, "local", prefix=current_prefix())
     if kind == "generator":
         return _local_gen(ctx, fn(*args, **kwargs))
     if kind == "asyncgen":

@@ -29,8 +29,8 @@ from lakeshore.admission import admit, give_back_rate
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, StoreError
 from lakeshore.fence import abandoned, fence
 from lakeshore.keys import DEFAULT_QUEUE, band, check_id, id_index, new_id
-from lakeshore.protocol import QueueOps
-from lakeshore.record import Blob, Record, RecordError
+from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
+from lakeshore.record import MAX_COUNT, Blob, Record, RecordError
 from lakeshore.run import flush
 from lakeshore.scope import current_prefix
 from lakeshore.store.base import CREATE, if_match
@@ -89,14 +89,14 @@ def submit_call(
     if deadline_s is None:
         deadline_s = conf.deadline_cutoff_s
     if (
-        attempts < 1
+        not 1 <= attempts <= MAX_COUNT
         or (tmo is not None and tmo <= 0)
         or (deadline_s is not None and deadline_s <= 0)
     ):
         raise InvalidArgument(
             f"submit {udf.ref}",
             "max_attempts, timeout_s or deadline_s out of range",
-            "use _max_attempts >= 1 and positive _timeout_s / _deadline_s",
+            f"use 1 <= _max_attempts <= {MAX_COUNT} and positive _timeout_s / _deadline_s",
         )
     if key is not None and (not isinstance(key, str) or not key):
         raise InvalidArgument(
@@ -240,17 +240,24 @@ def _submit_keyed(job: _Job, ref: str, key: str, strict: bool) -> str:
 
 
 def _needs_new_id(job: _Job, held: _Key) -> bool:
-    """True when the id a key names will never run: no record once the key is older than
-    ``KEY_REPAIR_GRACE_S`` (the first submitter died after the key; the id is fenced here so
-    a slow one cannot publish later), or a tombstone record."""
-    ops = job.ops
-    now = job.plane.store.now()
-    if now - held.at <= KEY_REPAIR_GRACE_S:
-        return False  # probably a concurrent submit still writing its record
-    for _ in range(2):
+    """True when the id a key names will never run: a tombstone record, or no record once
+    the key is older than ``KEY_REPAIR_GRACE_S`` (the first submitter died after the key;
+    the id is fenced here so a slow one cannot publish later). While the key is younger
+    and its record missing, wait for the record: an id is returned only once its record
+    exists, so a caller never holds an id that a later repair abandons."""
+    ops, store = job.ops, job.plane.store
+    pause = 0.005
+    while True:
+        now = store.now()
         try:
             rec, _ = ops.read(held.id)
         except NotFound:
+            if now - held.at <= KEY_REPAIR_GRACE_S:
+                # a concurrent submit still between its key and its record, most likely:
+                # it lands within milliseconds; a dead one is repaired after the grace
+                store.pause(min(pause, max(0.0, held.at + KEY_REPAIR_GRACE_S - now) + 0.01))
+                pause = min(pause * 2, 0.5)
+                continue
             why = f"a submit with its key found no record {KEY_REPAIR_GRACE_S:g} s later"
             if fence(ops, held.id, now, why):
                 return True
@@ -258,7 +265,6 @@ def _needs_new_id(job: _Job, held: _Key) -> bool:
         except RecordError:
             return False  # corrupt or newer: the claimers deal with it, the key stays
         return abandoned(rec)
-    return True  # created and removed again meanwhile (gc): the id will never run
 
 
 def _read_key(job: _Job, key: str, inv: str, create: bool) -> _Key | None:
@@ -277,7 +283,7 @@ def _read_key(job: _Job, key: str, inv: str, create: bool) -> _Key | None:
         except Conflict:
             pass
     try:
-        data, etag = store.get(where)
+        data, etag = store.get(where, max_bytes=MAX_SMALL_BYTES)
     except NotFound:
         return None
     held = parse_key(data)
@@ -304,7 +310,7 @@ def _write_key(job: _Job, key: str, inv: str, replacing: _Key | None) -> bool:
         store.put(where, body, mode)
     except Conflict:
         try:  # a retried request whose first try landed meets its own write
-            held = parse_key(store.get(where)[0])
+            held = parse_key(store.get(where, max_bytes=MAX_SMALL_BYTES)[0])
         except NotFound:
             return False
         return held is not None and held[0] == inv
@@ -388,15 +394,8 @@ def _publish(job: _Job, inv: str, draft: Record) -> bool:
     )
     if rec.queue != DEFAULT_QUEUE:
         _index(plane, inv, rec.queue)
-    try:
-        ops.submit(rec)
-    except Conflict:
-        try:
-            landed = ops.read(inv)[0].wid == rec.wid  # our own write, retried by the store
-        except (NotFound, RecordError):
-            landed = False
-        if not landed:
-            return False
+    if not ops.submit(rec):
+        return False
     plane._where[inv] = rec.queue
     return True
 

@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,7 @@ class _State:
     running: set[Attempt] = field(default_factory=set)
     slots: list[Slot] = field(default_factory=list)
     failure: BaseException | None = None
+    signalled: Callable[[], bool] = field(default=lambda: False)  # a SIGTERM/SIGINT came
 
     def take_slot(self) -> bool:
         with self.lock:
@@ -224,6 +226,7 @@ def _supervise(
     while any(t.is_alive() for t in slots):
         for t in slots:
             t.join(0.05)
+        _watch_leases(state)
         now = time.monotonic()
         if state.stop.is_set():
             stopped_at = stopped_at if stopped_at is not None else now
@@ -232,6 +235,23 @@ def _supervise(
         if now - announced >= every:
             announced = now
             _announce(state, names, "stopping" if state.stop.is_set() else "running")
+
+
+def _watch_leases(state: _State) -> None:
+    """Stop the bodies whose lease is about to run out unrenewed. A slot's heartbeats run on
+    one thread, and a request stuck for longer than a lease (retries, timeouts) would keep
+    that thread from noticing: this check does not wait on any request."""
+    with state.lock:
+        running = list(state.running)
+    for att in running:
+        try:
+            if att.overdue():
+                log.warning(
+                    "lease of %s not renewed in time: stopping its body", att.held.record.id
+                )
+                att.halt("lost")
+        except LakeshoreError as e:  # the clock could not be read: the heartbeat decides
+            log.debug("lease check of %s failed: %s", att.held.record.id, e)
 
 
 def _release_all(state: _State) -> None:
@@ -247,9 +267,12 @@ def _install_signals(state: _State) -> Any:
         raise InvalidArgument(
             "run_worker", "handle_signals needs the main thread", "call it from the main thread"
         )
+    received = 0  # counted here: a slot may have set `stop` already for the same signal
 
     def handler(signum: int, _frame: Any) -> None:
-        if state.stop.is_set():
+        nonlocal received
+        received += 1
+        if received > 1:
             log.warning("second signal: exiting now (running leases will expire)")
             with state.lock:
                 children = [s.child for s in state.slots if s.child is not None]
@@ -260,12 +283,36 @@ def _install_signals(state: _State) -> Any:
         state.stop.set()
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # The handler runs on the main thread, some time after the signal came. The wakeup fd
+    # is written by the interpreter at once, so a slot can tell that a signal has come.
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    seen = threading.Event()
+
+    def signalled() -> bool:
+        if not seen.is_set():
+            with contextlib.suppress(OSError):  # empty: no signal yet
+                if set(os.read(r, 64)) & {signal.SIGTERM, signal.SIGINT}:
+                    seen.set()
+        return seen.is_set()
+
+    state.signalled = signalled
 
     def restore() -> None:
+        signal.set_wakeup_fd(old_fd)
         for sig, h in old.items():
             signal.signal(sig, h)
+        state.signalled = _never
+        os.close(r)
+        os.close(w)
 
     return restore
+
+
+def _never() -> bool:
+    return False
 
 
 def _announce(state: _State, queues: list[str], status: str) -> None:
@@ -292,7 +339,13 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
 
 
 def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_s: float) -> None:
-    slot = Slot(state.plane, state.isolation, state.hooks, allow=state.allow)
+    slot = Slot(
+        state.plane,
+        state.isolation,
+        state.hooks,
+        allow=state.allow,
+        signalled=lambda: state.signalled(),
+    )
     with state.lock:
         state.slots.append(slot)
     try:
@@ -349,8 +402,8 @@ def _serve(
         try:
             att = run_attempt(slot, q, held, _Tracked(state))
             if att.interrupted:
-                # its body process was ended by SIGTERM/SIGINT: a signal for the whole
-                # process group, this worker included, whose handler may not have run yet
+                # its body process was ended by SIGTERM/SIGINT, and this worker got one too:
+                # a signal for the whole process group, whose handler may not have run yet
                 # (it runs on the main thread). Stop claiming now, not one claim later.
                 state.stop.set()
         except HookFailed:

@@ -368,3 +368,23 @@ def die_by_group_signal() -> None:
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def wait_to_be_cancelled(path: str) -> str:
+    """Waits (up to a minute) until cancelled; marks ``path`` when it is."""
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        Path(path).write_text("cancelled")
+        raise
+    return "not cancelled"
+
+
+def signal_the_worker_then_die() -> None:
+    """An ``on_start`` hook: a SIGTERM for the whole process group, as scancel sends it,
+    reaches the worker and this child before the child could ignore it."""
+    import signal
+
+    os.kill(os.getppid(), signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

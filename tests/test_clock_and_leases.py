@@ -36,8 +36,8 @@ class FakeClock(MemoryStore):
     def now(self) -> float:
         return self.t
 
-    def get(self, key: str) -> tuple[bytes, str]:
-        out = super().get(key)
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        out = super().get(key, max_bytes)
         if key.endswith("/record"):
             self.t += self.slow_record_get
         return out
@@ -200,10 +200,10 @@ def test_a_stop_that_comes_during_a_claim_starts_no_attempt() -> None:
     stop = threading.Event()
 
     class StopsWhileReading(MemoryStore):
-        def get(self, key: str) -> tuple[bytes, str]:
+        def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
             if key.endswith("/record"):
                 stop.set()  # SIGTERM arrives while the claim reads the record
-            return super().get(key)
+            return super().get(key, max_bytes)
 
     q = make_plane(StopsWhileReading())
     jobs.RUNS.pop("stopped-claim", None)
@@ -214,33 +214,129 @@ def test_a_stop_that_comes_during_a_claim_starts_no_attempt() -> None:
     assert jobs.RUNS["stopped-claim"] == 0
 
 
-def test_a_body_process_killed_by_a_group_signal_stops_the_worker_claiming(
+class Hangs(FakeClock):
+    """A fake-clock store whose record writes can be made to hang, as a request stuck in
+    retries and timeouts does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang = threading.Event()
+        self.release = threading.Event()
+
+    def put(self, key: str, data: bytes, mode: Any = None) -> str:
+        if self.hang.is_set() and key.endswith("/record"):
+            self.release.wait(120)
+        return super().put(key, data, mode)
+
+
+def test_a_heartbeat_stuck_in_a_request_still_stops_the_body_before_the_lease_ends(
     tmp_path: Path,
 ) -> None:
-    q = make_plane(LocalStore(tmp_path / "store"))
-    inv = q.udf(jobs.add_one).submit(1)
+    store = Hangs()
+    q = make_plane(store, lease_s=3.0)
+    mark = tmp_path / "cancelled"
+    inv = q.udf(jobs.wait_to_be_cancelled).submit(str(mark))
     stop = threading.Event()
-    done: list[int] = []
     t = threading.Thread(
-        target=lambda: done.append(
-            dls.run_worker(
-                q,
-                isolation="process",
-                stop=stop,
-                on_start="tests.jobs:die_by_group_signal",
-                max_poll_s=0.05,
-            )
-        ),
-        daemon=True,
+        target=dls.run_worker, args=(q,), kwargs={"isolation": "thread", "stop": stop}
     )
     t.start()
     try:
-        poll(lambda: q.get(inv).released >= 1, timeout=60, what="the job handed back")
-        t.join(30)  # the worker stops by itself: the signal was meant for it too
-        returned_by_itself = not t.is_alive()
+        poll(lambda: q.get(inv).state == "running", what="the body running")
+        store.hang.set()  # from now on the heartbeat's write never comes back
+        store.t += 2.7  # 0.3 s of the 3 s lease left: under the 0.5 s margin
+        poll(mark.exists, timeout=30, what="the body stopped")
+        assert q.get(inv).state == "running"  # not written: its lease is the next's to take
     finally:
+        store.release.set()
         stop.set()
-        t.join(30)
+        t.join(60)
+
+
+class FailsOnce(FakeClock):
+    """The first record write after the claim fails (a 503 after every retry)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next = False
+
+    def put(self, key: str, data: bytes, mode: Any = None) -> str:
+        if self.fail_next and key.endswith("/record"):
+            self.fail_next = False
+            raise dls.StoreUnavailable("put", "503 SlowDown after every retry", "retry later")
+        return super().put(key, data, mode)
+
+
+def test_a_late_claim_whose_renewal_fails_hands_the_job_back_unstarted() -> None:
+    store = FailsOnce()
+    q = make_plane(store, lease_s=30.0)
+    jobs.RUNS.pop("renewal-failed", None)
+    inv = q.udf(jobs.tracked).submit("renewal-failed")
+
+    def late_answer() -> None:
+        store.t += 22.0  # 8 s of the lease left when the claim returns
+        store.fail_next = True  # and the renewal before the body fails
+
+    store.after_claim_put = late_answer
+    dls.run_worker(q, once=True, isolation="thread")
     rec = q.get(inv)
-    assert returned_by_itself
+    assert jobs.RUNS["renewal-failed"] == 0  # never started on a lease about to end
     assert rec.state == "queued" and rec.attempt == 1 and rec.released == 1
+
+
+def test_local_store_listings_give_times_in_the_store_clock(tmp_path: Path) -> None:
+    # a store whose clock anchor is 120 s behind the wall clock (the wall clock was stepped
+    # forward after the anchor was written): times must follow the store, not the wall
+    store = LocalStore(tmp_path / "s", wall_clock=lambda: time.time() - 120.0)
+    for size in (10, 100_000):
+        store.put(f"k{size}", b"x" * size)
+    now = store.now()
+    for info in store.list(""):
+        assert abs(info.last_modified - now) < 5.0, (info.key, info.last_modified - now)
+
+
+_ONE_SIGNAL = """
+import os, signal, threading
+from lakeshore import worker
+
+state = worker._State(None, "w", "thread", None, threading.Event())
+restore = worker._install_signals(state)
+state.stop.set()  # a slot saw its body process end by the group's SIGTERM first
+os.kill(os.getpid(), signal.SIGTERM)  # then the worker's own copy of that signal arrives
+print("signalled" if state.signalled() else "not signalled")
+restore()
+"""
+
+
+def test_a_group_signal_that_ends_a_body_process_first_is_still_one_signal() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _ONE_SIGNAL],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    # one SIGTERM is a clean stop, never "second signal: exiting now" (exit 143)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "second signal" not in out.stderr
+    assert out.stdout.split() == ["signalled"]
+
+
+def test_a_body_process_killed_by_sigterm_alone_is_a_failed_attempt(tmp_path: Path) -> None:
+    # no signal reached the worker: the child's death is a failure like any other, counted,
+    # so such a job cannot be handed back from worker to worker for ever
+    q = make_plane(LocalStore(tmp_path / "store"), retry_backoff_s=0.0)
+    inv = q.udf(jobs.add_one).submit(1, _max_attempts=2)
+    dls.run_worker(
+        q,
+        isolation="process",
+        on_start="tests.jobs:die_by_group_signal",
+        idle_exit=0.5,
+        max_poll_s=0.05,
+    )
+    rec = q.get(inv)
+    assert rec.state == "failed" and rec.attempt == 2 and rec.released == 0
+    assert rec.error is not None and rec.error["type"] == "WorkerChildDied"

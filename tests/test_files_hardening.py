@@ -328,3 +328,31 @@ def test_a_fresh_cache_folder_is_private_and_works(
     inv = q.udf(writes_one).submit("y")
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     assert q.result(inv) == "one.txt"
+
+
+@dls.udf
+def _helper_writes_then_waits(gate: str) -> str:
+    Path(dls.run.write("out.txt")).write_text("stale")
+    _wait_for(gate)  # the worker pauses here past its lease
+    return "out.txt"
+
+
+def _body_calls_a_helper(gate: str) -> str:
+    return _helper_writes_then_waits(gate)  # a plain call of a decorated function: runs here
+
+
+def test_a_helper_called_inside_a_fenced_body_publishes_nothing(tmp_path: Path) -> None:
+    q = make_plane(MemoryStore(), lease_s=600.0, cache_dir=str(tmp_path / "cache"))
+    gate = str(tmp_path / "gate")
+    with q.scope("job"):
+        inv = q.udf(_body_calls_a_helper).submit(gate)
+    t, ran = _start_worker(q, "thread")
+    poll(lambda: os.path.exists(gate + ".started"), 60, "the body to start")
+    _take_over(q, inv)
+    _publish_as_next_attempt(q, "out.txt", "fresh")  # attempt 2's output
+    Path(gate).touch()
+    t.join(60)
+    assert ran == [1]
+    rec = q.get(inv)
+    assert rec.lease is not None and rec.lease.worker == "worker-b"
+    assert _read(q, "out.txt") == "fresh"  # the helper's file of the fenced attempt: dropped

@@ -138,9 +138,9 @@ class CountingStore(MemoryStore):
         self.lists += 1
         return super().list(prefix, start_after)
 
-    def get(self, key: str) -> tuple[bytes, str]:
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         self.gets += 1
-        return super().get(key)
+        return super().get(key, max_bytes)
 
 
 def test_status_cost_stays_flat_as_history_grows() -> None:

@@ -6,6 +6,7 @@ invocation, keep serving the good ones, and ``lakeshore status`` / ``ls`` must k
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -262,3 +263,100 @@ def test_status_survives_hostile_signs_of_life(
     assert code == 0, err
     names = sorted(w["worker"] for w in json.loads(out)["workers"])
     assert names == ["w1", "w2"]
+
+
+def _within(seconds: float, fn: Any) -> Any:
+    """Run ``fn`` in a thread and return its result; fail (not hang) past ``seconds``."""
+    import threading
+
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s"
+    return out[0]
+
+
+def test_a_huge_attempt_number_is_refused_and_never_computed_with(tmp_path: Path) -> None:
+    # 2**(2**40) as a retry backoff would hold the interpreter, every slot and heartbeat
+    q = make_plane(LocalStore(tmp_path / "store"))
+    bad = keys.new_id()
+    lease = {"worker": "gone", "token": "t", "expires_at": 1.0}  # long expired
+    rec = handmade(q, bad, state="running", attempt=2**40, released=2**40, lease=lease)
+    put_by_hand(q, bad, msgpack.packb(rec, use_bin_type=True))
+    good = q.udf(jobs.add_one).submit(41)
+    ran = _within(60, lambda: dls.run_worker(q, isolation="thread", idle_exit=0.5))
+    assert ran == 1 and q.result(good, timeout=5) == 42
+    failed = q.get(bad)
+    assert failed.state == "failed" and failed.error is not None
+    assert failed.error["type"] == "CorruptRecord" and "attempt" in failed.error["message"]
+
+
+def test_the_retry_backoff_of_any_attempt_number_is_cheap() -> None:
+    from lakeshore import lifecycle
+    from lakeshore.record import MAX_COUNT
+
+    rec = Record(id=keys.new_id(), ns="default", queue="q", fn="m:f", args=Blob(inline=b""))
+    big = dataclasses.replace(rec, attempt=MAX_COUNT)
+    assert _within(5, lambda: lifecycle.backoff_s(big)) == lifecycle.MAX_BACKOFF_S
+
+
+def test_a_pipe_or_a_link_in_a_local_store_is_neither_waited_on_nor_followed(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    store = LocalStore(tmp_path / "store")
+    store.put("a/x", b"x")
+    folder = tmp_path / "store" / "objects" / "a"
+    os.mkfifo(folder / "fifo.obj")  # reading it would block for ever
+    (folder / "zero.obj").symlink_to("/dev/zero")  # reading it would never end
+    listed = _within(20, lambda: [(i.key, i.size) for i in store.list("a/")])
+    assert listed == [("a/fifo", 0), ("a/x", 1), ("a/zero", 0)]
+    for key in ("a/fifo", "a/zero"):
+        data, etag = _within(20, lambda k=key: store.get(k))
+        assert data == b""
+        store.put(key, b"replaced", if_match(etag))  # a conditional write takes its place
+        assert store.get(key)[0] == b"replaced"
+    assert Path("/dev/zero").exists()  # the link itself was replaced, never its target
+
+
+def test_a_record_that_is_a_link_to_an_endless_file_is_failed(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    q = make_plane(store)
+    bad = keys.new_id()
+    put_by_hand(q, bad, b"placeholder")
+    path = garbage_record(store, q, bad, b"")
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    good = q.udf(jobs.add_one).submit(1)
+    ran = _within(60, lambda: dls.run_worker(q, isolation="thread", idle_exit=0.5))
+    assert ran == 1 and q.result(good, timeout=5) == 2
+    rec = q.get(bad)
+    assert rec.state == "failed" and rec.error is not None
+    assert rec.error["type"] == "CorruptRecord"
+
+
+def test_a_record_larger_than_any_record_is_failed_without_being_read(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    q = make_plane(store)
+    bad = keys.new_id()
+    put_by_hand(q, bad, b"placeholder")
+    path = garbage_record(store, q, bad, b"")
+    with open(path, "wb") as f:  # sparse: 5 GiB that take no disk, nor memory unless read
+        f.truncate(5 << 30)
+    good = q.udf(jobs.add_one).submit(1)
+    ran = _within(60, lambda: dls.run_worker(q, isolation="thread", idle_exit=0.5))
+    assert ran == 1 and q.result(good, timeout=5) == 2
+    rec = q.get(bad)
+    assert rec.state == "failed" and rec.error is not None
+    assert "more than any record" in rec.error["message"]
+
+
+def test_get_refuses_an_object_over_max_bytes_on_every_store(store: Store) -> None:
+    store.put("big/one", b"0123456789")
+    assert store.get("big/one", max_bytes=10) == (b"0123456789", store.get("big/one")[1])
+    with pytest.raises(dls.TooLarge) as err:
+        store.get("big/one", max_bytes=9)
+    assert err.value.details["size"] == 10 and err.value.details["limit"] == 9
+    assert isinstance(err.value, dls.StoreError)

@@ -26,7 +26,7 @@ from lakeshore.admission import admit
 from lakeshore.gc import collect
 from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
 from lakeshore.record import Record
-from lakeshore.store import ObjectInfo, PutMode, Store
+from lakeshore.store import MemoryStore, ObjectInfo, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
 from tests.conftest import make_plane
@@ -73,11 +73,11 @@ class Gate(Store):
                 t.reached.set()
                 assert t.go.wait(WAIT_S), "the test never let the thread go"
 
-    def get(self, key: str) -> tuple[bytes, str]:
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         self.counts["GET"] += 1
         self._stop("GET", key, False)
         try:
-            return self.inner.get(key)
+            return self.inner.get(key, max_bytes)
         finally:
             self._stop("GET", key, True)
 
@@ -211,7 +211,9 @@ def test_a_fast_submit_costs_what_it_did(gate: Gate) -> None:
     assert gate.counts == Counter(PUT=3)  # key, ready hint, record
     gate.counts.clear()
     f.submit(1, _key="k")
-    assert gate.counts == Counter(PUT=1, GET=1)  # refused key create, key read
+    # refused key create, key read, and the record it names (an id is returned only once
+    # its record exists)
+    assert gate.counts == Counter(PUT=1, GET=2)
 
 
 # -- item 4: gc racing a keyed resubmit ---------------------------------------------------
@@ -434,3 +436,107 @@ def test_gc_keeps_going_past_a_hostile_key_object(plane: Any, body: str) -> None
     q.store.put(ops.keys.idem("k"), HOSTILE_KEYS[body])
     assert _gc(q).expired == [first]
     assert q.store.get(ops.keys.idem("k"))[0] == HOSTILE_KEYS[body]  # not ours: left alone
+
+
+class Skewed(Gate):
+    """A Gate whose store clock the test moves forward (for submitters and claimers)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.ahead = 0.0
+
+    def now(self) -> float:
+        return self.inner.now() + self.ahead
+
+
+def test_a_keyed_retry_during_a_stalled_submit_never_gets_an_id_that_will_not_run() -> None:
+    # Submitter 1 stalls (or dies) right after taking the key. A quick retry with the key
+    # must not return that id while it has no record: a later repair abandons it.
+    gate = Skewed(MemoryStore())
+    q = make_plane(gate)
+    f = q.udf(jobs.add_one)
+    stall = gate.trap("PUT", lambda k: "/_ready/" in k, "first")
+    first = Run("first", lambda: f.submit(1, _key="k"))
+    stall.wait()  # the key is written, nothing else
+    gate.ahead = 5.0
+    retry = Run("retry", lambda: f.submit(1, _key="k"))  # waits for the record
+    gate.ahead = 31.0  # the first submit is judged dead: the key is repaired
+    later = f.submit(1, _key="k")
+    stall.go.set()
+    assert retry.result() == later
+    assert first.result() == later  # fenced out, it started over from the key
+    assert q.status(later) == "queued"
+    assert [i.key.rsplit("/", 1)[1] for i in q.ops("default").ready_hints()].count(later) == 1
+
+
+class RetriedCreate(Gate):
+    """The record's create lands, but its answer is lost and the store's retry meets the
+    object it wrote: Conflict (what S3 answers a retried If-None-Match PUT)."""
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        if key.endswith("/record") and mode.kind == "create" and self.counts["RECORD"] == 0:
+            self.counts["RECORD"] += 1
+            self._stop("PUT", key, False)
+            self.inner.put(key, data, mode)
+            raise dls.Conflict("put", "exists", "retry")
+        return super().put(key, data, mode)
+
+
+def test_a_slow_submit_whose_record_create_was_retried_still_has_its_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = RetriedCreate(MemoryStore())
+    q = make_plane(gate)
+    f = q.udf(jobs.add_one)
+    skipped = [0.0]
+    real = protocol.time.monotonic
+    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0])
+    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
+    slow = Run("slow", lambda: f.submit(41))
+    stall.wait()
+    ops = q.ops("default")
+    [hint] = list(ops.ready_hints())
+    claimer = QueueOps(gate.inner, ops.keys)
+    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None  # dropped it
+    skipped[0] = ORPHAN_GRACE_S + 1
+    stall.go.set()
+    inv = slow.result()
+    assert q.status(inv) == "queued"
+    assert list(ops.ready_hints()), "a queued record without its ready hint never runs"
+
+
+class FailingRewrite(Skewed):
+    """The slow submit's second write of its hint fails (a 503 after every retry)."""
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        if "/_ready/" in key:
+            self.counts["HINT"] += 1
+            if self.counts["HINT"] == 2:
+                raise dls.StoreUnavailable("put", "503 SlowDown", "retry")
+        return super().put(key, data, mode)
+
+
+def test_a_slow_submit_whose_hint_rewrite_failed_leaves_no_hintless_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = FailingRewrite(MemoryStore())
+    q = make_plane(gate)
+    f = q.udf(jobs.add_one)
+    skipped = [0.0]
+    real = protocol.time.monotonic
+    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0])
+    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
+    slow = Run("slow", lambda: f.submit(41, _key="k"))
+    stall.wait()
+    ops = q.ops("default")
+    [hint] = list(ops.ready_hints())
+    claimer = QueueOps(gate.inner, ops.keys)
+    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None
+    skipped[0] = ORPHAN_GRACE_S + 1
+    stall.go.set()
+    with pytest.raises(dls.StoreUnavailable):
+        slow.result()  # the submit failed: its caller retries with the key
+    skipped[0] = 0.0
+    inv = f.submit(41, _key="k")  # the abandoned id is not returned: a new one runs
+    assert q.status(inv) == "queued"
+    assert [i.key.rsplit("/", 1)[1] for i in ops.ready_hints()] == [inv]

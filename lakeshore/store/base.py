@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lakeshore.errors import Conflict, InvalidArgument, NotFound
+from lakeshore.errors import Conflict, InvalidArgument, NotFound, TooLarge
 
 __all__ = [
     "CREATE",
@@ -160,11 +160,14 @@ class Store(abc.ABC):
     url: str = ""
 
     @abc.abstractmethod
-    def get(self, key: str) -> tuple[bytes, str]:
-        """Return ``(data, etag)`` of ``key``.
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """Return ``(data, etag)`` of ``key``. With ``max_bytes``, an object larger than
+        that is not read (anything in the store may be hostile: a huge object must not
+        exhaust a reader's memory).
 
         Raises:
             NotFound: the key does not exist.
+            TooLarge: the object is larger than ``max_bytes``.
             InvalidArgument: the key is malformed.
             StoreError: the backend failed (``StoreUnavailable`` after retries).
         """
@@ -276,4 +279,16 @@ def not_found(key: str, where: str, op: str = "get") -> NotFound:
         f"no object under this key in {where}",
         "check the key, or create the object first",
         key=key,
+    )
+
+
+def too_large(key: str, where: str, size: int, limit: int) -> TooLarge:
+    """The standard error for an object over a reader's ``max_bytes``."""
+    return TooLarge(
+        f"get {key}",
+        f"the object is {size} bytes in {where}, more than the {limit} this reader allows",
+        "it was not read; if lakeshore did not write it, delete it",
+        key=key,
+        size=size,
+        limit=limit,
     )

@@ -36,6 +36,7 @@ import hashlib
 import io
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,6 +53,7 @@ from lakeshore.store.base import (
     check_prefix,
     conflict,
     not_found,
+    too_large,
 )
 from lakeshore.store.clock import machine_clock
 
@@ -134,6 +136,7 @@ class LocalStore(Store):
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + raw + data)
+                f.flush()  # a write after the utime would set the wall clock's time again
                 # listings report the store's clock, not the wall clock (see now())
                 t = self._clock()
                 os.utime(f.fileno(), (t, t))
@@ -147,18 +150,37 @@ class LocalStore(Store):
         return tmp, f'"{raw.hex()}"'
 
     def _read(
-        self, key: str, path: Path, header_only: bool = False
+        self, key: str, path: Path, header_only: bool = False, max_bytes: int | None = None
     ) -> tuple[bytes, str, int, float]:
         """``(data, etag, data size, mtime)`` of the object file at ``path``.
 
         A file without lakeshore's header (a stray or damaged file) is not an error: it
         reads as an object whose data is the whole file and whose etag is a hash of it, so
         the layers above judge the bytes like any other (a record that does not decode is
-        failed and overwritten by a conditional write on that etag)."""
-        with open(path, "rb") as f:
-            blob = f.read(_HEADER) if header_only else f.read()
-            st = os.fstat(f.fileno())
+        failed and overwritten by a conditional write on that etag). Something other than a
+        regular file (a link, a pipe, a device) is never followed or read: it reads as an
+        empty foreign object whose etag comes from its metadata."""
+        # O_NOFOLLOW: a link to /dev/zero must not be read; O_NONBLOCK: a FIFO must not block
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            st = os.lstat(path)  # a symbolic link: never followed
+            return b"", _odd_etag(st), 0, st.st_mtime
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "a directory", str(path))
+            if not stat.S_ISREG(st.st_mode):
+                return b"", _odd_etag(st), 0, st.st_mtime
+            if max_bytes is not None and st.st_size > max_bytes + _HEADER:
+                raise too_large(key, self.url, st.st_size - _HEADER, max_bytes)
+            # at most what the file held when opened: a file that grows is not followed
+            blob = f.read(_HEADER) if header_only else f.read(st.st_size)
             if len(blob) < _HEADER or not blob.startswith(_MAGIC):
+                if st.st_size > _HASHED:  # not read whole on every listing
+                    return b"" if header_only else blob, _odd_etag(st), st.st_size, st.st_mtime
                 if header_only:
                     f.seek(0)
                     return b"", _foreign_etag(f), st.st_size, st.st_mtime
@@ -186,10 +208,10 @@ class LocalStore(Store):
 
     # -- the contract ----------------------------------------------------------------------
 
-    def get(self, key: str) -> tuple[bytes, str]:
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         check_key(key, "get")
         try:
-            data, etag, _, _ = self._read(key, self._path(key))
+            data, etag, _, _ = self._read(key, self._path(key), max_bytes=max_bytes)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise not_found(key, self.url) from None
         except OSError as e:
@@ -316,6 +338,16 @@ class LocalStore(Store):
 
     def now(self) -> float:
         return self._clock()
+
+
+_HASHED = 16 << 20  # foreign files up to this size get an etag from their content
+
+
+def _odd_etag(st: os.stat_result) -> str:
+    """The etag of something under objects/ that is not a regular file (never read), or of
+    a large foreign file: from its metadata."""
+    ident = f"{st.st_mode}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode()
+    return f'"x{hashlib.blake2b(ident, digest_size=15).hexdigest()}"'
 
 
 def _foreign_etag(f: BinaryIO) -> str:

@@ -25,6 +25,7 @@ from lakeshore.store.base import (
     check_prefix,
     conflict,
     not_found,
+    too_large,
 )
 from lakeshore.store.clock import TickClock
 
@@ -63,12 +64,14 @@ class MemoryStore(Store):
     def _etag(self) -> str:
         return f'"m{self._instance}-{next(self._counter)}"'
 
-    def get(self, key: str) -> tuple[bytes, str]:
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         check_key(key, "get")
         with self._lock:
             obj = self._objs.get(key)
         if obj is None:
             raise not_found(key, self.url)
+        if max_bytes is not None and len(obj.data) > max_bytes:
+            raise too_large(key, self.url, len(obj.data), max_bytes)
         return obj.data, obj.etag
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:

@@ -57,6 +57,7 @@ from lakeshore.store.base import (
     check_prefix,
     conflict,
     not_found,
+    too_large,
 )
 
 __all__ = ["S3Store"]
@@ -341,11 +342,15 @@ class S3Store(Store):
 
     # -- the contract ----------------------------------------------------------------------
 
-    def get(self, key: str) -> tuple[bytes, str]:
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         check_key(key, "get")
 
         def fetch() -> tuple[bytes, str]:
             resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            size = resp.get("ContentLength")
+            if max_bytes is not None and isinstance(size, int) and size > max_bytes:
+                resp["Body"].close()  # the length is known before the body is read
+                raise too_large(key, self.url, size, max_bytes)
             return resp["Body"].read(), resp["ETag"]  # read inside: a cut stream is retried
 
         return self._retrying("get", key, fetch)
