@@ -286,3 +286,11 @@ def plane(store: Store) -> Any:
 def atomic_plane(atomic_store: Store) -> Any:
     """A Dispatch on the tiers whose conditional writes are atomic under races."""
     return make_plane(atomic_store)
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A local-directory plane's URL, also as ``$LAKESHORE_URL`` (for the CLI tests)."""
+    u = f"file://{tmp_path}/plane"
+    monkeypatch.setenv("LAKESHORE_URL", u)
+    return u

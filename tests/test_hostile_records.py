@@ -17,13 +17,13 @@ import pytest
 
 import lakeshore as dls
 from lakeshore import codec, keys, protocol
-from lakeshore.cli import main
 from lakeshore.keys import worker_key
 from lakeshore.record import Blob, Record
 from lakeshore.store.base import Store, if_match
 from lakeshore.store.local import LocalStore
 from tests import jobs
 from tests.conftest import make_plane
+from tests.test_cli_ops import run
 from tests.test_hostile_bytes import deep_tuple, ext
 from tests.test_worker_cli import env_for, lakeshore_cmd
 
@@ -198,19 +198,6 @@ def test_local_store_reads_a_headerless_file_as_its_content(tmp_path: Path) -> N
     path.write_bytes(b"again")
     store.delete("a/b", if_match=store.get("a/b")[1])
     assert list(store.list("a/")) == []
-
-
-@pytest.fixture
-def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    u = f"file://{tmp_path}/plane"
-    monkeypatch.setenv("LAKESHORE_URL", u)
-    return u
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_status_and_ls_exit_0_beside_a_garbage_record_file(

@@ -469,6 +469,27 @@ def test_a_keyed_retry_during_a_stalled_submit_never_gets_an_id_that_will_not_ru
     assert [i.key.rsplit("/", 1)[1] for i in q.ops("default").ready_hints()].count(later) == 1
 
 
+def _stalled_until_its_hint_is_dropped(
+    gate: Gate, q: Any, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> tuple[Run, QueueOps]:
+    """Submit ``add_one(41)`` in a thread that stalls before its record create until a
+    claimer has dropped its hint as an orphan; then let it go on, 61 s later by its watch."""
+    skipped = [0.0]
+    real = protocol.time.monotonic
+    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0])
+    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
+    f = q.udf(jobs.add_one)
+    slow = Run("slow", lambda: f.submit(41, **options))
+    stall.wait()
+    ops = q.ops("default")
+    [hint] = list(ops.ready_hints())
+    claimer = QueueOps(gate.inner, ops.keys)
+    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None  # dropped it
+    skipped[0] = ORPHAN_GRACE_S + 1
+    stall.go.set()
+    return slow, ops
+
+
 class RetriedCreate(Gate):
     """The record's create lands, but its answer is lost and the store's retry meets the
     object it wrote: Conflict (what S3 answers a retried If-None-Match PUT)."""
@@ -487,19 +508,7 @@ def test_a_slow_submit_whose_record_create_was_retried_still_has_its_hint(
 ) -> None:
     gate = RetriedCreate(MemoryStore())
     q = make_plane(gate)
-    f = q.udf(jobs.add_one)
-    skipped = [0.0]
-    real = protocol.time.monotonic
-    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0])
-    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
-    slow = Run("slow", lambda: f.submit(41))
-    stall.wait()
-    ops = q.ops("default")
-    [hint] = list(ops.ready_hints())
-    claimer = QueueOps(gate.inner, ops.keys)
-    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None  # dropped it
-    skipped[0] = ORPHAN_GRACE_S + 1
-    stall.go.set()
+    slow, ops = _stalled_until_its_hint_is_dropped(gate, q, monkeypatch, {})
     inv = slow.result()
     assert q.status(inv) == "queued"
     assert list(ops.ready_hints()), "a queued record without its ready hint never runs"
@@ -521,22 +530,12 @@ def test_a_slow_submit_whose_hint_rewrite_failed_leaves_no_hintless_record(
 ) -> None:
     gate = FailingRewrite(MemoryStore())
     q = make_plane(gate)
-    f = q.udf(jobs.add_one)
-    skipped = [0.0]
-    real = protocol.time.monotonic
-    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0])
-    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
-    slow = Run("slow", lambda: f.submit(41, _key="k"))
-    stall.wait()
-    ops = q.ops("default")
-    [hint] = list(ops.ready_hints())
-    claimer = QueueOps(gate.inner, ops.keys)
-    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None
-    skipped[0] = ORPHAN_GRACE_S + 1
-    stall.go.set()
+    slow, ops = _stalled_until_its_hint_is_dropped(gate, q, monkeypatch, {"_key": "k"})
     with pytest.raises(dls.StoreUnavailable):
         slow.result()  # the submit failed: its caller retries with the key
-    skipped[0] = 0.0
-    inv = f.submit(41, _key="k")  # the abandoned id is not returned: a new one runs
+    monkeypatch.setattr(protocol, "_monotonic", protocol.time.monotonic)
+    inv = q.udf(jobs.add_one).submit(
+        41, _key="k"
+    )  # the abandoned id is not returned: a new one runs
     assert q.status(inv) == "queued"
     assert [i.key.rsplit("/", 1)[1] for i in ops.ready_hints()] == [inv]
