@@ -120,17 +120,25 @@ ISOLATIONS = ["thread", "process"]
 # -- fenced publishes ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_body_returning_after_its_lease_was_taken_over_publishes_nothing(
-    atomic_store: Store, tmp_path: Path, isolation: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    q = _plane(atomic_store, tmp_path, isolation)
+def _stale_writer_running(
+    store: Store, tmp_path: Path, isolation: str, caplog: pytest.LogCaptureFixture
+) -> tuple[Any, str, str, threading.Thread, list[int]]:
+    """A worker running ``stale_writer``, paused at its gate with its file written."""
+    q = _plane(store, tmp_path, isolation)
     gate = str(tmp_path / "gate")
     with q.scope("job"):
         inv = q.udf(stale_writer).submit(gate)
     caplog.set_level(logging.INFO, "lakeshore.worker")
     t, ran = _start_worker(q, isolation)
     poll(lambda: os.path.exists(gate + ".started"), 60, "the body to start")
+    return q, gate, inv, t, ran
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_body_returning_after_its_lease_was_taken_over_publishes_nothing(
+    atomic_store: Store, tmp_path: Path, isolation: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    q, gate, inv, t, ran = _stale_writer_running(atomic_store, tmp_path, isolation, caplog)
     _take_over(q, inv)
     _publish_as_next_attempt(q, "out.txt", "fresh")  # attempt 2's output
     Path(gate).touch()  # attempt 1 wakes up and returns its key
@@ -147,13 +155,7 @@ def test_body_returning_after_its_lease_was_taken_over_publishes_nothing(
 def test_body_returning_after_its_invocation_was_cancelled_publishes_nothing(
     atomic_store: Store, tmp_path: Path, isolation: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    q = _plane(atomic_store, tmp_path, isolation)
-    gate = str(tmp_path / "gate")
-    with q.scope("job"):
-        inv = q.udf(stale_writer).submit(gate)
-    caplog.set_level(logging.INFO, "lakeshore.worker")
-    t, ran = _start_worker(q, isolation)
-    poll(lambda: os.path.exists(gate + ".started"), 60, "the body to start")
+    q, gate, inv, t, ran = _stale_writer_running(atomic_store, tmp_path, isolation, caplog)
     assert q.cancel(inv) is True
     Path(gate).touch()
     t.join(60)
