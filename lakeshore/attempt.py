@@ -380,6 +380,8 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
             if att.why == "killed":
                 ops.drop_own_hint(held)  # the record is terminal (cancelled): hint is stale
                 return "killed"
+            if att.why == "lost":
+                return _after_lost(ops, held, now)
             if att.why != "timeout":
                 return "fenced (lease lost; result dropped)"
         if att.why == "timeout":
@@ -403,6 +405,36 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         except Conflict:
             return "fenced (record changed; result dropped)"
         return final.state
+
+
+def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
+    """The body was stopped because the lease could not be confirmed in time (a heartbeat
+    that failed or hung, a record that changed). Look once more: a cancel is tidied like
+    one; a lease that is still ours after all (only not renewed in time) ends the attempt
+    now as a failed one, retried as after an expiry, instead of waiting for it to run out."""
+    fenced = "fenced (lease lost; result dropped)"
+    try:
+        current, etag = ops.read(held.record.id)
+    except LakeshoreError:
+        return fenced
+    if current.state == "killed":
+        ops.drop_own_hint(held)
+        return "killed"
+    if not lifecycle.holds(current, held.token):
+        return fenced
+    error = {
+        "type": "LeaseNotRenewed",
+        "message": "the worker could not renew its lease in time and stopped the body",
+        "traceback": "",
+    }
+    final = lifecycle.fail(current, held.token, error, now)
+    try:
+        ops.finish(Claimed(current, etag, held.token, held.hint_etag), final, tidy_later=True)
+    except (Conflict, lifecycle.IllegalTransition):
+        return fenced
+    except LakeshoreError:
+        return fenced  # the store is still away: the lease runs out as after a crash
+    return f"{final.state} (its lease could not be renewed in time)"
 
 
 def _succeeded(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
+import lakeshore.submit as sub
 from lakeshore import codec, lifecycle
 from lakeshore.protocol import QueueOps
 from lakeshore.record import SCHEMA_VERSION
@@ -64,16 +65,19 @@ def test_newer_records_are_left_alone(plane: Any) -> None:
     assert ops.reap(q.store.now() + 3600) == 0
 
 
-def test_a_young_key_without_record_is_not_repaired(plane: Any) -> None:
+def test_a_young_key_without_record_is_waited_for_then_repaired(plane: Any) -> None:
     q = plane
     f = q.udf(jobs.add_one)
     ops = q.ops("default")
     first = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
-    body = codec.encode({"id": first, "input_hash": "?", "at": q.store.now()})
-    q.store.put(ops.keys.idem("race"), body)  # a first submitter is between key and record
-    assert f.submit(5, _key="race") == first
-    with pytest.raises(dls.NotFound):
-        q.get(first)  # the second caller did not write its own arguments under that id
+    # a first submitter is between key and record, and has half a second of its grace left
+    at = q.store.now() - sub.KEY_REPAIR_GRACE_S + 0.5
+    q.store.put(ops.keys.idem("race"), codec.encode({"id": first, "input_hash": "?", "at": at}))
+    inv = f.submit(5, _key="race")  # waits for the record, never returns an id without one
+    assert inv != first
+    assert q.get(first).error["type"] == "SubmitAbandoned"  # fenced: it can never publish
+    assert q.status(inv) == "queued"
+    assert dls.run_worker(q, once=True) == 1 and q.result(inv, timeout=5) == 6
 
 
 def test_retries_at_the_head_do_not_hide_work_behind_them(plane: Any) -> None:
