@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import threading
@@ -45,6 +46,7 @@ __all__ = ["run_worker"]
 log = logging.getLogger("lakeshore.worker")
 _ISOLATIONS = ("auto", "thread", "process")
 _SWEEP_EVERY_S = 300.0  # rate tokens live for hours: a rare sweep keeps idle workers cheap
+_SIGNAL_WAIT_S = 2.0  # how long a slot waits to learn whether a signal reached the worker
 
 
 @dataclass
@@ -70,7 +72,7 @@ class _State:
     running: set[Attempt] = field(default_factory=set)
     slots: list[Slot] = field(default_factory=list)
     failure: BaseException | None = None
-    signalled: Callable[[], bool] = field(default=lambda: False)  # a SIGTERM/SIGINT came
+    signalled: Callable[[float], bool] = field(default=lambda wait=0.0: False)  # SIGTERM/INT
 
     def take_slot(self) -> bool:
         with self.lock:
@@ -291,11 +293,20 @@ def _install_signals(state: _State) -> Any:
     old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     seen = threading.Event()
 
-    def signalled() -> bool:
-        if not seen.is_set():
+    def signalled(wait: float = 0.0) -> bool:
+        """Whether a SIGTERM/SIGINT came, waiting up to ``wait`` seconds for it: the
+        interpreter writes the wakeup fd from the thread the kernel picked, which on a busy
+        machine may run a moment after another thread saw a child die of the same signal."""
+        deadline = time.monotonic() + wait
+        while not seen.is_set():
             with contextlib.suppress(OSError):  # empty: no signal yet
                 if set(os.read(r, 64)) & {signal.SIGTERM, signal.SIGINT}:
                     seen.set()
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            select.select([r], [], [], left)
         return seen.is_set()
 
     state.signalled = signalled
@@ -311,7 +322,7 @@ def _install_signals(state: _State) -> Any:
     return restore
 
 
-def _never() -> bool:
+def _never(wait: float = 0.0) -> bool:
     return False
 
 
@@ -344,7 +355,8 @@ def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_
         state.isolation,
         state.hooks,
         allow=state.allow,
-        signalled=lambda: state.signalled(),
+        # a body process ended by SIGTERM/SIGINT: was it the whole group's signal?
+        signalled=lambda: state.signalled(_SIGNAL_WAIT_S),
     )
     with state.lock:
         state.slots.append(slot)
