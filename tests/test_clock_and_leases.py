@@ -348,3 +348,33 @@ def test_a_body_process_killed_by_sigterm_alone_is_a_failed_attempt(tmp_path: Pa
     rec = q.get(inv)
     assert rec.state == "failed" and rec.attempt == 2 and rec.released == 0
     assert rec.error is not None and rec.error["type"] == "WorkerChildDied"
+
+
+_LATE_SIGNAL = """
+import os, signal, threading, time
+from lakeshore import worker
+
+state = worker._State(None, "w", "thread", None, threading.Event())
+restore = worker._install_signals(state)
+before = state.signalled()  # nothing yet
+# the signal lands a moment after a slot started asking (the kernel's pick of a thread, a
+# busy machine): the slot's bounded wait still sees it
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+print(before, state.signalled(30.0))
+restore()
+"""
+
+
+def test_a_slot_waits_for_a_group_signal_that_reaches_the_worker_a_moment_late() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _LATE_SIGNAL],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
