@@ -457,7 +457,7 @@ def _hand_back(q: QueueOps, held: Claimed) -> None:
         q.finish(held, lifecycle.release(rec, held.token, q.store.now()))
         log.info("%s %s attempt %d -> released before it started", rec.fn, rec.id, rec.attempt)
     except (Conflict, lifecycle.IllegalTransition):
-        pass  # moved meanwhile (a cancel): nothing of ours to hand back
+        log.info("%s %s moved meanwhile (a cancel): nothing to hand back", rec.fn, rec.id)
     except LakeshoreError as e:
         log.warning("handing back %s failed (its lease will expire): %s", rec.id, e)
 

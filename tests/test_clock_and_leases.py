@@ -303,6 +303,22 @@ def test_local_store_listings_give_times_in_the_store_clock(tmp_path: Path) -> N
         assert abs(info.last_modified - now) < 5.0, (info.key, info.last_modified - now)
 
 
+def _python(code: str) -> Any:
+    """Run ``code`` in a fresh interpreter (signal handlers of its own); it must exit 0."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 _ONE_SIGNAL = """
 import os, signal, threading
 from lakeshore import worker
@@ -317,18 +333,8 @@ restore()
 
 
 def test_a_group_signal_that_ends_a_body_process_first_is_still_one_signal() -> None:
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", _ONE_SIGNAL],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    out = _python(_ONE_SIGNAL)
     # one SIGTERM is a clean stop, never "second signal: exiting now" (exit 143)
-    assert out.returncode == 0, out.stderr[-2000:]
     assert "second signal" not in out.stderr
     assert out.stdout.split() == ["signalled"]
 
@@ -366,15 +372,5 @@ restore()
 
 
 def test_a_slot_waits_for_a_group_signal_that_reaches_the_worker_a_moment_late() -> None:
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", _LATE_SIGNAL],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _python(_LATE_SIGNAL)
     assert out.stdout.split() == ["False", "True"]

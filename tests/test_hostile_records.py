@@ -308,35 +308,38 @@ def test_a_pipe_or_a_link_in_a_local_store_is_neither_waited_on_nor_followed(
     assert Path("/dev/zero").exists()  # the link itself was replaced, never its target
 
 
-def test_a_record_that_is_a_link_to_an_endless_file_is_failed(tmp_path: Path) -> None:
+def _odd_record(tmp_path: Path) -> tuple[Path, Any]:
+    """The record file of a hand-made invocation (for the test to replace), and ``serve()``:
+    run a worker beside one good job, check the good job ran, return the odd record."""
     store = LocalStore(tmp_path / "store")
     q = make_plane(store)
     bad = keys.new_id()
     put_by_hand(q, bad, b"placeholder")
-    path = garbage_record(store, q, bad, b"")
+
+    def serve() -> Record:
+        good = q.udf(jobs.add_one).submit(1)
+        ran = _within(60, lambda: dls.run_worker(q, isolation="thread", idle_exit=0.5))
+        assert ran == 1 and q.result(good, timeout=5) == 2
+        rec: Record = q.get(bad)
+        assert rec.state == "failed" and rec.error is not None
+        return rec
+
+    return garbage_record(store, q, bad, b""), serve
+
+
+def test_a_record_that_is_a_link_to_an_endless_file_is_failed(tmp_path: Path) -> None:
+    path, serve = _odd_record(tmp_path)
     path.unlink()
     path.symlink_to("/dev/zero")
-    good = q.udf(jobs.add_one).submit(1)
-    ran = _within(60, lambda: dls.run_worker(q, isolation="thread", idle_exit=0.5))
-    assert ran == 1 and q.result(good, timeout=5) == 2
-    rec = q.get(bad)
-    assert rec.state == "failed" and rec.error is not None
+    rec = serve()
     assert rec.error["type"] == "CorruptRecord"
 
 
 def test_a_record_larger_than_any_record_is_failed_without_being_read(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path / "store")
-    q = make_plane(store)
-    bad = keys.new_id()
-    put_by_hand(q, bad, b"placeholder")
-    path = garbage_record(store, q, bad, b"")
+    path, serve = _odd_record(tmp_path)
     with open(path, "wb") as f:  # sparse: 5 GiB that take no disk, nor memory unless read
         f.truncate(5 << 30)
-    good = q.udf(jobs.add_one).submit(1)
-    ran = _within(60, lambda: dls.run_worker(q, isolation="thread", idle_exit=0.5))
-    assert ran == 1 and q.result(good, timeout=5) == 2
-    rec = q.get(bad)
-    assert rec.state == "failed" and rec.error is not None
+    rec = serve()
     assert "more than any record" in rec.error["message"]
 
 
