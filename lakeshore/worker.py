@@ -46,6 +46,9 @@ __all__ = ["run_worker"]
 log = logging.getLogger("lakeshore.worker")
 _ISOLATIONS = ("auto", "thread", "process")
 _SWEEP_EVERY_S = 300.0  # rate tokens live for hours: a rare sweep keeps idle workers cheap
+# Just before a heartbeat two thirds of a lease are left; a one-second step of a Date clock
+# must still leave more than the watchdog's sixth: L * 2/3 - 1 > L / 6, so L > 2 s, plus slack.
+_MIN_DATE_LEASE_S = 3.0
 _SIGNAL_WAIT_S = 2.0  # how long a slot waits to learn whether a signal reached the worker
 
 
@@ -174,6 +177,7 @@ def run_worker(
         allow=allowed,
         lease_s=lease_s,
     )
+    _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
     ops = [plane.ops(q) for q in names]
     if hooks.on_start is not None and isolation != "process":
@@ -237,6 +241,26 @@ def _supervise(
         if now - announced >= every:
             announced = now
             _announce(state, names, "stopping" if state.stop.is_set() else "running")
+
+
+def _warn_if_lease_is_short(plane: Any, lease_s: float | None) -> None:
+    """A store clock read from ``Date`` headers moves in steps of up to a second as it
+    sharpens, and the watchdog stops a body with less than a sixth of its lease left: below
+    ``_MIN_DATE_LEASE_S`` such a step can stop a healthy body."""
+    lease = lease_s if lease_s is not None else plane.lease_s
+    if lease >= _MIN_DATE_LEASE_S:
+        return
+    try:
+        plane.store.now()
+    except LakeshoreError:
+        return  # the first claim reports the store's trouble
+    if getattr(plane.store, "clock_source", "") == "server Date headers":
+        log.warning(
+            "run_worker: lease_s=%g is short for a clock read from server Date headers "
+            "(one-second steps); bodies may be stopped early — use lease_s >= %g",
+            lease,
+            _MIN_DATE_LEASE_S,
+        )
 
 
 def _watch_leases(state: _State) -> None:

@@ -267,6 +267,14 @@ def seaweed_s3(seaweed: Seaweed, request: pytest.FixtureRequest) -> Iterator[Sto
     s.close()
 
 
+def date_clock_lease(store: Store, lease_s: float) -> float:
+    """``lease_s``, or 3 s on an S3 store: its clock comes from one-second ``Date`` headers
+    and sharpens in steps that a shorter lease cannot absorb (see ``run_worker``'s warning)."""
+    from lakeshore.store.s3 import S3Store
+
+    return max(lease_s, 3.0) if isinstance(store, S3Store) else lease_s
+
+
 def make_plane(store: Store, **options: Any) -> Any:
     """A Dispatch on ``store`` with test-friendly timings (short backoff and lease)."""
     import lakeshore as dls

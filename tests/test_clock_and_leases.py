@@ -374,3 +374,19 @@ restore()
 def test_a_slot_waits_for_a_group_signal_that_reaches_the_worker_a_moment_late() -> None:
     out = _python(_LATE_SIGNAL)
     assert out.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.seaweedfs
+def test_a_worker_warns_of_a_lease_too_short_for_a_date_clock(
+    seaweed: Seaweed, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.conftest import seaweed_store
+
+    with caplog.at_level("WARNING", logger="lakeshore.worker"):
+        assert dls.run_worker(make_plane(seaweed_store(seaweed), lease_s=1.0), once=True) == 0
+    assert "lease_s=1 is short for a clock read from server Date headers" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lakeshore.worker"):
+        assert dls.run_worker(make_plane(seaweed_store(seaweed), lease_s=3.0), once=True) == 0
+        assert dls.run_worker(make_plane(MemoryStore(), lease_s=0.5), once=True) == 0
+    assert "is short" not in caplog.text
