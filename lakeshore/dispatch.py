@@ -121,6 +121,7 @@ class Dispatch:
         self._data = (data or os.environ.get("LAKESHORE_DATA") or "", data_options, cache_dir)
         self._data_root: DataRoot | None = None
         self._where: dict[str, str] = {}  # id -> queue; ids never move, so this never goes stale
+        self._topics: dict[str, Topic] = {}  # one handle per name: it knows the tail
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -461,12 +462,18 @@ class Dispatch:
         return self.settings.read(queue)[0]
 
     def topic(self, name: str) -> Topic:
-        """The topic ``name`` of this plane's namespace (created by its first post).
+        """The topic ``name`` of this plane's namespace (created by its first post). The
+        plane keeps one handle per name, so ``q.topic(name).post(...)`` in a loop finds the
+        tail once, not on every call; handles are safe to share between threads.
 
         Raises:
             InvalidArgument: a bad topic name.
         """
-        return Topic(self.store, self.ns, name)
+        with self._lock:
+            handle = self._topics.get(name)
+            if handle is None:
+                handle = self._topics[name] = Topic(self.store, self.ns, name)
+            return handle
 
     # -- asyncio mirrors ------------------------------------------------------------------------
 

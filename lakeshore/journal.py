@@ -17,6 +17,7 @@ map (type, message, traceback) encoded the same way.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -26,13 +27,30 @@ from typing import Any
 import msgpack
 
 from lakeshore import codec
-from lakeshore.errors import LakeshoreError
+from lakeshore.errors import InvalidArgument, LakeshoreError, TooLarge
 from lakeshore.store.base import CREATE, Store
 
-__all__ = ["END", "ERROR", "VALUE", "Frame", "JournalWriter", "read_segments"]
+__all__ = [
+    "END",
+    "ERROR",
+    "MAX_FRAME_BYTES",
+    "MAX_SEGMENT_BYTES",
+    "VALUE",
+    "Frame",
+    "JournalWriter",
+    "read_segments",
+    "segment_seq",
+]
 
 VALUE, END, ERROR = 0, 1, 2
 _KIND_NAMES = {VALUE: "value", END: "end", ERROR: "error"}
+# The largest encoded value one frame carries (a yield, a topic post, a log chunk): the same
+# as the default max_payload_bytes of arguments and results. A writer batches frames so that
+# a segment's payloads never add up to more, so a segment is at most this plus its framing
+# (a few bytes per frame), and a reader never fetches an object larger than that.
+MAX_FRAME_BYTES = 256 << 20
+MAX_SEGMENT_BYTES = MAX_FRAME_BYTES + (1 << 20)
+_SEQ_NAME = re.compile(r"\d{12}\Z")
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,47 @@ def _corrupt(where: str, what: str) -> CorruptSegment:
     )
 
 
+def check_frame(payload: bytes, op: str) -> None:
+    """Refuse a frame payload that readers would refuse to fetch.
+
+    Raises:
+        InvalidArgument: ``payload`` is larger than ``MAX_FRAME_BYTES``.
+    """
+    if len(payload) > MAX_FRAME_BYTES:
+        raise InvalidArgument(
+            op,
+            f"the encoded value is {len(payload)} bytes, over the frame limit of "
+            f"{MAX_FRAME_BYTES} bytes",
+            "write large outputs with dls.run.write and send their keys instead",
+            size=len(payload),
+            limit=MAX_FRAME_BYTES,
+        )
+
+
+def segment_seq(key: str) -> int | None:
+    """The first seq a segment's key names (its last part, 12 digits); None if it names none."""
+    name = key.rsplit("/", 1)[-1]
+    return int(name) if _SEQ_NAME.match(name) else None
+
+
+def fetch_segment(store: Store, key: str, max_bytes: int = MAX_SEGMENT_BYTES) -> bytes:
+    """The bytes of one segment or topic post, never more than ``max_bytes``.
+
+    Raises:
+        CorruptSegment: the object is larger than any segment lakeshore writes.
+        NotFound: the object is gone.
+        StoreError: the store failed.
+    """
+    try:
+        return store.get(key, max_bytes=max_bytes)[0]
+    except TooLarge as e:
+        raise _corrupt(
+            key,
+            f"the object is {e.details.get('size')} bytes, more than any segment "
+            f"({max_bytes}); it was not read",
+        ) from None
+
+
 def to_frame(attempt: int, seq: int, kind: int, payload: bytes) -> Frame:
     return Frame(seq, codec.decode(payload, "frame"), attempt, _KIND_NAMES.get(kind, "value"))
 
@@ -138,9 +197,16 @@ class JournalWriter:
         self._timer: threading.Thread | None = None
 
     def add(self, payload: bytes) -> None:
-        """Append a VALUE frame (already encoded)."""
+        """Append a VALUE frame (already encoded).
+
+        Raises:
+            InvalidArgument: the payload is larger than ``MAX_FRAME_BYTES``.
+        """
+        check_frame(payload, "stream a value")
         with self._lock:
             self._raise_if_failed()
+            if self._pending and self._pending_bytes + len(payload) > MAX_FRAME_BYTES:
+                self._flush_locked()  # keeps every segment within what readers fetch
             if self._timer is None:
                 self._timer = threading.Thread(
                     target=self._age_loop, name="lakeshore-journal", daemon=True
@@ -195,10 +261,40 @@ class JournalWriter:
 
 
 def read_segments(
-    store: Store, prefix: str, start_after: str | None = None
+    store: Store,
+    prefix: str,
+    start_after: str | None = None,
+    since: int = 0,
+    max_bytes: int = MAX_SEGMENT_BYTES,
 ) -> Iterator[tuple[str, int, int, list[tuple[int, bytes]]]]:
-    """Yield ``(key, attempt, first_seq, frames)`` for the segments under ``prefix``, in order."""
+    """Yield ``(key, attempt, first_seq, frames)`` for the segments under ``prefix``, in order.
+
+    A segment's key names its first seq, so the listing alone shows which segments hold only
+    frames before ``since``: those are not fetched (resuming far into a journal costs the
+    listing and the segments from ``since`` on, whatever came before). No object larger than
+    ``max_bytes`` is fetched.
+
+    Raises:
+        CorruptSegment: a segment is malformed, too large, or names another first seq than
+            its key.
+        StoreError: the store failed.
+    """
+    held: str | None = None  # the last listed key, fetched once its successor is known
     for info in store.list(prefix, start_after=start_after):
-        data, _ = store.get(info.key)
-        attempt, first, frames = decode_segment(data, info.key)
-        yield info.key, attempt, first, frames
+        if held is not None:
+            nxt = segment_seq(info.key)
+            if nxt is None or nxt > since:  # the held segment may hold frames >= since
+                yield _read_one(store, held, max_bytes)
+        held = info.key
+    if held is not None:
+        yield _read_one(store, held, max_bytes)
+
+
+def _read_one(
+    store: Store, key: str, max_bytes: int
+) -> tuple[str, int, int, list[tuple[int, bytes]]]:
+    attempt, first, frames = decode_segment(fetch_segment(store, key, max_bytes), key)
+    named = segment_seq(key)
+    if named is not None and named != first:  # the name is what readers skip by: it must hold
+        raise _corrupt(key, f"the segment's first seq {first} is not the {named} its key names")
+    return key, attempt, first, frames

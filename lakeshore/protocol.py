@@ -54,7 +54,14 @@ from lakeshore.errors import (
     TooLarge,
 )
 from lakeshore.keys import QueueKeys
-from lakeshore.record import Blob, NewerRecord, Record, RecordError, write_id
+from lakeshore.record import (
+    MAX_INLINE_BYTES,
+    Blob,
+    NewerRecord,
+    Record,
+    RecordError,
+    write_id,
+)
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
 __all__ = [
@@ -70,9 +77,10 @@ __all__ = [
 log = logging.getLogger("lakeshore.worker")
 
 ABANDONED = "SubmitAbandoned"  # error type of a record whose submit was judged dead
-# Records hold inline values up to the plane's spill size (64 KiB by default), an error's
-# text and, with allow_pickle, a pickled callable: far below this. Larger is not read.
-MAX_RECORD_BYTES = 64 << 20
+# Every free-form field of a record has a cap (lakeshore.record.LIMITS): two inline blobs
+# and a pickled callable of 1 MiB each, an error map of 8 texts of 64 KiB, small names.
+# They add up to under 4 MiB; the rest is room for fields of newer schemas. Larger is not read.
+MAX_RECORD_BYTES = 8 << 20
 # Keys, slots, hints, index entries, queue records, signs of life: small by construction.
 MAX_SMALL_BYTES = 1 << 20
 ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
@@ -159,8 +167,9 @@ class QueueOps:
     # -- blobs -------------------------------------------------------------------------------
 
     def put_blob(self, key: str, data: bytes, spill_bytes: int) -> Blob:
-        """Inline when small, else a create-only object checked by size and sha256."""
-        if len(data) <= spill_bytes:
+        """Inline when small (at most ``spill_bytes``, and never over the record's cap for an
+        inline blob), else a create-only object checked by size and sha256."""
+        if len(data) <= min(spill_bytes, MAX_INLINE_BYTES):
             return Blob(inline=data)
         try:
             self.store.put(key, data, CREATE)

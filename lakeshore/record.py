@@ -25,8 +25,10 @@ from lakeshore.errors import InvalidArgument, StoreError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
 
 __all__ = [
+    "LIMITS",
     "LIVE",
     "MAX_COUNT",
+    "MAX_INLINE_BYTES",
     "SCHEMA_VERSION",
     "STATES",
     "TERMINAL",
@@ -35,12 +37,137 @@ __all__ = [
     "NewerRecord",
     "Record",
     "RecordError",
+    "check_fields",
+    "check_key_arg",
+    "check_text",
+    "clip_error",
 ]
 
 SCHEMA_VERSION = 1
 LIVE = ("queued", "running")
 TERMINAL = ("succeeded", "failed", "killed", "timeout")
 STATES = LIVE + TERMINAL
+
+
+# Size caps of the record's free-form fields, in bytes of UTF-8 (or of the bytes field).
+# Every heartbeat and transition rewrites the whole record, so a field's size is paid on
+# each write: the caps keep a record small whoever writes it. Submit refuses an oversize
+# field, a worker's error text is clipped, and a reader refuses a record that breaks one.
+MAX_INLINE_BYTES = 1 << 20  # an inline args or result blob; larger values are spilled
+MAX_ERROR_TEXT = 64 * 1024  # each text of the error map (message, traceback, ...)
+MAX_ERROR_ENTRIES = 8  # entries of the error map
+LIMITS: dict[str, int] = {
+    "fn": 1024,
+    "fn_pickle": 1 << 20,
+    "key": 1024,
+    "input_hash": 128,
+    "prefix": 1024,
+    "wid": 64,
+    "slot_etag": 256,
+    "lease.worker": 256,
+    "lease.token": 64,
+    "blob.ref": 1024,
+    "blob.inline": MAX_INLINE_BYTES,
+    "error.key": 64,
+    "error.value": MAX_ERROR_TEXT,
+}
+
+
+def _size(value: str | bytes) -> int:
+    """Bytes of a str (UTF-8) or bytes value; a short str is not encoded at all."""
+    if type(value) is bytes:
+        return len(value)
+    assert isinstance(value, str)
+    if len(value) * 4 <= 1024:  # no str this short can exceed any cap in LIMITS
+        return len(value)
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def _has_control(text: str) -> bool:
+    # C0, DEL and C1: terminals act on them, and a key is an identifier, not a layout
+    return any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text)
+
+
+def check_text(value: str | bytes, limit: str, op: str) -> None:
+    """Refuse a field value larger than its cap in :data:`LIMITS`.
+
+    Raises:
+        InvalidArgument: the value is over the cap; the message names the limit.
+    """
+    cap = LIMITS[limit]
+    n = _size(value)
+    if n > cap:
+        raise InvalidArgument(
+            op,
+            f"{limit} is {n} bytes, over the limit of {cap} bytes",
+            f"keep {limit} at most {cap} bytes (see docs/record.md, 'Size caps')",
+            field=limit,
+            size=n,
+            limit=cap,
+        )
+
+
+def check_key_arg(key: object, op: str) -> str | None:
+    """Validate a submit's ``_key``: None, or a non-empty str of at most 1024 bytes of
+    UTF-8 without control characters.
+
+    Raises:
+        InvalidArgument: any other value.
+    """
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise InvalidArgument(op, f"_key must be a non-empty str, got {_show(key)}", "pass a str")
+    check_text(key, "key", op)
+    if _has_control(key):
+        raise InvalidArgument(
+            op,
+            f"_key {_show(key)} contains a control character",
+            "use printable text for keys (hash binary data first)",
+        )
+    return key
+
+
+def check_fields(rec: Record, op: str) -> None:
+    """Refuse a record about to be written whose user-supplied fields break their caps.
+
+    Raises:
+        InvalidArgument: the first field over its cap (or a bad ``_key``).
+    """
+    check_text(rec.fn, "fn", op)
+    if rec.fn_pickle is not None:
+        check_text(rec.fn_pickle, "fn_pickle", op)
+    check_key_arg(rec.key, op)
+    check_text(rec.prefix, "prefix", op)
+    check_text(rec.input_hash, "input_hash", op)
+
+
+def _clip(text: str, cap: int) -> str:
+    """``text`` cut to at most ``cap`` bytes, keeping its head and its tail (the last lines
+    of a traceback say the most) around a marker saying how much went."""
+    if _size(text) <= cap:
+        return text
+    raw = text.encode("utf-8", "surrogatepass")
+    keep = (cap - 64) // 2  # 64 bytes leave room for the marker
+    head = raw[:keep].decode("utf-8", "ignore")
+    tail = raw[len(raw) - keep :].decode("utf-8", "ignore")
+    return f"{head}\n[... {len(raw) - 2 * keep} bytes cut ...]\n{tail}"
+
+
+def clip_error(error: dict[str, str] | None) -> dict[str, str] | None:
+    """An error map within the caps: at most 8 entries, keys of 64 bytes, each text clipped
+    to 64 KiB (head and tail kept). Errors are diagnostics: a long traceback must not fail
+    the write that reports it, nor make every later write of the record expensive."""
+    if error is None:
+        return None
+    if len(error) <= MAX_ERROR_ENTRIES and all(
+        _size(k) <= LIMITS["error.key"] and _size(v) <= MAX_ERROR_TEXT for k, v in error.items()
+    ):
+        return error
+    out: dict[str, str] = {}
+    for k, v in list(error.items())[:MAX_ERROR_ENTRIES]:
+        out[_clip(k, LIMITS["error.key"])] = _clip(v, MAX_ERROR_TEXT)
+    return out
 
 
 class RecordError(StoreError):
@@ -134,7 +261,10 @@ class Record:
         return self.state in TERMINAL
 
     def next_write(self, **changes: Any) -> Record:
-        """This record with ``changes`` applied, ``rev`` + 1 and a fresh ``wid``."""
+        """This record with ``changes`` applied, ``rev`` + 1 and a fresh ``wid``; an error
+        map among the changes is clipped to its caps (:func:`clip_error`)."""
+        if "error" in changes:
+            changes["error"] = clip_error(changes["error"])
         return dataclasses.replace(self, **changes, rev=self.rev + 1, wid=write_id())
 
     def to_bytes(self) -> bytes:
@@ -265,6 +395,16 @@ def _of_type(obj: dict[str, Any], name: str, kind: type, *, optional: bool = Fal
     raise _Bad(name, f"must be a {kind.__name__}{' or None' if optional else ''}, got {_show(v)}")
 
 
+def _capped(value: Any, name: str, limit: str | None = None) -> None:
+    """Refuse a str or bytes field over its cap (the type was checked before)."""
+    if value is None:
+        return
+    cap = LIMITS[limit or name]
+    n = _size(value)
+    if n > cap:
+        raise _Bad(name, f"is {n} bytes, over the limit of {cap} bytes")
+
+
 def _blob(obj: dict[str, Any], name: str) -> Blob:
     b: Any = obj[name]
     if type(b) is not dict:
@@ -275,6 +415,7 @@ def _blob(obj: dict[str, Any], name: str) -> Blob:
         sha: Any = b.get("sha256")
         if type(ref) is not str or not ref:
             raise _Bad(f"{name}.ref", f"must be an object key, got {_show(ref)}")
+        _capped(ref, f"{name}.ref", "blob.ref")
         if not _is_int(size) or size < 0:
             raise _Bad(f"{name}.size", f"must be an integer >= 0, got {_show(size)}")
         if type(sha) is not str or not _HEX64.match(sha):
@@ -283,6 +424,7 @@ def _blob(obj: dict[str, Any], name: str) -> Blob:
     inline = b.get("inline")
     if type(inline) is not bytes:
         raise _Bad(f"{name}.inline", f"must be bytes, got {_show(inline)}")
+    _capped(inline, f"{name}.inline", "blob.inline")
     return Blob(inline=inline)
 
 
@@ -296,6 +438,8 @@ def _lease(v: Any) -> Lease | None:
     expires: Any = v.get("expires_at")
     if type(worker) is not str or type(token) is not str:
         raise _Bad("lease", "must have a str worker and a str token")
+    _capped(worker, "lease.worker")
+    _capped(token, "lease.token")
     if not _is_number(expires):
         raise _Bad("lease.expires_at", f"must be a number, got {_show(expires)}")
     return Lease(worker, token, float(expires))
@@ -306,13 +450,18 @@ def _error(v: Any) -> None:
         return
     if type(v) is not dict or not all(type(k) is str and type(x) is str for k, x in v.items()):
         raise _Bad("error", "must be a map of str to str (type, message, traceback) or None")
+    if len(v) > MAX_ERROR_ENTRIES:
+        raise _Bad("error", f"has {len(v)} entries, over the limit of {MAX_ERROR_ENTRIES}")
+    for k, x in v.items():
+        _capped(k, "error", "error.key")
+        _capped(x, f"error.{k}" if _size(k) <= LIMITS["error.key"] else "error", "error.value")
 
 
 def _journal(v: Any) -> None:
     if v is None:
         return
-    if type(v) is not dict:
-        raise _Bad("journal", f"must be a map or None, got {_show(v)}")
+    if type(v) is not dict or len(v) > 8:
+        raise _Bad("journal", f"must be a map of at most 8 entries or None, got {_show(v)}")
     attempt: Any = v.get("attempt")
     frames: Any = v.get("frames")
     ended: Any = v.get("ended")
@@ -347,6 +496,8 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     for name in ("key", "slot_etag"):
         _of_type(full, name, str, optional=True)
     _of_type(full, "fn_pickle", bytes, optional=True)
+    for name in ("fn", "fn_pickle", "key", "input_hash", "prefix", "wid", "slot_etag"):
+        _capped(full[name], name)
     if type(full["state"]) is not str or full["state"] not in STATES:
         raise _Bad("state", f"must be one of {', '.join(STATES)}, got {_show(full['state'])}")
     _int(full, "priority", MIN_PRIORITY, MAX_PRIORITY)

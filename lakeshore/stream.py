@@ -12,7 +12,9 @@ What a reader sees:
 * killed or timed-out invocations raise their error once the journal is drained.
 
 Cost while waiting: one LIST of the attempt's journal and one GET of the record per poll, with
-the poll interval backing off to ``max_poll_s``.
+the poll interval backing off to ``max_poll_s``. Resuming at ``since`` fetches only the
+segments from the one holding ``since`` on: segment keys name their first seq, so the listing
+tells which earlier segments to pass over.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def follow(
         fresh = False
         if attempt > 0:
             for key, _, first, frames in read_segments(
-                ops.store, ops.keys.journal_prefix(inv, attempt), last_key
+                ops.store, ops.keys.journal_prefix(inv, attempt), last_key, since=cursor
             ):
                 last_key, fresh = key, True
                 for i, (kind, payload) in enumerate(frames):

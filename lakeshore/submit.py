@@ -30,7 +30,14 @@ from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
 from lakeshore.fence import abandoned, fence
 from lakeshore.keys import DEFAULT_QUEUE, band, check_id, id_index, new_id
 from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
-from lakeshore.record import MAX_COUNT, Blob, Record, RecordError
+from lakeshore.record import (
+    MAX_COUNT,
+    Blob,
+    Record,
+    RecordError,
+    check_fields,
+    check_key_arg,
+)
 from lakeshore.run import flush
 from lakeshore.scope import current_prefix
 from lakeshore.store.base import CREATE, if_match
@@ -98,10 +105,7 @@ def submit_call(
             "max_attempts, timeout_s or deadline_s out of range",
             f"use 1 <= _max_attempts <= {MAX_COUNT} and positive _timeout_s / _deadline_s",
         )
-    if key is not None and (not isinstance(key, str) or not key):
-        raise InvalidArgument(
-            f"submit {udf.ref}", f"_key must be a non-empty str, got {key!r}", "pass a str"
-        )
+    check_key_arg(key, f"submit {udf.ref}")
     payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
     if len(payload) > plane.max_payload_bytes:
         raise InvalidArgument(
@@ -129,6 +133,7 @@ def submit_call(
         ),
         lease_s=conf.lease_s or plane.lease_s,
     )
+    check_fields(draft, f"submit {udf.ref}")  # size caps, before anything is written
     flush()  # uploads first: a slot or key held through slow uploads would look abandoned
     job = _Job(plane, plane.ops(udf.queue), conf, draft, payload, deadline_s, submit_timeout)
     if key is None:

@@ -6,6 +6,12 @@ claims the next sequence number by creating its object, and a producer that lose
 twice, none is skipped, and a retried post cannot duplicate a frame (its bytes carry a
 unique post id, so an ambiguous create is resolved by reading back).
 
+A handle finds the tail without listing the whole topic: one page of the listing from the
+start, then (for a longer topic) existence probes that gallop and bisect to a post near the
+end, and a listing from there. The probes only pick where that listing starts, so a hole
+(a trimmed or deleted post) can make it longer but never wrong. ``Dispatch.topic`` hands out
+one handle per name, so later posts list only from the handle's last known key.
+
 Readers list the topic from a cursor: ``stream(since)`` replays what is there now,
 ``listen(since, timeout)`` keeps following new posts. ``close()`` posts a final END frame;
 readers stop there and later posts are refused. ``trim`` deletes old posts but always keeps
@@ -15,21 +21,24 @@ the newest, so the tail — and with it the numbering — survives.
 from __future__ import annotations
 
 import random
-import re
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError
+from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
 from lakeshore.journal import (
     END,
     VALUE,
     CorruptSegment,
     Frame,
+    check_frame,
     decode_segment,
     encode_segment,
+    fetch_segment,
+    segment_seq,
     to_frame,
 )
 from lakeshore.keys import seq_name, topic_prefix
@@ -37,7 +46,8 @@ from lakeshore.store.base import CREATE, Store
 
 __all__ = ["Topic", "TopicClosed", "decode_post"]
 
-_SEQ = re.compile(r"\d{12}\Z")
+_PAGE = 1000  # keys of one LIST page (S3's): a topic this short is located by one LIST
+_MAX_SEQ = 10**12 - 1
 
 
 class TopicClosed(LakeshoreError):
@@ -67,8 +77,7 @@ def decode_post(data: bytes, where: str) -> tuple[int, bytes]:
 
 def _seq_of(key: str) -> int | None:
     """The seq a post key names; None for a foreign object in the topic's folder."""
-    name = key.rsplit("/", 1)[1]
-    return int(name) if _SEQ.match(name) else None
+    return segment_seq(key)
 
 
 class Topic:
@@ -84,6 +93,8 @@ class Topic:
         self.prefix = topic_prefix(ns, name)
         self._next = 0  # a lower bound for the next free seq; LIST finds the real one
         self._own_last = -1  # the seq of our own last VALUE post: known not to be END
+        self._located = False  # _next was set near the tail (see _locate)
+        self._lock = threading.Lock()  # one post at a time per handle (handles are shared)
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r} on {self.store.url})"
@@ -91,8 +102,55 @@ class Topic:
     def _key(self, seq: int) -> str:
         return self.prefix + seq_name(seq)
 
+    def _exists(self, seq: int) -> bool:
+        """Whether post ``seq`` exists; its body is never fetched."""
+        try:
+            self.store.get(self._key(seq), max_bytes=0)
+        except NotFound:
+            return False
+        except TooLarge:
+            return True
+        return True
+
+    def _locate(self) -> int:
+        """A lower bound of the first free seq, at most one page below it, found at a cost
+        that does not grow with the topic's length: one page of the listing from the start
+        (exact for a topic of up to a page), else existence probes that gallop from the
+        page's last post and bisect until the gap is one page. A probe that lands in a hole
+        only moves the bound down; the listing from the bound finds the true tail."""
+        last = -1
+        for listed, info in enumerate(self.store.list(self.prefix), 1):
+            seq = _seq_of(info.key)
+            if seq is not None:
+                last = max(last, seq)
+            if listed >= _PAGE:
+                break
+        else:
+            return last + 1  # the whole topic fit in one page
+        if last < 0:
+            return 0  # a page of foreign objects: list it all
+        lo, step, hi = last, _PAGE, -1
+        while hi < 0:  # gallop: lo exists, lo + step is tried next
+            probe = min(lo + step, _MAX_SEQ)
+            if probe == lo:
+                return lo + 1
+            if self._exists(probe):
+                lo, step = probe, step * 2
+            else:
+                hi = probe
+        while hi - lo > _PAGE:  # bisect: lo exists, hi was missing
+            mid = (lo + hi) // 2
+            if self._exists(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1
+
     def _tail(self) -> int:
         """The first free seq at or after what we know (LIST from our last known key)."""
+        if not self._located:
+            self._next = max(self._next, self._locate())
+            self._located = True
         start = self._key(self._next - 1) if self._next > 0 else None
         nxt = self._next
         for info in self.store.list(self.prefix, start_after=start):
@@ -110,7 +168,9 @@ class Topic:
             InvalidArgument: the value cannot be sent.
             StoreError: the store failed.
         """
-        return self._append(VALUE, codec.encode(value, f"post to topic {self.name}"))
+        payload = codec.encode(value, f"post to topic {self.name}")
+        check_frame(payload, f"post to topic {self.name}")
+        return self._append(VALUE, payload)
 
     def close(self) -> int:
         """Post the final END frame; readers stop there. Returns its seq.
@@ -121,6 +181,10 @@ class Topic:
         return self._append(END, codec.encode(None))
 
     def _append(self, kind: int, payload: bytes) -> int:
+        with self._lock:
+            return self._append_locked(kind, payload)
+
+    def _append_locked(self, kind: int, payload: bytes) -> int:
         # The post id makes every post's bytes unique (ambiguous creates resolve by read-back).
         body = codec.encode({"post": secrets.token_hex(8), "payload": payload})
         seq = self._tail()
@@ -146,14 +210,14 @@ class Topic:
             return seq
 
     def _kind_at(self, seq: int) -> int:
-        return decode_post(self.store.get(self._key(seq))[0], self._key(seq))[0]
+        return decode_post(fetch_segment(self.store, self._key(seq)), self._key(seq))[0]
 
     def _read(self, since: int, after: str | None) -> Iterator[tuple[str, Frame]]:
         for info in self.store.list(self.prefix, start_after=after):
             seq = _seq_of(info.key)
             if seq is None or seq < since:
                 continue
-            kind, payload = decode_post(self.store.get(info.key)[0], info.key)
+            kind, payload = decode_post(fetch_segment(self.store, info.key), info.key)
             yield info.key, to_frame(0, seq, kind, payload)
 
     def stream(self, since: int = 0) -> Iterator[Frame]:

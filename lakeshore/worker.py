@@ -35,6 +35,7 @@ from lakeshore.child import HookFailed, Hooks
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, StoreError
 from lakeshore.keys import worker_key
 from lakeshore.protocol import Claimed, QueueOps
+from lakeshore.record import check_text
 from lakeshore.store.base import OVERWRITE
 from lakeshore.udf import Allow
 
@@ -163,6 +164,8 @@ def run_worker(
             f"isolation is one of {_ISOLATIONS}; concurrency and max_jobs are >= 1; "
             "grace_s >= 0; lease_s > 0",
         )
+    if worker_id is not None:
+        check_text(worker_id, "lease.worker", "run_worker")  # it is in every lease
     if once and idle_exit is None:
         idle_exit = 0.0  # one pass over the queues
     hooks = Hooks.of(on_start, before_job, on_stop)
