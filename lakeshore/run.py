@@ -30,6 +30,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -151,7 +152,7 @@ class RunContext:
         self._root = root
         self.kind = kind
         self.prefix = prefix  # the scope returned keys are read in
-        self.tag = tag
+        self.tag = tag if _TAG.fullmatch(tag) else "run"  # names its staging folder
         self.in_child = in_child
         self.fence = fence  # a worker's body: proves the lease before each batch of uploads
         self.stop = stop  # set once the attempt stopped: upload nothing more
@@ -507,6 +508,9 @@ class RunContext:
 
 
 _NOFOLLOW_DIR = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_DIRECTORY", 0)
+# A run's tag (``<id>-<attempt>``) names its staging folder and is globbed to remove it: only
+# plain characters, so an odd tag can never name a path outside the staging folder.
+_TAG = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_-]{0,63}")
 
 
 def private_dir(root: DataRoot, sub: str, op: str) -> Path:
@@ -744,6 +748,8 @@ def _put_local(path: Path, base: str, full: str) -> None:
 def discard_staging(root: DataRoot, tag: str) -> None:
     """Remove the staging folders of a run that was killed before it could clean up (none
     if the local directory is not this user's own)."""
+    if not _TAG.fullmatch(tag):  # a '/', '..' or '*' would reach past the staging folder
+        return
     try:
         base = private_dir(root, "staging", "discard staging")
     except InvalidArgument:

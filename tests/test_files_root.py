@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.run import RunContext, data_root
+from lakeshore.run import RunContext, data_root, discard_staging
 from lakeshore.store import LocalStore, MemoryStore
 from tests.conftest import make_plane, seaweed_store
 
@@ -271,3 +271,25 @@ def test_a_cache_of_the_old_layout_is_not_read(tmp_path: Path) -> None:
 def _fs_and_base(q: Any) -> tuple[Any, str]:
     ctx = RunContext(q.data_root, "producer")
     return ctx._filesystem("test")
+
+
+# -- other places a name from the store becomes a local path --------------------------------
+
+
+def test_a_run_tag_that_is_not_a_plain_name_never_reaches_past_the_staging_folder(
+    tmp_path: Path,
+) -> None:
+    """A run's tag (``<id>-<attempt>`` from the record) names its staging folder and is
+    globbed to remove it after a kill: a tag holding ``..`` must not remove, or stage into,
+    anything outside ``staging/``."""
+    root = data_root(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
+    neighbour = tmp_path / "cache" / "victim-keep"
+    neighbour.mkdir(parents=True)
+    (neighbour / "precious.txt").write_text("keep me")
+    discard_staging(root, "../victim")
+    assert (neighbour / "precious.txt").read_text() == "keep me"
+    ctx = RunContext(root, "body", tag="../../escaped")
+    staged = Path(ctx.write("a.txt"))
+    assert staged.resolve().is_relative_to((tmp_path / "cache" / "staging").resolve())
+    assert not list(tmp_path.glob("escaped-*"))
+    ctx.close()
