@@ -20,6 +20,10 @@ Uploads of a worker's body are *fenced*: before each batch (a return, a yield) t
 the record), so a worker that lost its lease while the body ran publishes nothing over the
 next attempt's outputs. The local folder for the cache and staging files must be the user's
 own: a real folder (not a symlink), owned by this user, writable by nobody else.
+
+A ``file://`` data root is never left through a symbolic link: below the root, every folder is
+opened relative to its parent without following links, and files are opened, created and
+renamed relative to their folder's descriptor (no check-then-use that a swap could race).
 """
 
 from __future__ import annotations
