@@ -20,6 +20,10 @@ Uploads of a worker's body are *fenced*: before each batch (a return, a yield) t
 the record), so a worker that lost its lease while the body ran publishes nothing over the
 next attempt's outputs. The local folder for the cache and staging files must be the user's
 own: a real folder (not a symlink), owned by this user, writable by nobody else.
+
+A ``file://`` data root is never left through a symbolic link: below the root, every folder is
+opened relative to its parent without following links, and files are opened, created and
+renamed relative to their folder's descriptor (no check-then-use that a swap could race).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -151,7 +156,7 @@ class RunContext:
         self._root = root
         self.kind = kind
         self.prefix = prefix  # the scope returned keys are read in
-        self.tag = tag
+        self.tag = tag if _TAG.fullmatch(tag) else "run"  # names its staging folder
         self.in_child = in_child
         self.fence = fence  # a worker's body: proves the lease before each batch of uploads
         self.stop = stop  # set once the attempt stopped: upload nothing more
@@ -217,6 +222,8 @@ class RunContext:
             return str(mine)
         op = f"run.read {full!r}"
         fs, base = self._filesystem(op)
+        if self.root.protocol in _LOCAL_PROTOCOLS:
+            return self._read_local(base, full, op)
         remote = f"{base}/{full}"
         try:
             fs.invalidate_cache(remote)  # a listing cached by the driver may be stale
@@ -225,16 +232,100 @@ class RunContext:
             raise _io_error(op, self.location(full), e) from None
         if info.get("type") == "directory":
             raise NotFound(op, f"{self.location(full)} is a folder, not an object", "name a file")
-        if self.root.protocol in _LOCAL_PROTOCOLS:
-            return str(remote)  # already a local file: no copy (treat it as read-only)
-        return self._cached(fs, remote, full, info, op)
+        stamp, size = _fingerprint(info), info.get("size")
 
-    def _cached(self, fs: Any, remote: str, full: str, info: dict[str, Any], op: str) -> str:
+        def fetch(tmp: Path) -> None:
+            if self.root.protocol == "memory":
+                # fsspec's memory files share one read position between readers: copy bytes
+                tmp.write_bytes(fs.cat_file(remote))
+            else:
+                fs.get_file(remote, str(tmp))
+
+        return self._cached(full, stamp, None if size is None else int(size), fetch, op)
+
+    def _read_local(self, base: str, full: str, op: str) -> str:
+        """A local path holding ``full`` on a ``file://`` root, reached without following a
+        link below the root: the file itself when nobody else can change the folders on the
+        way to it, else a private copy (another user could swap a folder for a link between
+        this check and the body's own open).
+
+        Raises:
+            PermissionDenied: a link, or something that is not a regular file, on the way.
+            NotFound: no such file, or it is a folder.
+        """
+        where = self.location(full)
+        try:
+            folder, name, private = _walk(base, full, create=False)
+            try:
+                fd = _open_last(folder, name, _READ_NOFOLLOW, full)
+            finally:
+                os.close(folder)
+        except OSError as e:
+            raise self._walk_error(op, full, e) from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise NotFound(op, f"{where} is a folder, not an object", "name a file")
+            if not stat.S_ISREG(st.st_mode):
+                raise PermissionDenied(
+                    op,
+                    f"{where} is not a regular file (a pipe, a socket or a device); lakeshore "
+                    "reads only plain files from a data root",
+                    "replace it with a plain file",
+                    key=full,
+                    location=where,
+                )
+            if private:
+                return f"{base}/{full}"  # in place: nobody else can redirect this path
+            stamp = f"local:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+            def fetch(tmp: Path) -> None:
+                # from the descriptor the walk opened, not by name: the name may be a link now
+                os.lseek(fd, 0, os.SEEK_SET)
+                with open(tmp, "wb") as out:
+                    while chunk := os.read(fd, 1 << 20):
+                        out.write(chunk)
+
+            return self._cached(full, stamp, st.st_size, fetch, op)
+        finally:
+            os.close(fd)
+
+    def _walk_error(self, op: str, full: str, e: Exception) -> LakeshoreError:
+        if isinstance(e, _LinkFound):
+            return PermissionDenied(
+                op,
+                f"{e.part!r} in the data root {self.root.url} is a symbolic link; lakeshore "
+                "follows no link below a file:// data root, since one could lead a read or a "
+                "write outside it",
+                "replace the link with the real folder or file (a link is refused even when "
+                "it points inside the root)",
+                key=full,
+                location=self.location(full),
+            )
+        return _io_error(op, self.location(full), e)
+
+    def _cached(
+        self,
+        full: str,
+        stamp: str,
+        size: int | None,
+        fetch: Callable[[Path], None],
+        op: str,
+    ) -> str:
+        """The cached copy of ``full``, fetched again (by ``fetch`` into a fresh file) unless
+        the copy was stamped with ``stamp`` and is untouched locally.
+
+        Layout, under ``<cache>/v2/<digest of the root URL>/``: one folder per key (named by
+        the key's digest) holding ``meta`` (the stamp) and ``f/<file name>`` (the bytes).
+        The key's file name lives alone in ``f/``, so no key can collide with the note or
+        with the temporary files (made beside ``meta``). Caches of the earlier layout
+        (``<cache>/<digest>/``, where a key named ``.meta`` was its own note) are never read.
+        """
         digest = hashlib.sha256(self.root.url.encode()).hexdigest()[:16]
         cache = private_dir(self.root, "cache", op)
-        local = cache / digest / _slot(full)
-        meta = local.parent / ".meta"  # the key's own folder: short, fixed names beside it
-        stamp = _fingerprint(info)
+        slot = cache / _CACHE_LAYOUT / digest / _slot_dir(full)
+        local = slot / "f" / _local_name(full)
+        meta = slot / "meta"
         if local.exists() and meta.exists():
             st = local.stat()
             if meta.read_text() == f"{stamp}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}":
@@ -244,16 +335,12 @@ class RunContext:
         # put there, never through a symlink.
         tmp = tmp_meta = None
         try:
-            tmp = _exclusive(local.parent)
-            tmp_meta = _exclusive(local.parent)
-            if self.root.protocol == "memory":
-                # fsspec's memory files share one read position between readers: copy bytes
-                tmp.write_bytes(fs.cat_file(remote))
-            else:
-                fs.get_file(remote, str(tmp))
+            tmp = _exclusive(slot)
+            tmp_meta = _exclusive(slot)
+            fetch(tmp)
             st = tmp.stat()
-            if info.get("size") is not None and st.st_size != int(info["size"]):
-                raise OSError(f"got {st.st_size} bytes of {info['size']}")
+            if size is not None and st.st_size != size:
+                raise OSError(f"got {st.st_size} bytes of {size}")
             # Stamp the file we fetched (its inode survives the rename), so a concurrent
             # reader that replaced the file after us can never be stamped with our version.
             tmp_meta.write_text(f"{stamp}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}")
@@ -396,24 +483,14 @@ class RunContext:
         remote = f"{base}/{full}"
         try:
             if self.root.protocol in _LOCAL_PROTOCOLS:
-                # a plain copy is visible half-written: copy beside the target, then rename
-                # (os.replace: unlike a move, it never puts the file *into* a folder)
-                folder = remote.rpartition("/")[0]
-                fs.makedirs(folder, exist_ok=True)
-                tmp = f"{folder}/.lakeshore-{secrets.token_hex(6)}.tmp"
-                try:
-                    fs.put_file(str(path), tmp)
-                    os.replace(tmp, remote)
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
+                _put_local(path, base, full)
             elif self.root.protocol == "memory":
                 # a memory file is visible while it is being written: publish it whole
                 fs.pipe_file(remote, path.read_bytes())
             else:
                 fs.put_file(str(path), remote)
         except Exception as e:
-            raise _io_error(op, self.location(full), e) from None
+            raise self._walk_error(op, full, e) from None
         with self._lock:
             self.pending.pop(full, None)
         path.unlink(missing_ok=True)
@@ -435,6 +512,9 @@ class RunContext:
 
 
 _NOFOLLOW_DIR = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_DIRECTORY", 0)
+# A run's tag (``<id>-<attempt>``) names its staging folder and is globbed to remove it: only
+# plain characters, so an odd tag can never name a path outside the staging folder.
+_TAG = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_-]{0,63}")
 
 
 def private_dir(root: DataRoot, sub: str, op: str) -> Path:
@@ -526,17 +606,154 @@ def _slot(full: str) -> str:
     """A local relative path for a full key: a folder per key (named by its digest) holding
     the key's file name. Keys ``a`` and ``a/b`` may both exist in an object store; as plain
     local paths one would have to be a file and a folder at once."""
+    return f"{_slot_dir(full)}/{_local_name(full)}"
+
+
+def _slot_dir(full: str) -> str:
     digest = hashlib.sha256(full.encode()).hexdigest()
+    return f"{digest[:2]}/{digest[2:24]}"
+
+
+def _local_name(full: str) -> str:
+    """The key's file name, kept so that tools that look at extensions still work."""
     name = full.rpartition("/")[2]
     if len(name.encode()) > 120:  # S3 allows names no local filesystem does: keep the suffix
+        digest = hashlib.sha256(full.encode()).hexdigest()
         _, dot, ext = name.rpartition(".")
         name = f"{digest[:32]}.{ext}" if dot and 0 < len(ext) <= 16 else digest[:32]
-    return f"{digest[:2]}/{digest[2:24]}/{name}"
+    return name
+
+
+# -- a file:// data root: walked one folder at a time, never through a link -----------------
+#
+# A data root may be shared by users who do not trust each other (producers stage inputs,
+# workers write outputs). A link planted below the root -- ``job1/out`` -> someone's ~/.ssh --
+# would lead a write or a read outside it, and a check of the path followed by a use of the
+# same path can be raced. So every folder is opened relative to the one above it
+# (openat with O_NOFOLLOW | O_DIRECTORY), and the file itself is opened, created and renamed
+# relative to its folder's descriptor: what was checked is what is used.
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_WALK_DIR = os.O_RDONLY | _NOFOLLOW_DIR | _CLOEXEC
+_READ_NOFOLLOW = (
+    os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
+)
+_CACHE_LAYOUT = "v2"  # the cache's layout; folders of another layout are never read
+
+
+class _LinkFound(OSError):
+    """A symbolic link below a ``file://`` root (``part``: the path to it, from the root)."""
+
+    def __init__(self, part: str) -> None:
+        super().__init__(errno.ELOOP, "a symbolic link", part)
+        self.part = part
+
+
+def _which(e: OSError, folder: int, name: str, part: str) -> OSError:
+    """``e`` from opening ``name`` without following it: a link (``_LinkFound``), or the
+    error as it was. O_NOFOLLOW reports a link as ELOOP, and with O_DIRECTORY some systems
+    say ENOTDIR instead; a look at the entry itself tells which."""
+    if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return e
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        return e
+    return _LinkFound(part) if stat.S_ISLNK(st.st_mode) else e
+
+
+def _walk(base: str, full: str, create: bool) -> tuple[int, str, bool]:
+    """Open the folder that holds ``full`` below the root folder ``base``, one part at a time
+    and without following a link (folders are created when ``create``). Returns its
+    descriptor (the caller closes it), the file name, and whether the path is *private*:
+    every folder on the way, the root included, belongs to this user and is writable by
+    nobody else, so no one else can redirect it later.
+
+    The root itself is opened as configured, links included: it is the operator's choice.
+
+    Raises:
+        _LinkFound: a part is a symbolic link.
+        OSError: a part is missing (FileNotFoundError), a file (NotADirectoryError), or the
+            filesystem failed.
+    """
+    if create:
+        os.makedirs(base, exist_ok=True)
+    *folders, name = full.split("/")
+    fd = os.open(base, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    try:
+        private = _private(fd)
+        for i, part in enumerate(folders):
+            nxt = _open_folder(fd, part, "/".join(folders[: i + 1]), create)
+            os.close(fd)
+            fd = nxt
+            private = private and _private(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, name, private
+
+
+def _open_folder(fd: int, part: str, path: str, create: bool) -> int:
+    for _ in range(8):  # a folder removed between our mkdir and our open: make it again
+        try:
+            return os.open(part, _WALK_DIR, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as e:
+            raise _which(e, fd, part, path) from None
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(part, 0o777, dir_fd=fd)  # the umask decides, as for any new folder
+    raise FileNotFoundError(errno.ENOENT, "a folder kept disappearing", path)
+
+
+def _open_last(folder: int, name: str, flags: int, part: str = "") -> int:
+    try:
+        return os.open(name, flags, dir_fd=folder)
+    except OSError as e:
+        raise _which(e, folder, name, part or name) from None
+
+
+def _private(fd: int) -> bool:
+    getuid = getattr(os, "geteuid", None)
+    if getuid is None:  # pragma: no cover - Windows: no owners or modes to check this way
+        return True
+    st = os.fstat(fd)
+    return st.st_uid == getuid() and not stat.S_IMODE(st.st_mode) & 0o022
+
+
+def _put_local(path: Path, base: str, full: str) -> None:
+    """Publish the staged file ``path`` at ``full`` below the ``file://`` root ``base``:
+    copied into a fresh file beside the target, then renamed over it, both relative to the
+    folder's descriptor. A reader sees the old file or the new one, never half of one; a
+    link at the target's name is replaced, never written through.
+
+    Raises:
+        _LinkFound: a folder on the way is a symbolic link.
+        OSError: the filesystem refused or failed.
+    """
+    folder, name, _ = _walk(base, full, create=True)
+    try:
+        tmp = f".lakeshore-{secrets.token_hex(6)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
+        out = os.open(tmp, flags, 0o666, dir_fd=folder)
+        try:
+            with os.fdopen(out, "wb") as dst, open(path, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            # unlike a move, a rename never puts the file *into* a folder of that name
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def discard_staging(root: DataRoot, tag: str) -> None:
     """Remove the staging folders of a run that was killed before it could clean up (none
     if the local directory is not this user's own)."""
+    if not _TAG.fullmatch(tag):  # a '/', '..' or '*' would reach past the staging folder
+        return
     try:
         base = private_dir(root, "staging", "discard staging")
     except InvalidArgument:
