@@ -34,6 +34,7 @@ from typing import Any
 
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.journal import check_frame
 from lakeshore.logs import Sink, capture
 from lakeshore.run import DataRoot, Fence, Fenced, RunContext
 from lakeshore.scope import at
@@ -112,8 +113,10 @@ Emit = Callable[[bytes], None]  # takes an encoded frame
 
 def _frame(item: Any) -> bytes:
     try:
-        return codec.encode(item, "yielded value")
-    except InvalidArgument as e:  # the codec refused the value: a retry would yield it again
+        data = codec.encode(item, "yielded value")
+        check_frame(data, "stream a value")
+        return data
+    except InvalidArgument as e:  # refused as it is: a retry would yield it again
         raise Unsendable(str(e)) from None
 
 

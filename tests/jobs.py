@@ -158,6 +158,11 @@ def kw(a: int, b: int = 2, *, c: int = 3) -> int:
     return a + b + c
 
 
+def yields_padding(n: int, size: int) -> Iterator[bytes]:
+    for _ in range(n):
+        yield b"x" * size
+
+
 def yields_a_lock() -> Iterator[object]:
     yield "fine"
     yield threading.Lock()

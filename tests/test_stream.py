@@ -211,6 +211,19 @@ def test_unsendable_yield_fails_without_retry(plane: Any) -> None:
     assert rec.attempt == 1 and rec.journal == {"attempt": 1, "frames": 2, "ended": True}
 
 
+def test_a_yield_over_the_frame_cap_fails_without_retry(
+    plane: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lakeshore import journal
+
+    monkeypatch.setattr(journal, "MAX_FRAME_BYTES", 1000)  # read at call time, in this process
+    inv = plane.udf(jobs.yields_padding).submit(3, 2000)
+    dls.run_worker(plane, once=True, isolation="thread")
+    with pytest.raises(dls.Failed, match="UnsendableValue.*frame limit of 1000"):
+        plane.result(inv, timeout=10)  # a retried attempt would leave it queued
+    assert plane.get(inv).attempt == 1
+
+
 def test_plain_failure_writes_no_journal(plane: Any) -> None:
     inv = plane.udf(jobs.fail_always, max_attempts=1).submit("x")
     dls.run_worker(plane, once=True)
