@@ -90,13 +90,13 @@ def submit_call(
         deadline_s = conf.deadline_cutoff_s
     if (
         not 1 <= attempts <= MAX_COUNT
-        or (tmo is not None and tmo <= 0)
-        or (deadline_s is not None and deadline_s <= 0)
+        or (tmo is not None and not (math.isfinite(tmo) and tmo > 0))
+        or (deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0))
     ):
         raise InvalidArgument(
             f"submit {udf.ref}",
             "max_attempts, timeout_s or deadline_s out of range",
-            f"use 1 <= _max_attempts <= {MAX_COUNT} and positive _timeout_s / _deadline_s",
+            f"use 1 <= _max_attempts <= {MAX_COUNT} and finite positive _timeout_s / _deadline_s",
         )
     if key is not None and (not isinstance(key, str) or not key):
         raise InvalidArgument(
