@@ -20,10 +20,11 @@ import pytest
 from ulid import ULID
 
 import lakeshore as dls
+import lakeshore.gc as gc_module
 import lakeshore.submit as sub
 from lakeshore import codec
 from lakeshore.cli import build_parser, main
-from lakeshore.gc import collect, parse_age, queue_names
+from lakeshore.gc import collect, parse_age
 from lakeshore.keys import QueueKeys, id_index, topic_seq_key, worker_key
 from lakeshore.protocol import ORPHAN_GRACE_S
 from lakeshore.queueconf import QueueConfig
@@ -213,7 +214,7 @@ def test_queue_names_skips_over_every_folder_on_every_store(store: Store) -> Non
     store.put(f"lakeshore/{ns}/stray-object", b"not a folder")
     counting = CountingKeys(store)
     # in the store's listing order, which for these names differs between S3 and SeaweedFS
-    assert sorted(queue_names(counting, ns)) == sorted(names)
+    assert sorted(gc_module.queue_names(counting, ns)) == sorted(names)
     # one key per folder (7 queues, _ids, _topics, _workers) and the stray object
     assert counting.listed == len(names) + 4
 
