@@ -7,6 +7,7 @@ A process that never saw the submit reads the result just as well as the one tha
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -97,16 +98,16 @@ class Dispatch:
         if (
             spill_bytes < 0
             or max_attempts < 1
-            or lease_s <= 0
-            or retry_backoff_s < 0
+            or not (math.isfinite(lease_s) and lease_s > 0)
+            or not (math.isfinite(retry_backoff_s) and retry_backoff_s >= 0)
             or max_payload_bytes < 1
         ):
             raise InvalidArgument(
                 "Dispatch",
                 "spill_bytes, max_attempts, lease_s, retry_backoff_s or max_payload_bytes out "
                 "of range",
-                "use spill_bytes >= 0, max_attempts >= 1, lease_s > 0, retry_backoff_s >= 0, "
-                "max_payload_bytes >= 1",
+                "use spill_bytes >= 0, max_attempts >= 1, finite lease_s > 0 and "
+                "retry_backoff_s >= 0, max_payload_bytes >= 1",
             )
         self.store = store if store is not None else open_store(self.url)
         self.spill_bytes = spill_bytes

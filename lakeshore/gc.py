@@ -15,8 +15,12 @@ What goes, per expired invocation, in this order:
 Signs of life of workers not seen within ``older_than`` go too (``prune_workers``).
 
 A crash between steps leaves objects without a record; a later run finds them (folders with
-no record whose id is older than the cutoff) and removes them too. Such a folder may also be
-a submit that is only slow (stalled between its spilled arguments and its record): gc first
+no record whose id is older than the cutoff) and removes them too, once the folder's newest
+object is older than ``ORPHAN_GRACE_S`` in the store's clock. The age of the id alone would
+not do: a submit mints its id before admission (which can block for up to a minute) and
+before its uploads, so a healthy submit can write its spilled arguments with an id minutes
+old. A folder that is still stale may also be a submit that is only slow (stalled between
+its spilled arguments and its record): gc first
 creates a tombstone record at the id (``lakeshore.fence``), create-only, and removes the
 folder only if it landed, so that submit fails instead of publishing a record whose
 arguments are gone. The tombstone is a finished invocation like any other: a later run
@@ -29,12 +33,20 @@ etag it read, while it still names the expired id.
 
 Cost: ids sort by submission time and an invocation cannot finish before it was submitted,
 so only folders with ids older than the cutoff are listed — one LIST walk over those, one
-GET per record, one DELETE per object removed.
+GET per record, one DELETE per object removed. The queues of a namespace are found by
+:func:`queue_names`, whose cost grows with the number of queues and top-level folders, not
+with what they hold.
+
+Numbers read from the store are never trusted: a queue record with a retention that is not a
+finite positive number is refused by its decoder (that queue is reported, not collected), and
+an ``older_than`` must be finite and non-negative.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ulid import ULID
@@ -42,15 +54,16 @@ from ulid import ULID
 from lakeshore.census import ids_between, read_sign_of_life
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
 from lakeshore.fence import fence
-from lakeshore.keys import id_index, workers_prefix
+from lakeshore.keys import id_index, namespace_prefix, workers_prefix
 from lakeshore.protocol import MAX_SMALL_BYTES, ORPHAN_GRACE_S, QueueOps
 from lakeshore.queues import QueueSettings
 from lakeshore.record import RecordError
 from lakeshore.store.base import Store
 from lakeshore.submit import parse_key
 
-__all__ = ["GcReport", "collect", "parse_age", "prune_workers"]
+__all__ = ["GcReport", "collect", "parse_age", "prune_workers", "queue_names", "retention_of"]
 
+_PAST = "\ufffd"  # sorts after every ASCII character, in UTF-8 bytes and in code points
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -67,9 +80,69 @@ def parse_age(text: str) -> float:
         value = float(number) * _UNITS[unit]
     except ValueError:
         value = -1.0
-    if value < 0:
-        raise InvalidArgument("age", f"{text!r} is not an age", "write e.g. 7d, 12h, 30m or 45s")
+    # nan and inf (also "1e400", which float() reads as inf) would crash the cutoff's arithmetic
+    if not math.isfinite(value) or value < 0:
+        raise InvalidArgument(
+            "age",
+            f"{text!r} is not an age (a finite number >= 0 with an optional unit)",
+            "write e.g. 7d, 12h, 30m or 45s",
+        )
     return value
+
+
+def queue_names(store: Store, ns: str) -> Iterator[str]:
+    """The queues of namespace ``ns``, in the store's listing order: every folder directly
+    under it whose name does not start with ``_`` (``_topics``, ``_ids``, ``_workers``).
+
+    The store contract has no delimiter listing, so this skips instead of walking: it takes
+    the first key after the previous folder, then starts the next listing just past that
+    folder, at ``<name>/`` followed by U+FFFD, which sorts after every key lakeshore writes
+    in it (they are ASCII). That cursor is past the folder in both listing orders a store may
+    have: byte order (S3, where ``a-b/`` comes before ``a/``) and directory-walk order
+    (SeaweedFS, where ``a/`` and everything in it come before ``a-b/``). One LIST per folder:
+    the cost grows with the number of queues and top-level folders, never with the records,
+    topic posts or index entries inside them.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    base = namespace_prefix(ns)
+    after: str | None = None
+    while True:
+        first = next(iter(store.list(base, start_after=after)), None)
+        if first is None:
+            return
+        head, sep, _ = first.key[len(base) :].partition("/")
+        if not sep:
+            after = first.key  # an object right under the namespace: not a folder
+            continue
+        if not head.startswith("_"):
+            yield head
+        after = f"{base}{head}/{_PAST}"
+
+
+def retention_of(
+    ops: QueueOps, settings: QueueSettings, older_than_s: float | None
+) -> tuple[float, float] | None:
+    """``(longest, shortest)`` of ``older_than_s`` and the queue's ``result_retention_s``;
+    None when neither is set (nothing of that queue can expire).
+
+    Raises:
+        InvalidArgument: ``older_than_s`` is not a finite number >= 0.
+        RecordError: the queue record is corrupt, newer, or holds a non-finite retention.
+        StoreError: the store failed.
+    """
+    if older_than_s is not None and not (
+        isinstance(older_than_s, int | float) and math.isfinite(older_than_s) and older_than_s >= 0
+    ):
+        raise InvalidArgument(
+            f"gc {ops.keys.queue}",
+            f"older_than_s must be a finite number >= 0, got {older_than_s!r}",
+            "pass seconds, e.g. 7 * 86400",
+        )
+    conf = settings.read(ops.keys.queue)[0]
+    keep = [r for r in (older_than_s, conf.result_retention_s) if r is not None]
+    return (max(keep), min(keep)) if keep else None
 
 
 @dataclass
@@ -88,37 +161,38 @@ def collect(
     older_than_s: float | None,
     now: float,
     dry_run: bool = False,
+    only: set[str] | None = None,
 ) -> GcReport:
-    """Collect one queue. See the module docstring.
+    """Collect one queue. See the module docstring. With ``only``, ids outside it are left
+    alone (a run confirmed by a person removes no more than the dry run showed).
 
     Raises:
-        InvalidArgument: no retention at all (neither ``older_than_s`` nor the queue's).
+        InvalidArgument: no retention at all (neither ``older_than_s`` nor the queue's), or
+            an ``older_than_s`` that is not a finite number >= 0.
+        RecordError: the queue record is corrupt, newer, or holds a non-finite retention.
         StoreError: the store failed (what was removed so far stays removed).
     """
-    conf = settings.read(ops.keys.queue)[0]
-    keep = [r for r in (older_than_s, conf.result_retention_s) if r is not None]
-    if not keep:
+    keep = retention_of(ops, settings, older_than_s)
+    if keep is None:
         raise InvalidArgument(
             f"gc {ops.keys.queue}",
             "no retention given and the queue sets none",
             "pass --older-than (e.g. 7d) or set the queue's result_retention_s",
         )
-    cutoff = now - max(keep)
+    longest, shortest = keep
+    cutoff = now - longest
     report = GcReport()
-    # ids up to the asked-for cutoff: those between it and the queue's are counted as kept
-    scan_to = now - min(keep)
-    top = str(ULID.from_bytes(int(scan_to * 1000).to_bytes(6, "big") + bytes(10)))
+    # ids up to the asked-for cutoff: those between it and the queue's are counted as kept;
+    # a retention longer than the epoch's age lists nothing (and a ULID cannot go negative)
+    scan_ms = min(max(0, int((now - shortest) * 1000)), 2**48 - 1)
+    top = str(ULID.from_bytes(scan_ms.to_bytes(6, "big") + bytes(10)))
     for inv in list(ids_between(ops.store, ops.keys, None, top)):
+        if only is not None and inv not in only:
+            continue
         try:
             rec, etag = ops.read(inv)
         except NotFound:
-            # younger: a submit in flight. Older: a submit that is only slow must not publish
-            # a record whose arguments are gone, so its id is fenced first (and the folder
-            # left alone if the record landed just now)
-            old = now - ULID.from_str(inv).timestamp > ORPHAN_GRACE_S
-            if old and (dry_run or fence(ops, inv, now, "gc found its folder without a record")):
-                report.orphans.append(inv)
-                _remove_folder(ops, inv, report, dry_run)
+            _sweep_orphan(ops, inv, now, report, dry_run)
             continue
         except RecordError:
             continue  # corrupt or newer: never ours to delete
@@ -159,6 +233,25 @@ def prune_workers(store: Store, ns: str, older_than_s: float, now: float, dry_ru
                     store.delete(info.key, if_match=info.etag)  # unless it just came back
             gone += 1
     return gone
+
+
+def _sweep_orphan(ops: QueueOps, inv: str, now: float, report: GcReport, dry_run: bool) -> None:
+    """A folder without a record: a crash's leftovers, or a submit still on its way.
+
+    A submit mints its id before admission and uploads, so the id's age says nothing about
+    whether it is still writing: the folder is judged by its newest object's write time, in
+    the store's clock. A stale one may still be a submit that is only stalled; it must not
+    publish a record whose arguments are gone, so its id is fenced first (and the folder
+    left alone if the record landed just now).
+    """
+    if now - ULID.from_str(inv).timestamp <= ORPHAN_GRACE_S:
+        return  # cannot be stale yet: spare the LIST
+    objects = list(ops.store.list(ops.keys.invocation_prefix(inv)))
+    if any(info.last_modified > now - ORPHAN_GRACE_S for info in objects):
+        return  # written lately: a submit in flight, however old its id
+    if dry_run or fence(ops, inv, now, "gc found its folder without a record"):
+        report.orphans.append(inv)
+        _remove_folder(ops, inv, report, dry_run)
 
 
 def _remove_folder(ops: QueueOps, inv: str, report: GcReport, dry_run: bool) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "check_id",
     "check_name",
     "id_index",
+    "namespace_prefix",
     "new_id",
     "topic_prefix",
     "topic_seq_key",
@@ -209,3 +210,8 @@ def workers_prefix(ns: str) -> str:
 def id_index(ns: str, inv: str) -> str:
     """Where a reader that knows only the id finds the queue of a non-default-queue invocation."""
     return f"{ROOT}/{check_name(ns, 'namespace')}/_ids/{inv}"
+
+
+def namespace_prefix(ns: str) -> str:
+    """Everything of one namespace: its queue folders and its ``_`` folders."""
+    return f"{ROOT}/{check_name(ns, 'namespace')}/"

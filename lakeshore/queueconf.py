@@ -44,6 +44,10 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(m.group(1)), _PERIODS[m.group(2)]
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """Settings of one queue. ``None`` means "no limit" / "use the plane's default".
@@ -84,14 +88,19 @@ class QueueConfig:
             problems.append(f"on_full must be one of {ON_FULL}, got {self.on_full!r}")
         if self.rate_limit is not None:
             parse_rate(self.rate_limit)
+        # nan compares false with everything and inf overflows the arithmetic of gc, leases
+        # and deadlines: every number must be finite (and not a bool, which is an int)
         for name in ("deadline_cutoff_s", "timeout_s", "lease_s", "result_retention_s"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int | float) or value <= 0):
-                problems.append(f"{name} must be a positive number or None, got {value!r}")
+            if value is not None and (not _finite(value) or value <= 0):
+                problems.append(f"{name} must be a finite positive number or None, got {value!r}")
         if self.retry_backoff_s is not None and (
-            not isinstance(self.retry_backoff_s, int | float) or self.retry_backoff_s < 0
+            not _finite(self.retry_backoff_s) or self.retry_backoff_s < 0
         ):
-            problems.append(f"retry_backoff_s must be >= 0 or None, got {self.retry_backoff_s!r}")
+            problems.append(
+                "retry_backoff_s must be a finite number >= 0 or None, "
+                f"got {self.retry_backoff_s!r}"
+            )
         if self.max_attempts is not None and (
             not isinstance(self.max_attempts, int) or self.max_attempts < 1
         ):

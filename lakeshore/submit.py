@@ -97,13 +97,13 @@ def submit_call(
         deadline_s = conf.deadline_cutoff_s
     if (
         not 1 <= attempts <= MAX_COUNT
-        or (tmo is not None and tmo <= 0)
-        or (deadline_s is not None and deadline_s <= 0)
+        or (tmo is not None and not (math.isfinite(tmo) and tmo > 0))
+        or (deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0))
     ):
         raise InvalidArgument(
             f"submit {udf.ref}",
             "max_attempts, timeout_s or deadline_s out of range",
-            f"use 1 <= _max_attempts <= {MAX_COUNT} and positive _timeout_s / _deadline_s",
+            f"use 1 <= _max_attempts <= {MAX_COUNT} and finite positive _timeout_s / _deadline_s",
         )
     check_key_arg(key, f"submit {udf.ref}")
     payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")

@@ -227,7 +227,8 @@ def test_cli_queue_show_and_set(tmp_path: Path, capsys: pytest.CaptureFixture[st
     from lakeshore.cli import main
 
     url = f"file://{tmp_path}/s"
-    assert main(["queue", "set", "jobs", "max_depth=5", "on_full=block", "--url", url]) == 0
+    create = ["queue", "set", "jobs", "max_depth=5", "on_full=block", "--create", "--url", url]
+    assert main(create) == 0
     assert main(["queue", "set", "jobs", "rate_limit=600/min", "--url", url]) == 0
     capsys.readouterr()
     assert main(["queue", "show", "jobs", "--url", url, "--json"]) == 0

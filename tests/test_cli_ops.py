@@ -144,13 +144,14 @@ BAD_ID = {
 MISSING_QUEUE = {
     "status": ["status", "nosuch"],
     "ls": ["ls", "nosuch"],
-    "gc": ["gc", "--queue", "nosuch", "--older-than", "1d"],
+    "gc": ["gc", "--queue", "nosuch", "--older-than", "1d", "--yes"],
     "queue": ["queue", "show", "nosuch"],
 }
 
 
 @pytest.mark.parametrize("argv", BAD_ID.values(), ids=list(BAD_ID))
 def test_bad_id_is_one_line(url: str, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    dls.Dispatch(url)  # the store exists (a missing one is refused first)
     code, _, err = run(capsys, *argv)
     assert code == 2 and "not an invocation id" in one_line_error(err)
 
@@ -159,6 +160,7 @@ def test_bad_id_is_one_line(url: str, capsys: pytest.CaptureFixture[str], argv: 
 def test_unknown_id_is_one_line(
     url: str, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
+    dls.Dispatch(url)  # the store exists (a missing one is refused first)
     argv = [a if a != "nonsense" else "01ARZ3NDEKTSV4RRFFQ69G5FAV" for a in argv]
     code, _, err = run(capsys, *argv)
     assert code == 2 and "no invocation with this id" in one_line_error(err)
@@ -168,6 +170,7 @@ def test_unknown_id_is_one_line(
 def test_missing_queue_is_one_line(
     url: str, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
+    dls.Dispatch(url)  # the store exists (a missing one is refused first)
     code, _, err = run(capsys, *argv)
     assert code == 2 and "no queue 'nosuch'" in one_line_error(err)
 

@@ -3,7 +3,8 @@
 Human-readable tables by default, ``--json`` for scripts. Errors are one clear line on
 stderr and a non-zero exit. Exit codes: 0 ok; 1 the answer is "no" (a failed job, an unsafe
 store, a wait with failures); 2 bad usage or an error; 3 still not finished when a
-``--timeout`` ran out; 130 Ctrl-C.
+``--timeout`` ran out; 130 Ctrl-C. Whatever came from the store is printed inert (see
+``lakeshore.cli.common.inert``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from lakeshore import __version__
 from lakeshore.cli import admin, jobs, watch, work
+from lakeshore.cli.common import err
 from lakeshore.errors import JobError, LakeshoreError, NotFinished
 
 __all__ = ["build_parser", "main"]
@@ -42,13 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except JobError as e:
-        print(f"lakeshore: {e}", file=sys.stderr)
+        err(e)
         return 1
     except NotFinished as e:
-        print(f"lakeshore: {e}", file=sys.stderr)
+        err(e)
         return 3
     except LakeshoreError as e:
-        print(f"lakeshore: {e}", file=sys.stderr)
+        err(e)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from lakeshore.cli.common import add_common, default_url, require_queue
+from lakeshore.cli.common import add_common, default_url, dumps, inert, plane, require_queue
 from lakeshore.dispatch import DEFAULT_URL
 from lakeshore.doctor import Check
 from lakeshore.errors import InvalidArgument
@@ -30,23 +29,21 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         report = diagnose(store, threads=args.threads, rounds=args.rounds, on_check=progress)
     if args.json:
         print(
-            json.dumps(
+            dumps(
                 {
                     "url": report.url,
                     "safe": report.safe,
                     "checks": [vars(c) for c in report.checks],
-                },
-                indent=2,
-                ensure_ascii=False,
+                }
             )
         )
     else:
-        print("\n" + report.render().splitlines()[-1])
+        print("\n" + inert(report.render().splitlines()[-1]))
     return 0 if report.safe else 1
 
 
 def _progress(check: Check) -> None:
-    print(check.line(), flush=True)
+    print(inert(check.line()), flush=True)  # a check may quote what the server answered
 
 
 def _parse_setting(text: str) -> tuple[str, Any]:
@@ -67,24 +64,29 @@ def _parse_setting(text: str) -> tuple[str, Any]:
 
 
 def _cmd_queue(args: argparse.Namespace) -> int:
-    from lakeshore.dispatch import Dispatch
-
-    q = Dispatch(args.url, ns=args.ns)
-    if args.action == "show":
-        require_queue(q, args.queue)
+    creating = args.action == "set" and args.create
+    if args.action == "set" and not args.settings:
+        raise InvalidArgument("queue set", "no settings given", "pass NAME=VALUE pairs")
+    changes = dict(map(_parse_setting, args.settings)) if args.action == "set" else {}
+    q = plane(args, create=creating)
+    if not creating:  # a typo in the name must not quietly make a second queue
+        todo = (
+            "check the name and --ns, or pass --create to make a new queue with these settings"
+            if args.action == "set"
+            else None
+        )
+        require_queue(q, args.queue, todo)
     if args.action == "set":
-        if not args.settings:
-            raise InvalidArgument("queue set", "no settings given", "pass NAME=VALUE pairs")
-        conf = q.configure(args.queue, **dict(map(_parse_setting, args.settings)))
+        conf = q.configure(args.queue, **changes)
     else:
         conf = q.queue_config(args.queue)
     data = conf.public()
     if args.json:
-        print(json.dumps({"queue": args.queue, "ns": args.ns, "rev": conf.rev, **data}, indent=2))
+        print(dumps({"queue": args.queue, "ns": args.ns, "rev": conf.rev, **data}))
     else:
         print(f"queue {args.ns}/{args.queue} on {q.store.url} (rev {conf.rev})")
         for k, v in data.items():
-            print(f"  {k:<20} {'-' if v is None else v}")
+            print(f"  {k:<20} {'-' if v is None else inert(v)}")
     return 0
 
 
@@ -132,11 +134,17 @@ def register(sub: Any) -> None:
         description=(
             "Show a queue's record, or change fields of it by compare-and-swap: "
             "lakeshore queue set jobs max_depth=100 on_full=block rate_limit=20/s. "
-            "VALUE 'none' clears a limit."
+            "VALUE 'none' clears a limit. Numbers must be finite. set refuses a queue that "
+            "does not exist yet unless --create is given."
         ),
     )
     queue.add_argument("action", choices=["show", "set"])
     queue.add_argument("queue", help="queue name")
     queue.add_argument("settings", nargs="*", metavar="NAME=VALUE")
+    queue.add_argument(
+        "--create",
+        action="store_true",
+        help="with set: create the queue (and the store) if it does not exist yet",
+    )
     add_common(queue)
     queue.set_defaults(func=_cmd_queue)

@@ -1,19 +1,80 @@
-"""What every ``lakeshore`` command shares: the store options, output and error handling."""
+"""What every ``lakeshore`` command shares: the store options, output and error handling.
+
+Everything a command prints that came from the store (records, signs of life, logs, results,
+error messages) may have been written by someone else, so it goes through :func:`inert`:
+control characters come out as visible escapes and cannot move the cursor, erase a line,
+set the window title or write the clipboard (OSC 52) of the terminal that shows them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from lakeshore.dispatch import DEFAULT_URL, Dispatch
 from lakeshore.errors import NotFound
 from lakeshore.keys import QueueKeys, check_name
 
-__all__ = ["add_common", "ago", "default_url", "plane", "print_json", "require_queue", "table"]
+__all__ = [
+    "add_common",
+    "ago",
+    "default_url",
+    "dumps",
+    "err",
+    "finite",
+    "inert",
+    "plane",
+    "print_json",
+    "require_queue",
+    "table",
+]
+
+# C0 controls, DEL, C1 controls (0x9b alone is a CSI on some terminals), and the Unicode
+# format characters that reorder or split what is shown (bidi overrides, line separators)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_MULTILINE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+# JSON escapes C0 itself; the rest can only occur inside strings, where \uXXXX means the same
+_UNSAFE_JSON = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def inert(text: object, multiline: bool = False) -> str:
+    """``text`` safe to print on a terminal: control characters shown as ``\\x1b``-style
+    escapes. ``multiline`` keeps newlines and tabs (log output); a carriage return is always
+    escaped, since it lets a line overwrite what came before it."""
+    return (_UNSAFE_MULTILINE if multiline else _UNSAFE).sub(_escape, str(text))
+
+
+def dumps(data: Any, indent: int | None = 2) -> str:
+    """JSON for stdout: non-ASCII text stays readable, terminal controls are escaped."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False, default=str)
+    return _UNSAFE_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def finite(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0 (``nan``, ``inf`` and ``1e400``
+    are refused: they would hang a wait or crash the arithmetic that follows)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
 
 
 def default_url() -> str:
@@ -27,11 +88,54 @@ def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def plane(args: argparse.Namespace) -> Dispatch:
-    return Dispatch(args.url, ns=args.ns)
+def plane(args: argparse.Namespace, create: bool = False) -> Dispatch:
+    """The plane of ``--url`` and ``--ns``. Unless ``create``, a local directory that holds
+    no store is refused rather than created: a mistyped path must not look like an empty
+    queue (or, for gc, like nothing to do).
+
+    Raises:
+        NotFound: no store at a ``file://`` URL (and not ``create``).
+        InvalidArgument: a bad URL or namespace. StoreError: the store cannot be opened.
+    """
+    url = args.url or default_url()
+    if not create:
+        _require_store(url)
+    return Dispatch(url, ns=args.ns)
 
 
-def require_queue(q: Dispatch, queue: str) -> None:
+def _local_root(url: str) -> Path | None:
+    """The directory of a local-directory store URL (as ``open_store`` reads it), else None."""
+    url = url.strip()
+    if url == ":memory:":
+        return None
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        path = unquote(parts.netloc + parts.path)
+    elif parts.scheme == "" and ":" not in url.split("/", 1)[0]:
+        path = url
+    else:
+        return None
+    return Path(path).expanduser() if path else None
+
+
+def _require_store(url: str) -> None:
+    root = _local_root(url)
+    if root is None:
+        return  # S3: opening creates nothing, and a wrong bucket fails on its own
+    try:
+        (root / "objects").stat()  # what every local store has from its first open on
+    except FileNotFoundError:
+        raise NotFound(
+            f"open {url}",
+            f"there is no lakeshore store in {root}",
+            "check --url or $LAKESHORE_URL; a store is created by its first submit or worker",
+            url=url,
+        ) from None
+    except OSError:
+        return  # not a directory, no permission: opening the store says what is wrong
+
+
+def require_queue(q: Dispatch, queue: str, todo: str | None = None) -> None:
     """Raise a clear NotFound unless ``queue`` has any object in the store (one LIST).
 
     Raises:
@@ -42,13 +146,13 @@ def require_queue(q: Dispatch, queue: str) -> None:
         raise NotFound(
             f"queue {queue}",
             f"no queue {queue!r} in namespace {q.ns!r} of {q.store.url}",
-            "check the name and --ns (lakeshore status lists the queues workers serve)",
+            todo or "check the name and --ns (lakeshore status lists the queues workers serve)",
             queue=queue,
         )
 
 
 def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    print(dumps(data))
 
 
 def ago(t: float | None, now: float | None = None) -> str:
@@ -66,6 +170,8 @@ def ago(t: float | None, now: float | None = None) -> str:
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
+    """Aligned columns; every cell rendered :func:`inert` first (widths count what shows)."""
+    rows = [[inert(c) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
@@ -78,5 +184,6 @@ def wall(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def err(text: str) -> None:
-    print(f"lakeshore: {text}", file=sys.stderr)
+def err(text: object) -> None:
+    """One error line on stderr (inert: an error message may quote what a record holds)."""
+    print(f"lakeshore: {inert(text)}", file=sys.stderr)

@@ -9,8 +9,19 @@ import sys
 import time
 from typing import Any
 
-from lakeshore.cli.common import add_common, ago, plane, print_json, wall
-from lakeshore.errors import InvalidArgument
+from lakeshore.cli.common import (
+    add_common,
+    ago,
+    dumps,
+    err,
+    finite,
+    inert,
+    plane,
+    print_json,
+    wall,
+)
+from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound
+from lakeshore.keys import check_id
 from lakeshore.record import TERMINAL, Record
 from lakeshore.udf import Udf, import_ref
 
@@ -40,7 +51,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         raise InvalidArgument(
             "submit", f"{args.function!r} is not module:function", "e.g. mypkg.jobs:resize"
         )
-    q = plane(args)
+    q = plane(args, create=True)  # a first submit is how a store comes to be
     target = import_ref(args.function)  # the user names it here, on their own authority
     fn = target.fn if isinstance(target, Udf) else target
     queue = args.queue or (target.queue if isinstance(target, Udf) else "default")
@@ -75,6 +86,7 @@ def record_dict(rec: Record) -> dict[str, Any]:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    check_id(args.id)
     q = plane(args)
     rec = q.get(args.id)
     if args.json:
@@ -122,17 +134,18 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if rec.error:
         rows.append(("error", f"{rec.error.get('type')}: {rec.error.get('message')}"))
     for name, value in rows:
-        print(f"{name:<10} {value}")
+        print(f"{name:<10} {inert(value)}")  # fn, key, worker, error: written by others
     return 0
 
 
 def _cmd_result(args: argparse.Namespace) -> int:
+    check_id(args.id)
     q = plane(args)
     value = q.result(args.id, timeout=args.timeout)
     if args.json or not isinstance(value, str):
-        print(json.dumps(codec_plain(value), ensure_ascii=False, default=repr))
+        print(dumps(codec_plain(value), indent=None))
     else:
-        print(value)
+        print(inert(value, multiline=True))  # the body's own text: keep its lines
     return 0
 
 
@@ -151,6 +164,7 @@ def codec_plain(value: Any) -> Any:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
+    check_id(args.id)
     q = plane(args)
     for frame in q.stream(args.id, since=args.since, timeout=args.timeout):
         if args.json:
@@ -167,28 +181,44 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
+    check_id(args.id)
     q = plane(args)
     if args.follow:
         for text in q.follow_logs(args.id, attempt=args.attempt, timeout=args.timeout):
-            sys.stdout.write(text)
+            sys.stdout.write(inert(text, multiline=True))
             sys.stdout.flush()
     else:
-        sys.stdout.write(q.logs(args.id, attempt=args.attempt))
+        sys.stdout.write(inert(q.logs(args.id, attempt=args.attempt), multiline=True))
     return 0
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
+    """Every id is tried, whatever happened to the ones before it, and each gets its line:
+    a failure in the middle must not leave the rest queued with nothing said."""
     q = plane(args)
-    out = {inv: ("cancelled" if q.cancel(inv) else "already finished") for inv in args.ids}
+    out: dict[str, str] = {}
+    for inv in args.ids:
+        try:
+            out[inv] = "cancelled" if q.cancel(inv) else "already finished"
+        except NotFound as e:
+            out[inv] = "not found"
+            err(e)
+        except InvalidArgument as e:
+            out[inv] = "invalid id"
+            err(e)
+        except LakeshoreError as e:
+            out[inv] = "error"
+            err(e)
+        if not args.json:
+            print(f"{inert(inv)}  {out[inv]}", flush=True)
     if args.json:
         print_json(out)
-    else:
-        for inv, what in out.items():
-            print(f"{inv}  {what}")
-    return 0
+    failed = any(what not in ("cancelled", "already finished") for what in out.values())
+    return 2 if failed else 0
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
+    check_id(args.id)
     q = plane(args)
     attempt = q.retry(args.id)
     if args.json:
@@ -233,7 +263,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
         print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
         for inv, s in states.items():
             if s != "succeeded":
-                print(f"  {inv}  {s}")
+                print(f"  {inert(inv)}  {s}")
     if any(s not in TERMINAL for s in states.values()):
         return 3  # timed out waiting
     return 0 if all(s == "succeeded" for s in states.values()) else 1
@@ -274,7 +304,7 @@ def register(sub: Any) -> None:
         "timed out; the remote error is the message.",
     )
     p.add_argument("id")
-    p.add_argument("--timeout", type=float, help="seconds to wait (default: for good)")
+    p.add_argument("--timeout", type=finite, help="seconds to wait (default: for good)")
     add_common(p)
     p.set_defaults(func=_cmd_result)
 
@@ -286,7 +316,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("id")
     p.add_argument("--since", type=int, default=0, help="first seq to print (default 0)")
-    p.add_argument("--timeout", type=float, help="stop after this many seconds")
+    p.add_argument("--timeout", type=finite, help="stop after this many seconds")
     add_common(p)
     p.set_defaults(func=_cmd_tail)
 
@@ -300,7 +330,7 @@ def register(sub: Any) -> None:
     p.add_argument("id")
     p.add_argument("--attempt", type=int, help="only this attempt")
     p.add_argument("--follow", "-f", action="store_true", help="keep following new output")
-    p.add_argument("--timeout", type=float, help="with --follow: stop after this many seconds")
+    p.add_argument("--timeout", type=finite, help="with --follow: stop after this many seconds")
     add_common(p, json_output=False)
     p.set_defaults(func=_cmd_logs)
 
@@ -321,7 +351,7 @@ def register(sub: Any) -> None:
         "succeeded, 1 if any did not, 3 if --timeout passed first.",
     )
     p.add_argument("ids", nargs="+", metavar="ID")
-    p.add_argument("--timeout", type=float, help="seconds to wait (default: for good)")
+    p.add_argument("--timeout", type=finite, help="seconds to wait (default: for good)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_common(p)
     p.set_defaults(func=_cmd_wait)

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from lakeshore.census import newest_ids, queue_status, records, workers_seen
-from lakeshore.cli.common import add_common, ago, plane, print_json, require_queue, table
+from lakeshore.cli.common import add_common, ago, inert, plane, print_json, require_queue, table
 from lakeshore.errors import InvalidArgument
 from lakeshore.keys import QueueKeys, check_id
 from lakeshore.record import STATES
@@ -45,9 +45,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print("\n~ split from the workers' signs of life (the total is exact)")
     print(f"\nworkers seen in the last 5 minutes: {len(workers)}")
     for w in workers:
-        print(
-            f"  {w.get('worker')}  {w.get('status')}  running {w.get('running')}  "
-            f"done {w.get('done')}  queues {','.join(w.get('queues', []))}  "
+        print(  # a sign of life is anyone's write: its text is shown inert
+            f"  {inert(w.get('worker'))}  {inert(w.get('status'))}  running {w.get('running')}  "
+            f"done {w.get('done')}  queues {inert(','.join(w.get('queues', [])))}  "
             f"seen {ago(w.get('seen_at'), now)} ago"
         )
     return 0

@@ -6,13 +6,22 @@ import argparse
 import importlib
 import logging
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
-from lakeshore.cli.common import add_common, plane, print_json, require_queue
+from lakeshore.cli.common import (
+    add_common,
+    err,
+    finite,
+    inert,
+    plane,
+    print_json,
+    require_queue,
+)
 from lakeshore.dispatch import Dispatch
-from lakeshore.errors import InvalidArgument
-from lakeshore.gc import collect, parse_age, prune_workers
-from lakeshore.keys import ROOT, check_name
+from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.gc import GcReport, collect, parse_age, prune_workers, queue_names, retention_of
+from lakeshore.keys import check_name
 from lakeshore.udf import Udf
 from lakeshore.worker import run_worker
 
@@ -35,11 +44,18 @@ def _imports(modules: list[str]) -> list[str]:
     return queues
 
 
+class _InertFormatter(logging.Formatter):
+    """Log lines quote function names, worker names and bodies' exception text: inert."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return inert(super().format(record), multiline=True)
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(
-        level=getattr(logging, args.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        level=getattr(logging, args.log_level.upper(), logging.INFO), handlers=[handler]
     )
     declared = _imports(args.imports or [])
     q = Dispatch(args.url, ns=args.ns, data=args.data)
@@ -76,50 +92,55 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _queues_in(q: Dispatch) -> list[str]:
-    """Every queue folder of the namespace (a full listing: fine for a janitor, which must
-    look at everything anyway)."""
-    base = f"{ROOT}/{q.ns}/"
-    names = set()
-    for info in q.store.list(base):
-        head = info.key[len(base) :].split("/", 1)[0]
-        if not head.startswith("_"):
-            names.add(head)
-    return sorted(names)
+@dataclass
+class _Outcome:
+    """What gc did (or would do) to each queue, and to the workers' signs of life."""
+
+    reports: dict[str, GcReport] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # queue -> why
+    errors: dict[str, str] = field(default_factory=dict)  # queue (or "workers") -> message
+    workers: int = 0
 
 
-def _cmd_gc(args: argparse.Namespace) -> int:
-    q = plane(args)
-    older = parse_age(args.older_than) if args.older_than else None
-    if args.queues:
-        for name in args.queues:
-            require_queue(q, name)
-    names = args.queues or _queues_in(q)
-    now = q.store.now()
-    out = {}
+def _sweep(
+    q: Dispatch,
+    names: list[str],
+    named: bool,
+    older: float | None,
+    now: float,
+    dry_run: bool,
+    only: _Outcome | None = None,
+) -> _Outcome:
+    """Collect every queue on its own: one bad queue is reported and the others still go.
+    With ``only`` (a dry run a person confirmed), nothing beyond what it listed goes."""
+    out = _Outcome()
     for name in names:
-        rep = collect(q.ops(name), q.settings, older, now, dry_run=args.dry_run)
-        out[name] = rep
-    workers = prune_workers(q.store, q.ns, older, now, args.dry_run) if older is not None else 0
-    if args.json:
-        print_json(
-            {
-                "dry_run": args.dry_run,
-                "workers": workers,
-                "queues": {
-                    n: {
-                        "expired": r.expired,
-                        "orphans": r.orphans,
-                        "objects": len(r.objects),
-                        "kept_by_retention": r.kept_by_retention,
-                    }
-                    for n, r in out.items()
-                },
-            }
-        )
-        return 0
-    verb = "would remove" if args.dry_run else "removed"
-    for name, r in out.items():
+        try:
+            ops = q.ops(name)
+            if retention_of(ops, q.settings, older) is None:
+                why = "no retention: pass --older-than, or set the queue's result_retention_s"
+                if named:  # asked for by name: not being able to is an error
+                    raise InvalidArgument(f"gc {name}", why.replace(": ", " given; ", 1), why)
+                out.skipped[name] = why
+                continue
+            keep = None
+            if only is not None:
+                planned = only.reports.get(name)
+                keep = set(planned.expired + planned.orphans) if planned else set()
+            out.reports[name] = collect(ops, q.settings, older, now, dry_run=dry_run, only=keep)
+        except LakeshoreError as e:
+            out.errors[name] = str(e)
+    if older is not None:
+        try:
+            out.workers = prune_workers(q.store, q.ns, older, now, dry_run)
+        except LakeshoreError as e:
+            out.errors["workers"] = str(e)
+    return out
+
+
+def _render(out: _Outcome, dry_run: bool, stream: Any) -> None:
+    verb = "would remove" if dry_run else "removed"
+    for name, r in out.reports.items():
         print(
             f"{name}: {verb} {len(r.expired)} invocation(s), {len(r.objects)} object(s)"
             + (f"; {len(r.orphans)} orphaned folder(s)" if r.orphans else "")
@@ -127,14 +148,82 @@ def _cmd_gc(args: argparse.Namespace) -> int:
                 f"; kept {r.kept_by_retention} for the queue's retention"
                 if r.kept_by_retention
                 else ""
-            )
+            ),
+            file=stream,
         )
-        if args.dry_run:
-            for inv in r.expired:
-                print(f"  {inv}")
-    if workers:
-        print(f"{verb} {workers} sign(s) of life of workers not seen since the cutoff")
-    return 0
+        if dry_run:
+            for inv in r.expired + r.orphans:
+                print(f"  {inv}", file=stream)
+    for name, why in out.skipped.items():
+        print(f"{inert(name)}: skipped ({why})", file=stream)
+    if out.workers:
+        print(
+            f"{verb} {out.workers} sign(s) of life of workers not seen since the cutoff",
+            file=stream,
+        )
+
+
+def _confirm(plan: _Outcome) -> bool:
+    """Show the plan on stderr and ask; True only for a yes."""
+    _render(plan, True, sys.stderr)
+    print("delete all of this? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    return answer in ("y", "yes")
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    older = parse_age(args.older_than) if args.older_than is not None else None
+    interactive = not args.dry_run and not args.yes
+    if interactive and not sys.stdin.isatty():
+        raise InvalidArgument(
+            "gc",
+            "gc deletes, and there is no terminal to confirm on (stdin is not a terminal)",
+            "pass --yes to delete without asking, or --dry-run to only list what would go",
+        )
+    q = plane(args)  # a mistyped file:// path is refused, not created empty
+    if args.queues:
+        for name in args.queues:
+            require_queue(q, name)
+    names = list(args.queues or sorted(queue_names(q.store, q.ns)))
+    now = q.store.now()
+    only = None
+    if interactive:
+        plan = _sweep(q, names, bool(args.queues), older, now, dry_run=True)
+        for name, message in plan.errors.items():
+            err(message if name != "workers" else f"signs of life: {message}")
+        if not any(r.expired or r.orphans for r in plan.reports.values()) and not plan.workers:
+            _render(plan, True, sys.stdout)
+            print("nothing to delete")
+            return 2 if plan.errors else 0
+        if not _confirm(plan):
+            print("nothing deleted", file=sys.stderr)
+            return 1
+        only = plan
+        names = [n for n in names if n in plan.reports]  # errors are not retried unasked
+    out = _sweep(q, names, bool(args.queues), older, now, dry_run=args.dry_run, only=only)
+    if args.json:
+        print_json(
+            {
+                "dry_run": args.dry_run,
+                "workers": out.workers,
+                "queues": {
+                    n: {
+                        "expired": r.expired,
+                        "orphans": r.orphans,
+                        "objects": len(r.objects),
+                        "kept_by_retention": r.kept_by_retention,
+                    }
+                    for n, r in out.reports.items()
+                },
+                "skipped": out.skipped,
+                "errors": out.errors,
+            }
+        )
+    else:
+        _render(out, args.dry_run, sys.stdout)
+    for name, message in out.errors.items():
+        err(message if name != "workers" else f"signs of life: {message}")
+    return 2 if out.errors else 0
 
 
 def register(sub: Any) -> None:
@@ -182,27 +271,27 @@ def register(sub: Any) -> None:
     p.add_argument("--max-jobs", type=int, help="exit after this many attempts")
     p.add_argument(
         "--idle-exit",
-        type=float,
+        type=finite,
         metavar="SECONDS",
         help="exit (code 0) after this long without work: array jobs that drain",
     )
     p.add_argument(
         "--lease",
-        type=float,
+        type=finite,
         metavar="SECONDS",
         help="lease length for claimed jobs (default: the job's, 30 s); "
         "heartbeats every third of it",
     )
     p.add_argument(
         "--grace",
-        type=float,
+        type=finite,
         default=30.0,
         metavar="SECONDS",
         help="after SIGTERM, how long running jobs may finish (default 30)",
     )
     p.add_argument(
         "--max-poll",
-        type=float,
+        type=finite,
         default=1.25,
         metavar="SECONDS",
         help="longest pause between polls of an idle queue (default 1.25: under 60 "
@@ -234,7 +323,11 @@ def register(sub: Any) -> None:
         help="remove finished invocations older than a retention",
         description="Remove terminal invocations that finished more than --older-than ago "
         "(never sooner than the queue's result_retention_s), with their spilled data, "
-        "journals, logs, hints and keys. Lists only ids older than the cutoff.",
+        "journals, logs, hints and keys. Shows what it will delete and asks first, unless "
+        "--yes. Finds the namespace's queues with one LIST per top-level folder (not by "
+        "listing what they hold), then lists only ids older than the cutoff. A queue with "
+        "no retention is skipped with a note; a queue that fails is reported and the others "
+        "are still collected (exit 2 if any failed).",
     )
     p.add_argument(
         "--older-than",
@@ -242,6 +335,12 @@ def register(sub: Any) -> None:
         help="e.g. 7d, 12h, 30m (default: the queue's result_retention_s)",
     )
     p.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
+    p.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="delete without asking (needed when stdin is not a terminal: cron, CI)",
+    )
     p.add_argument(
         "--queue",
         "-q",
