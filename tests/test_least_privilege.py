@@ -141,6 +141,8 @@ def test_every_request_of_every_role_is_allowed_by_its_policy(
     assert q.status(keyed) == "succeeded"
     assert [f.value for f in q.stream(streamed, timeout=30)] == [(0, 0), (1, 1), (2, 4)]
     assert [f.value for f in q.topic("news").stream()] == [{"n": 1}]
+    assert q.logs(inv) == ""
+    assert q.retry(keyed) == 2 and q.status(keyed) == "queued"
 
     # operator: `lakeshore status` and `ls`
     from lakeshore.cli import main, watch
@@ -354,3 +356,69 @@ def test_status_is_an_operator_command(principals: dict[str, Principal]) -> None
     prod = principals["producer"].plane()
     with pytest.raises(dls.PermissionDenied):
         queue_status(prod.ops("default"), now)
+
+
+# -- gc's sweep of leaked admission slots, on every store ------------------------------------
+
+
+def _full_queue(store: Any) -> tuple[Any, Any, str]:
+    plane = make_plane(store)
+    plane.configure("jobs", max_depth=2)
+    f = plane.udf(jobs.add_one, queue="jobs")
+    ended, live = f.submit(1), f.submit(2)
+    ops = plane.ops("jobs")
+    rec, etag = ops.read(ended)
+    ops.cas(lifecycle.cancel(rec, store.now(), "its worker died"), etag)  # slot not freed
+    return plane, ops, live
+
+
+def test_gc_frees_the_slot_a_dead_worker_leaked_and_keeps_the_live_ones(store: Any) -> None:
+    plane, ops, live = _full_queue(store)
+    ghost = "01JD2K7Q000000000000000000"  # a submit that took a slot and never came back
+    plane.configure("other", max_depth=1)
+    other = plane.ops("other")
+    store.put(other.keys.slot(0), f"{ghost} abcd".encode(), CREATE)
+    now = store.now()
+    assert gc.free_leaked_slots(ops, now) == []  # younger than SLOT_REPAIR_AGE_S: left alone
+    assert gc.free_leaked_slots(other, now) == []
+    later = now + SLOT_REPAIR_AGE_S + 1
+    held = sorted(i.key for i in store.list(ops.keys.slots_prefix))
+    assert gc.free_leaked_slots(ops, later, dry_run=True) != []
+    assert sorted(i.key for i in store.list(ops.keys.slots_prefix)) == held  # dry run
+    freed = gc.free_leaked_slots(ops, later)
+    assert len(freed) == 1
+    left = [store.get(i.key)[0].split(b" ")[0].decode() for i in store.list(ops.keys.slots_prefix)]
+    assert left == [live]  # the live invocation keeps its slot
+    assert gc.free_leaked_slots(other, later) == [other.keys.slot(0)]
+    assert other.read(ghost)[0].state == "failed"  # fenced: the late submit cannot land
+    assert plane.status(plane.udf(jobs.add_one, queue="jobs").submit(3)) == "queued"
+
+
+def test_gc_never_frees_a_slot_taken_again_after_it_looked(
+    atomic_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leaked slot is freed and taken by a new submit between gc's listing and its
+    delete: the delete is conditional on the listed etag, so the new holder keeps it."""
+    from lakeshore import admission
+
+    plane, ops, live = _full_queue(atomic_store)
+    real = admission._ended
+    taken: list[str] = []
+
+    def freed_and_retaken_meanwhile(ops_: Any, holder: str, now: float, dry: bool = False) -> bool:
+        ended = real(ops_, holder, now, dry)
+        if ended and not taken:
+            for info in list(atomic_store.list(ops.keys.slots_prefix)):
+                if atomic_store.get(info.key)[0].startswith(holder.encode()):
+                    atomic_store.delete(info.key)  # its worker's late tidy
+                    taken.append(plane.udf(jobs.add_one, queue="jobs").submit(9))
+        return ended
+
+    monkeypatch.setattr(admission, "_ended", freed_and_retaken_meanwhile)
+    later = atomic_store.now() + SLOT_REPAIR_AGE_S + 1
+    assert gc.free_leaked_slots(ops, later) == []
+    holders = {
+        atomic_store.get(i.key)[0].split(b" ")[0].decode()
+        for i in atomic_store.list(ops.keys.slots_prefix)
+    }
+    assert taken and holders == {live, taken[0]}
