@@ -16,7 +16,7 @@ few of its oldest slots and frees those whose invocation is terminal or missing,
 where no producer comes to look. A missing record may be a submit that is only slow: its id
 is fenced first (``lakeshore.fence``), so that submit fails instead of creating a live
 invocation beyond the limit. A slot is deleted only on the etag it was listed with, after
-its holder was seen terminal (which it stays; a ``retry`` runs outside admission) or fenced:
+its holder was seen terminal (which it stays: ``q.retry`` runs outside admission) or fenced:
 the slot of a live invocation is never freed.
 
 **Who deletes.** Producers delete only admission objects: their own rate token given back,
