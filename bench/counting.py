@@ -50,6 +50,9 @@ class Counting(Store):
     def files_location(self) -> tuple[str, dict[str, Any]]:
         return self.inner.files_location()
 
+    def probe_within(self, prefix: str) -> None:
+        self.inner.probe_within(prefix)
+
     def reset(self) -> Counter[str]:
         with self._lock:
             seen, self.counts = self.counts, Counter()

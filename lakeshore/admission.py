@@ -8,11 +8,23 @@ can never be more than D slot objects, so there can never be more than D live (q
 running) invocations: the bound is exact, for any number of producers, and a submit costs one
 LIST of the slots plus one PUT — never a scan of the queue. A retry keeps its slot.
 
-A slot whose invocation ended without deleting it (a crash in between) makes the queue look
-fuller than it is, never emptier. When a queue looks full, the submitter checks a few of its
-oldest slots and frees those whose invocation is terminal or missing. A missing record may be
-a submit that is only slow: its id is fenced first (``lakeshore.fence``), so that submit
-fails instead of creating a live invocation beyond the limit.
+A slot whose invocation ended without deleting it (a crash in between: a worker between its
+terminal write and its slot delete, a producer between its slot and its record) makes the
+queue look fuller than it is, never emptier. When a queue looks full, the submitter checks a
+few of its oldest slots and frees those whose invocation is terminal or missing, and
+``lakeshore gc`` does the same for every slot (``sweep_slots``), so a leak is freed even
+where no producer comes to look. A missing record may be a submit that is only slow: its id
+is fenced first (``lakeshore.fence``), so that submit fails instead of creating a live
+invocation beyond the limit. A slot is deleted only on the etag it was listed with, after
+its holder was seen terminal (which it stays: ``q.retry`` runs outside admission) or fenced:
+the slot of a live invocation is never freed.
+
+**Who deletes.** Producers delete only admission objects: their own rate token given back,
+their own slot when a submit did not happen or a ``cancel`` ended it, and leaked slots found
+by the repair. The producer policy (``docs/iam/producer.json``) grants ``DeleteObject`` on
+``_slots/`` and ``_rate/`` and nothing else; that grants nothing against the limits a
+producer's write access does not already give (it can write records directly), and without
+it a cancelled or leaked slot of a ``max_depth`` queue would stay held.
 
 **Rate by window tokens.** ``rate_limit = N/period`` splits the store's clock into windows of
 ``period`` seconds; a submit must create one of the N token objects of the current window
@@ -46,6 +58,7 @@ __all__ = [
     "give_back_rate",
     "rate_text",
     "sweep_rate",
+    "sweep_slots",
 ]
 
 SLOT_REPAIR_AGE_S = 30.0  # younger slots are not checked for leaks (their submit may be running)
@@ -103,8 +116,27 @@ def _free(taken: set[int], limit: int) -> list[int]:
     return free[:_TRIES]
 
 
-def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
-    """Free leaked slots among the oldest few; True if any was freed.
+def sweep_slots(ops: QueueOps, now: float, dry_run: bool = False) -> list[str]:
+    """Free every leaked slot of the queue older than ``SLOT_REPAIR_AGE_S`` (what
+    ``lakeshore gc`` runs, so a leak is freed even where no producer comes to look): the
+    rule of the repair at admission, applied to all of them. Returns the slot keys freed
+    (with ``dry_run``: the terminal or record-less holders' slots, nothing fenced or freed).
+
+    Raises:
+        StoreError: the store failed (what was freed so far stays freed).
+    """
+    infos = list(ops.store.list(ops.keys.slots_prefix))
+    return _repair(ops, infos, now, len(infos), dry_run)
+
+
+def _repair(
+    ops: QueueOps,
+    infos: list[ObjectInfo],
+    now: float,
+    sample: int = _REPAIR_SAMPLE,
+    dry_run: bool = False,
+) -> list[str]:
+    """Free leaked slots among the oldest ``sample``; the keys of those freed.
 
     A slot is leaked when its invocation is terminal, or has no record. No record may also
     mean a submit that is only slow (producer uploads, a stalled process): before freeing
@@ -115,8 +147,8 @@ def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
         (i for i in infos if i.last_modified < now - SLOT_REPAIR_AGE_S),
         key=lambda i: i.last_modified,
     )
-    freed = False
-    for info in old[:_REPAIR_SAMPLE]:
+    freed: list[str] = []
+    for info in old[:sample]:
         try:
             body = ops.store.get(info.key, max_bytes=MAX_SMALL_BYTES)[0]
         except NotFound:
@@ -130,13 +162,16 @@ def _repair(ops: QueueOps, infos: list[ObjectInfo], now: float) -> bool:
             leaked = True  # not written by a submit (a submit writes "<id> <nonce>" at once)
         else:
             try:
-                leaked = _ended(ops, holder, now)
+                leaked = _ended(ops, holder, now, dry_run)
             except (RecordError, LakeshoreError):
                 continue
-        if leaked:
+        if leaked and dry_run:
+            freed.append(info.key)
+        elif leaked:
+            # on the etag listed: a slot freed and taken again meanwhile is another's
             with contextlib.suppress(Conflict):
                 ops.store.delete(info.key, if_match=info.etag)
-                freed = True
+                freed.append(info.key)
     return freed
 
 
@@ -148,12 +183,14 @@ def _holder(body: bytes) -> str | None:
         return None
 
 
-def _ended(ops: QueueOps, holder: str, now: float) -> bool:
-    """True when the slot's invocation is terminal or can no longer be created."""
+def _ended(ops: QueueOps, holder: str, now: float, dry_run: bool = False) -> bool:
+    """True when the slot's invocation is terminal or can no longer be created (with
+    ``dry_run``: or would not be, once fenced)."""
     try:
         return ops.read(holder)[0].terminal
     except NotFound:
-        pass
+        if dry_run:
+            return True
     if fence(ops, holder, now, "its admission slot was older than 30 s with no record"):
         return True
     try:  # the record landed after all

@@ -27,7 +27,14 @@ from lakeshore.errors import (
     TimedOut,
 )
 from lakeshore.journal import Frame
-from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, id_index
+from lakeshore.keys import (
+    DEFAULT_QUEUE,
+    QueueKeys,
+    check_id,
+    check_name,
+    id_index,
+    probe_prefix,
+)
 from lakeshore.logs import follow_logs, read_logs
 from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
 from lakeshore.queueconf import QueueConfig
@@ -110,6 +117,7 @@ class Dispatch:
                 "retry_backoff_s >= 0, max_payload_bytes >= 1",
             )
         self.store = store if store is not None else open_store(self.url)
+        self.store.probe_within(probe_prefix(self.ns))  # inside what every role may list
         self.spill_bytes = spill_bytes
         self.max_attempts = max_attempts
         self.lease_s = lease_s

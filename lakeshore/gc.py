@@ -12,7 +12,8 @@ What goes, per expired invocation, in this order:
 3. its hints (ready, lease), its id index entry, and its idempotency key when the key still
    names it (conditional on the key object's etag).
 
-Signs of life of workers not seen within ``older_than`` go too (``prune_workers``).
+Signs of life of workers not seen within ``older_than`` go too (``prune_workers``), and so do
+admission slots whose invocation ended without freeing them (``free_leaked_slots``).
 
 A crash between steps leaves objects without a record; a later run finds them (folders with
 no record whose id is older than the cutoff) and removes them too, once the folder's newest
@@ -51,6 +52,7 @@ from dataclasses import dataclass, field
 
 from ulid import ULID
 
+from lakeshore.admission import sweep_slots
 from lakeshore.census import ids_between, read_sign_of_life
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
 from lakeshore.fence import fence
@@ -61,7 +63,15 @@ from lakeshore.record import RecordError
 from lakeshore.store.base import Store
 from lakeshore.submit import parse_key
 
-__all__ = ["GcReport", "collect", "parse_age", "prune_workers", "queue_names", "retention_of"]
+__all__ = [
+    "GcReport",
+    "collect",
+    "free_leaked_slots",
+    "parse_age",
+    "prune_workers",
+    "queue_names",
+    "retention_of",
+]
 
 _PAST = "\ufffd"  # sorts after every ASCII character, in UTF-8 bytes and in code points
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -215,7 +225,20 @@ def collect(
             report.objects.append(record_key)
         _remove_folder(ops, inv, report, dry_run)
         _remove_satellites(ops, inv, rec.priority, rec.key, rec.queue, report, dry_run)
+    report.objects += free_leaked_slots(ops, now, dry_run)
     return report
+
+
+def free_leaked_slots(ops: QueueOps, now: float, dry_run: bool = False) -> list[str]:
+    """Free the admission slots (``max_depth``) whose invocation ended without freeing them —
+    a worker that died between its terminal write and its slot delete — or never got a
+    record (fenced first). Slots of live invocations, and slots younger than
+    ``SLOT_REPAIR_AGE_S`` (a submit in flight), stay. Returns the slot keys freed.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    return sweep_slots(ops, now, dry_run)
 
 
 def prune_workers(store: Store, ns: str, older_than_s: float, now: float, dry_run: bool) -> int:

@@ -15,6 +15,7 @@ Layout, relative to the store's root (the Dispatch URL's prefix)::
     lakeshore/<ns>/_topics/<name>/<seq>                 topic journal
     lakeshore/<ns>/_ids/<id>                            which queue an id is in (non-default queues)
     lakeshore/<ns>/_workers/<name>                      a worker's last sign of life (status)
+    lakeshore/<ns>/_clock/                              never written: the S3 clock's probe LIST
 
 Why it sorts correctly by construction, also on servers that list by walking directories
 (SeaweedFS): inside any one listed folder, every name has the same length and alphabet —
@@ -45,6 +46,7 @@ __all__ = [
     "id_index",
     "namespace_prefix",
     "new_id",
+    "probe_prefix",
     "topic_prefix",
     "topic_seq_key",
     "worker_key",
@@ -205,6 +207,12 @@ def worker_key(ns: str, worker: str) -> str:
 
 def workers_prefix(ns: str) -> str:
     return f"{ROOT}/{check_name(ns, 'namespace')}/_workers/"
+
+
+def probe_prefix(ns: str) -> str:
+    """An empty folder of the namespace: where a store lists to read its clock (a role's
+    policy grants listing there, and nothing is ever written under it)."""
+    return f"{ROOT}/{check_name(ns, 'namespace')}/_clock/"
 
 
 def id_index(ns: str, inv: str) -> str:

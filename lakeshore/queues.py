@@ -1,8 +1,8 @@
 """Queue settings on the store: read (briefly cached) and changed by compare-and-swap.
 
 Submitters read a queue's record at most every ``CACHE_S`` seconds, so a changed limit takes
-effect within that time for every producer; the first submit to a queue creates its record
-with defaults.
+effect within that time for every producer. A queue without a record has the defaults; only
+an operator (``lakeshore queue set``, ``Dispatch.configure``) writes one.
 """
 
 from __future__ import annotations
@@ -54,17 +54,14 @@ class QueueSettings:
         return QueueConfig.from_bytes(data, self._key(queue)), etag
 
     def get(self, queue: str) -> QueueConfig:
-        """Settings for a submit: cached for ``CACHE_S``; creates the record on first use."""
+        """Settings for a submit: cached for ``CACHE_S``; defaults while the queue has no
+        record. Never writes: only operators change ``_queue`` (producers' policy denies it).
+        """
         with self._lock:
             hit = self._cache.get(queue)
         if hit is not None and time.monotonic() - hit[1] < CACHE_S:
             return hit[0]
-        conf, etag = self.read(queue)
-        if etag is None:
-            try:
-                self.store.put(self._key(queue), conf.to_bytes(), CREATE)
-            except Conflict:
-                conf, _ = self.read(queue)
+        conf, _ = self.read(queue)
         with self._lock:
             self._cache[queue] = (conf, time.monotonic())
         return conf

@@ -1,97 +1,424 @@
-"""The IAM policies in docs/iam/, enforced by moto: a producer can submit and read results
-but cannot claim or delete; a worker runs jobs; a janitor collects but never writes."""
+"""The IAM policies in docs/iam/ against the requests lakeshore really makes.
+
+moto ignores ``s3:prefix`` conditions, so every S3 request of a role's store is checked by
+our own policy simulator (tests/iam_sim.py) with conditions evaluated, and refused with
+``AccessDenied`` when the policy denies it — as AWS would. Full plane scenarios run per role
+(producer, worker, janitor, operator); afterwards every recorded request must have been
+allowed (a denial some code path swallowed fails too), and no policy may reach beyond its
+namespace. The scenarios of issue 22 (a stranded ``max_depth`` queue, producers rewriting
+settings or worker status) have their own regression tests.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import lakeshore as dls
-from lakeshore.gc import collect
-from tests import jobs
+from lakeshore import gc, lifecycle
+from lakeshore.admission import SLOT_REPAIR_AGE_S, acquire_slot
+from lakeshore.census import newest_ids, queue_status
+from lakeshore.gc import collect, prune_workers
+from lakeshore.keys import worker_key
+from lakeshore.store.base import CREATE
+from tests import iam_sim, jobs
 from tests.conftest import make_plane
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "iam"
 BUCKET, PREFIX, NS = "lakeshore-iam", "team", "default"
+BASE = f"{PREFIX}/lakeshore/{NS}/"
 
 
-def policy(name: str) -> str:
-    text = (DOCS / f"{name}.json").read_text()
-    return text.replace("BUCKET", BUCKET).replace("PREFIX", PREFIX).replace("NAMESPACE", NS)
+def policy(role: str) -> dict[str, Any]:
+    return iam_sim.load(role, BUCKET, PREFIX, NS)
+
+
+@dataclasses.dataclass
+class Principal:
+    role: str
+    store: Any
+    enforcer: iam_sim.Enforcer
+
+    def plane(self) -> Any:
+        return make_plane(self.store)
 
 
 @pytest.fixture
-def principals(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """S3 stores for a producer, a worker and a janitor, each with its documented policy."""
-    from moto import mock_aws, settings
-    from moto.core.authorization import ActionAuthenticatorMixin
+def principals(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Principal]]:
+    """An S3 store per role on one moto bucket, each behind its role's policy (simulated),
+    plus ``admin`` with no policy (the bucket owner, for setting scenes up)."""
+    from moto import mock_aws
 
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "admin")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "admin")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     import boto3
 
     from lakeshore.store.s3 import S3Store
 
-    # the admin's setup calls run unauthenticated; every later request is checked
-    # (what moto's set_initial_no_auth_action_count decorator does, for a fixture)
-    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 1 + 3 * 3)
-    monkeypatch.setattr(ActionAuthenticatorMixin, "request_count", 0)
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        iam = boto3.client("iam", region_name="us-east-1")
-        stores = {}
-        for name in ("producer", "worker", "janitor"):
-            iam.create_user(UserName=name)
-            iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=policy(name))
-            key = iam.create_access_key(UserName=name)["AccessKey"]
-            stores[name] = S3Store(
-                BUCKET,
-                PREFIX,
-                region="us-east-1",
-                aws_access_key_id=key["AccessKeyId"],
-                aws_secret_access_key=key["SecretAccessKey"],
-            )
-        yield stores
+        out = {}
+        for role in (*iam_sim.ROLES, "admin"):
+            store = S3Store(BUCKET, PREFIX, region="us-east-1")
+            every = {"Version": "2012-10-17", "Statement": []}  # admin: recorded, not checked
+            pol = policy(role) if role != "admin" else every
+            enforcer = iam_sim.Enforcer(pol)
+            if role != "admin":
+                enforcer.attach(store.client)
+            out[role] = Principal(role, store, enforcer)
+        yield out
 
 
-def test_each_role_can_do_its_job_and_nothing_else(principals: dict[str, Any]) -> None:
-    producer = make_plane(principals["producer"])
-    worker = make_plane(principals["worker"])
-    janitor = make_plane(principals["janitor"])
-    f = producer.udf(jobs.add_one)
-    inv = f.submit(41)
-    keyed = f.submit(1, _key="nightly")
-    assert f.submit(1, _key="nightly") == keyed
+def _limited(admin: Principal, queue: str, **settings: Any) -> None:
+    admin.plane().configure(queue, **settings)
 
-    # the producer cannot claim: listing the ready hints is out of its reach
-    with pytest.raises(dls.PermissionDenied):
-        producer.ops("default").claim("producer-pretending", producer.store.now())
-    # ... nor delete anything
-    with pytest.raises(dls.PermissionDenied):
-        producer.store.delete(producer.ops("default").keys.record(inv))
 
-    worker.udf(jobs.add_one)
-    assert dls.run_worker(worker, max_jobs=2, idle_exit=0.5, isolation="thread") == 2
-    assert producer.result(inv, timeout=30) == 42  # results readable by the producer
-    assert producer.status(keyed) == "succeeded"
+def _assert_all_allowed(p: Principal) -> None:
+    assert p.enforcer.requests, f"{p.role} made no request: the scenario did not run"
+    denied = [f"{verdict}: {req}" for req, verdict in p.enforcer.denied]
+    assert not denied, f"{p.role}'s policy denies requests its code makes:\n" + "\n".join(denied)
 
-    # the janitor removes what expired, and cannot write anything
-    rep = collect(janitor.ops("default"), janitor.settings, 0.0, janitor.store.now() + 1)
-    assert sorted(rep.expired) == sorted([inv, keyed])
-    with pytest.raises(dls.NotFound):
-        producer.get(inv)
-    with pytest.raises(dls.PermissionDenied):
-        janitor.store.put(janitor.ops("default").keys.record(inv), b"x")
+
+# -- the full plane, role by role -------------------------------------------------------------
+
+
+def test_every_request_of_every_role_is_allowed_by_its_policy(
+    principals: dict[str, Principal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator, producer = principals["operator"], principals["producer"]
+    worker, janitor = principals["worker"], principals["janitor"]
+
+    # operator: queue set / show
+    op = operator.plane()
+    op.configure("limited", max_depth=1, on_full="block", rate_limit="100/s")
+    op.configure("paced", rate_limit="1/h")
+    assert op.queue_config("limited").max_depth == 1
+
+    # producer: submits of every kind, admission that blocks and refuses, cancel, topics
+    q = producer.plane()
+    add = q.udf(jobs.add_one)
+    gen = q.udf(jobs.squares)
+    other = q.udf(jobs.add_one, queue="other")  # a first submit to a queue nobody configured
+    lim = q.udf(jobs.add_one, queue="limited")
+    paced = q.udf(jobs.add_one, queue="paced")
+    inv = add.submit(41)
+    keyed = add.submit(1, _key="nightly")
+    assert add.submit(1, _key="nightly") == keyed
+    streamed = gen.submit(3)
+    elsewhere = other.submit(1)
+    first = lim.submit(1)
+    with pytest.raises(dls.QueueFull):  # blocks, then refuses: never PermissionDenied
+        lim.submit(2, _submit_timeout=0.2)
+    assert q.cancel(first)
+    second = lim.submit(3)  # the cancel freed the slot
+    paced.submit(1)
+    with pytest.raises(dls.QueueFull):
+        paced.submit(2)
+    q.topic("news").post({"n": 1})
+
+    # worker: runs them all (a generator among them), reaps, says it is alive
+    w = worker.plane()
+    for fn in (jobs.add_one, jobs.squares):
+        w.udf(fn)
+        w.udf(fn, queue="other")
+        w.udf(fn, queue="limited")
+    ran = dls.run_worker(
+        w, queues=["default", "other", "limited"], max_jobs=5, idle_exit=0.5, isolation="thread"
+    )
+    assert ran == 5
+    for name in ("default", "other", "limited"):
+        w.ops(name).reap(w.store.now())
+
+    # producer: results, states, streams, topics
+    assert q.result(inv, timeout=30) == 42
+    assert q.result(elsewhere, timeout=30) == 2
+    assert q.result(second, timeout=30) == 4
+    assert q.status(keyed) == "succeeded"
+    assert [f.value for f in q.stream(streamed, timeout=30)] == [(0, 0), (1, 1), (2, 4)]
+    assert [f.value for f in q.topic("news").stream()] == [{"n": 1}]
+    assert q.logs(inv) == ""
+    assert q.retry(keyed) == 2 and q.status(keyed) == "queued"
+
+    # operator: `lakeshore status` and `ls`
+    from lakeshore.cli import main, watch
+
+    monkeypatch.setattr(watch, "plane", lambda args: op)
+    assert main(["status", "--url", "s3://x/y", "limited", "default"]) == 0
+    assert main(["ls", "--url", "s3://x/y", "default"]) == 0
+
+    # janitor: gc of every queue, slots and signs of life included
+    jan = janitor.plane()
+    later = jan.store.now() + 3600
+    for name in ("default", "other", "limited", "paced"):
+        collect(jan.ops(name), jan.settings, 0.0, later)
+    assert prune_workers(jan.store, NS, 60.0, later, dry_run=False) == 1
+
+    for p in (operator, producer, worker, janitor):
+        _assert_all_allowed(p)
+
+
+@pytest.mark.parametrize("role", iam_sim.ROLES)
+def test_no_policy_reaches_beyond_its_namespace(role: str) -> None:
+    pol = policy(role)
+    assert iam_sim.grants_outside(pol, BUCKET, BASE) == []
+    # and, simulated: the whole bucket, the store prefix, another namespace, another tenant
+    for prefix in (None, "", f"{PREFIX}/", f"{PREFIX}/lakeshore/", f"{PREFIX}/lakeshore/other/"):
+        params = {"Bucket": BUCKET} | ({} if prefix is None else {"Prefix": prefix})
+        assert not iam_sim.allowed(pol, iam_sim.request("ListObjectsV2", params)), prefix
+    for key in ("tenant-b/secret", f"{PREFIX}/lakeshore/other/q/x/record", f"{PREFIX}/data/x"):
+        for operation in ("GetObject", "PutObject", "DeleteObject"):
+            req = iam_sim.request(operation, {"Bucket": BUCKET, "Key": key})
+            assert not iam_sim.allowed(pol, req), (role, operation, key)
+
+
+def test_producers_list_only_what_submitting_and_reading_results_need() -> None:
+    pol = policy("producer")
+
+    def lists(prefix: str) -> bool:
+        req = iam_sim.request("ListObjectsV2", {"Bucket": BUCKET, "Prefix": prefix})
+        return iam_sim.allowed(pol, req)
+
+    assert lists(f"{BASE}jobs/_slots/")
+    assert lists(f"{BASE}jobs/01JD2K7Q000000000000000000/journal/0001/")
+    assert not lists(f"{BASE}jobs/_ready/")  # a producer cannot claim
+    assert not lists(f"{BASE}jobs/")  # nor enumerate other producers' invocations
+    assert not lists(BASE)
 
 
 def test_policies_are_valid_json_with_placeholders() -> None:
-    for name in ("producer", "worker", "janitor"):
-        doc = json.loads((DOCS / f"{name}.json").read_text())
+    for role in iam_sim.ROLES:
+        doc = json.loads((iam_sim.DOCS / f"{role}.json").read_text())
         assert doc["Version"] == "2012-10-17" and doc["Statement"]
-        assert "BUCKET" in json.dumps(doc)
+        assert "BUCKET" in json.dumps(doc) and "NAMESPACE" in json.dumps(doc)
+
+
+def test_the_simulator_evaluates_conditions_and_explicit_denies() -> None:
+    pol = {
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": "arn:aws:s3:::b",
+                "Condition": {"StringLike": {"s3:prefix": ["p/*/x/*"]}},
+            },
+            {"Effect": "Allow", "Action": "s3:*Object", "Resource": "arn:aws:s3:::b/p/*"},
+            {
+                "Effect": "Allow",
+                "Action": "s3:PutObject",
+                "Resource": "arn:aws:s3:::b/c/*",
+                "Condition": {"Null": {"s3:if-none-match": "false"}},
+            },
+            {"Effect": "Deny", "Action": "s3:PutObject", "Resource": "arn:aws:s3:::b/p/*/_queue"},
+        ]
+    }
+
+    def ok(op: str, **params: Any) -> bool:
+        return iam_sim.allowed(pol, iam_sim.request(op, {"Bucket": "b", **params}))
+
+    assert ok("ListObjectsV2", Prefix="p/q/x/")
+    assert not ok("ListObjectsV2", Prefix="p/q/")
+    assert not ok("ListObjectsV2")
+    assert ok("PutObject", Key="p/q/record") and not ok("PutObject", Key="p/q/_queue")
+    assert ok("HeadObject", Key="p/q/record") and not ok("GetObject", Key="other")
+    assert ok("PutObject", Key="c/1", IfNoneMatch="*") and not ok("PutObject", Key="c/1")
+
+
+# -- issue 22, item 1: a max_depth queue is never stranded under the producer policy ----------
+
+
+def test_producer_blocking_on_a_full_queue_waits_instead_of_permission_denied(
+    principals: dict[str, Principal],
+) -> None:
+    _limited(principals["admin"], "jobs", max_depth=1, on_full="block", rate_limit="100/s")
+    f = principals["producer"].plane().udf(jobs.add_one, queue="jobs")
+    f.submit(1)
+    # the rate token taken before the slot turned out missing is given back (a DELETE)
+    with pytest.raises(dls.QueueFull) as err:
+        f.submit(2, _submit_timeout=0.3)
+    assert err.value.details["reason"] == "max_depth"
+    _assert_all_allowed(principals["producer"])
+
+
+def test_producer_cancel_frees_the_slot_of_a_max_depth_queue(
+    principals: dict[str, Principal],
+) -> None:
+    _limited(principals["admin"], "jobs", max_depth=1)
+    q = principals["producer"].plane()
+    f = q.udf(jobs.add_one, queue="jobs")
+    first = f.submit(1)
+    assert q.cancel(first)
+    assert q.status(first) == "killed"
+    second = f.submit(2)  # admitted: the slot is free again
+    assert q.status(second) == "queued"
+    _assert_all_allowed(principals["producer"])
+
+
+def _leak_a_slot(admin: Principal) -> tuple[Any, str]:
+    """A worker that died between its terminal write and its slot delete: the record is
+    terminal, the slot still held."""
+    _limited(admin, "jobs", max_depth=1)
+    plane = admin.plane()
+    inv = plane.udf(jobs.add_one, queue="jobs").submit(1)
+    ops = plane.ops("jobs")
+    rec, etag = ops.read(inv)
+    ops.cas(lifecycle.cancel(rec, plane.store.now(), "the worker ended it"), etag)  # no settle
+    assert ops.read(inv)[0].terminal and list(ops.store.list(ops.keys.slots_prefix))
+    return plane, inv
+
+
+def test_slot_leaked_by_a_worker_crash_is_freed_by_the_producers_repair(
+    principals: dict[str, Principal],
+) -> None:
+    _leak_a_slot(principals["admin"])
+    prod = principals["producer"].plane()
+    ops = prod.ops("jobs")
+    later = prod.store.now() + SLOT_REPAIR_AGE_S + 1
+    assert acquire_slot(ops, "01JD2K7Q000000000000000000", 1, later) is not None
+    _assert_all_allowed(principals["producer"])
+
+
+def test_slot_leaked_by_a_worker_crash_is_freed_by_the_janitors_gc(
+    principals: dict[str, Principal],
+) -> None:
+    _leak_a_slot(principals["admin"])
+    jan = principals["janitor"].plane()
+    ops = jan.ops("jobs")
+    later = jan.store.now() + SLOT_REPAIR_AGE_S + 1
+    rep = collect(ops, jan.settings, 7 * 86400.0, later)  # nothing old enough to expire
+    assert rep.expired == [] and rep.objects == [ops.keys.slot(0)]
+    assert list(ops.store.list(ops.keys.slots_prefix)) == []
+    assert gc.free_leaked_slots(ops, later) == []
+    _assert_all_allowed(principals["janitor"])
+
+
+def test_janitor_fences_a_slot_whose_submit_never_wrote_its_record(
+    principals: dict[str, Principal],
+) -> None:
+    admin = principals["admin"].plane()
+    ops = admin.ops("jobs")
+    ghost = "01JD2K7Q000000000000000000"
+    admin.store.put(ops.keys.slot(0), f"{ghost} abcd".encode(), CREATE)
+    jan = principals["janitor"].plane()
+    later = jan.store.now() + SLOT_REPAIR_AGE_S + 1
+    assert gc.free_leaked_slots(jan.ops("jobs"), later) == [ops.keys.slot(0)]
+    assert ops.read(ghost)[0].state == "failed"  # the tombstone: a late submit cannot land
+    _assert_all_allowed(principals["janitor"])
+
+
+# -- issue 22, item 2: producers cannot rewrite queue settings or worker status --------------
+
+
+def test_producer_cannot_lift_the_limits_of_its_queue(principals: dict[str, Principal]) -> None:
+    _limited(principals["admin"], "jobs", max_depth=1, rate_limit="1/s")
+    q = principals["producer"].plane()
+    for change in ({"max_depth": None}, {"rate_limit": None}, {"result_retention_s": 1e9}):
+        with pytest.raises(dls.PermissionDenied):
+            q.configure("jobs", **change)
+    conf = principals["admin"].plane().queue_config("jobs")
+    assert conf.max_depth == 1 and conf.rate is not None
+
+
+def test_producer_cannot_write_a_fake_worker(principals: dict[str, Principal]) -> None:
+    q = principals["producer"].plane()
+    with pytest.raises(dls.PermissionDenied):
+        q.store.put(worker_key(NS, "fake"), b"{}")
+    with pytest.raises(dls.PermissionDenied):
+        q.store.delete(worker_key(NS, "w-1"))
+
+
+def test_first_submit_to_a_new_queue_writes_no_settings(principals: dict[str, Principal]) -> None:
+    q = principals["producer"].plane()
+    inv = q.udf(jobs.add_one, queue="fresh").submit(1)
+    assert q.status(inv) == "queued"
+    puts = [r.resource for r in principals["producer"].enforcer.requests if "Put" in r.operation]
+    assert not any(r.endswith("/_queue") for r in puts)
+    _assert_all_allowed(principals["producer"])
+
+
+def test_worker_cannot_rewrite_queue_settings(principals: dict[str, Principal]) -> None:
+    with pytest.raises(dls.PermissionDenied):
+        principals["worker"].plane().configure("jobs", max_depth=5)
+
+
+def test_status_is_an_operator_command(principals: dict[str, Principal]) -> None:
+    """``lakeshore status`` lists the ready hints: an operator's (or a worker's) view, which
+    the producer policy keeps from producers (docs/s3.md says so)."""
+    principals["producer"].plane().udf(jobs.add_one).submit(1)
+    op = principals["operator"].plane()
+    now = op.store.now()
+    assert queue_status(op.ops("default"), now).queued == 1
+    assert len(list(newest_ids(op.store, op.ops("default").keys, None, now))) == 1
+    prod = principals["producer"].plane()
+    with pytest.raises(dls.PermissionDenied):
+        queue_status(prod.ops("default"), now)
+
+
+# -- gc's sweep of leaked admission slots, on every store ------------------------------------
+
+
+def _full_queue(store: Any) -> tuple[Any, Any, str]:
+    plane = make_plane(store)
+    plane.configure("jobs", max_depth=2)
+    f = plane.udf(jobs.add_one, queue="jobs")
+    ended, live = f.submit(1), f.submit(2)
+    ops = plane.ops("jobs")
+    rec, etag = ops.read(ended)
+    ops.cas(lifecycle.cancel(rec, store.now(), "its worker died"), etag)  # slot not freed
+    return plane, ops, live
+
+
+def test_gc_frees_the_slot_a_dead_worker_leaked_and_keeps_the_live_ones(store: Any) -> None:
+    plane, ops, live = _full_queue(store)
+    ghost = "01JD2K7Q000000000000000000"  # a submit that took a slot and never came back
+    plane.configure("other", max_depth=1)
+    other = plane.ops("other")
+    store.put(other.keys.slot(0), f"{ghost} abcd".encode(), CREATE)
+    now = store.now()
+    assert gc.free_leaked_slots(ops, now) == []  # younger than SLOT_REPAIR_AGE_S: left alone
+    assert gc.free_leaked_slots(other, now) == []
+    later = now + SLOT_REPAIR_AGE_S + 1
+    held = sorted(i.key for i in store.list(ops.keys.slots_prefix))
+    assert gc.free_leaked_slots(ops, later, dry_run=True) != []
+    assert sorted(i.key for i in store.list(ops.keys.slots_prefix)) == held  # dry run
+    freed = gc.free_leaked_slots(ops, later)
+    assert len(freed) == 1
+    left = [store.get(i.key)[0].split(b" ")[0].decode() for i in store.list(ops.keys.slots_prefix)]
+    assert left == [live]  # the live invocation keeps its slot
+    assert gc.free_leaked_slots(other, later) == [other.keys.slot(0)]
+    assert other.read(ghost)[0].state == "failed"  # fenced: the late submit cannot land
+    assert plane.status(plane.udf(jobs.add_one, queue="jobs").submit(3)) == "queued"
+
+
+def test_gc_never_frees_a_slot_taken_again_after_it_looked(
+    atomic_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leaked slot is freed and taken by a new submit between gc's listing and its
+    delete: the delete is conditional on the listed etag, so the new holder keeps it."""
+    from lakeshore import admission
+
+    plane, ops, live = _full_queue(atomic_store)
+    real = admission._ended
+    taken: list[str] = []
+
+    def freed_and_retaken_meanwhile(ops_: Any, holder: str, now: float, dry: bool = False) -> bool:
+        ended = real(ops_, holder, now, dry)
+        if ended and not taken:
+            for info in list(atomic_store.list(ops.keys.slots_prefix)):
+                if atomic_store.get(info.key)[0].startswith(holder.encode()):
+                    atomic_store.delete(info.key)  # its worker's late tidy
+                    taken.append(plane.udf(jobs.add_one, queue="jobs").submit(9))
+        return ended
+
+    monkeypatch.setattr(admission, "_ended", freed_and_retaken_meanwhile)
+    later = atomic_store.now() + SLOT_REPAIR_AGE_S + 1
+    assert gc.free_leaked_slots(ops, later) == []
+    holders = {
+        atomic_store.get(i.key)[0].split(b" ")[0].decode()
+        for i in atomic_store.list(ops.keys.slots_prefix)
+    }
+    assert taken and holders == {live, taken[0]}

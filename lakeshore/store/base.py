@@ -212,6 +212,15 @@ class Store(abc.ABC):
                 unreachable).
         """
 
+    def probe_within(self, prefix: str) -> None:  # noqa: B027 - optional hook
+        """Say where requests of the store's own making belong: a prefix this client is
+        granted. S3 reads its clock with one LIST there (least-privilege policies grant
+        listing only inside a namespace); stores that send no such requests ignore it.
+
+        Raises:
+            InvalidArgument: the prefix is malformed.
+        """
+
     def files_location(self) -> tuple[str, dict[str, Any]]:
         """Where files kept beside this store live: an fsspec URL and the storage options
         that reach it with this store's endpoint and credentials (the default data root of

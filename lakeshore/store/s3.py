@@ -192,6 +192,7 @@ class S3Store(Store):
             maxlen=_CLOCK_SAMPLES
         )
         self._no_date = False
+        self._probe = self.prefix  # where the clock's first LIST goes (see probe_within)
         self._rng = random.Random()
         self._rng_lock = threading.Lock()
         self._files_options: dict[str, Any] = {}
@@ -496,16 +497,20 @@ class S3Store(Store):
             kwargs["ContinuationToken"] = token
             kwargs.pop("StartAfter", None)
 
+    def probe_within(self, prefix: str) -> None:
+        check_prefix(prefix, "probe_within")
+        self._probe = self._k(prefix)
+
     def now(self) -> float:
         if not self._offsets and not self._no_date:
             # No response seen yet: one cheap request gives the server's Date. A one-key
-            # LIST of our own prefix needs no permission beyond what lakeshore uses anyway.
+            # LIST where the client is granted listing (probe_within): a role confined to
+            # one namespace may not list the store's whole prefix.
+            probe = self._probe
             self._retrying(
                 "clock",
                 "",
-                lambda: self.client.list_objects_v2(
-                    Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1
-                ),
+                lambda: self.client.list_objects_v2(Bucket=self.bucket, Prefix=probe, MaxKeys=1),
             )
             self._no_date = not self._offsets
         samples = list(self._offsets)  # a snapshot: response hooks append concurrently
