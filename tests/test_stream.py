@@ -219,7 +219,7 @@ def test_a_yield_over_the_frame_cap_fails_without_retry(
     monkeypatch.setattr(journal, "MAX_FRAME_BYTES", 1000)  # read at call time, in this process
     inv = plane.udf(jobs.yields_padding).submit(3, 2000)
     dls.run_worker(plane, once=True, isolation="thread")
-    with pytest.raises(dls.Failed, match="UnsendableValue.*frame limit of 1000"):
+    with pytest.raises(dls.Failed, match=r"UnsendableValue.*frame limit of 1000"):
         plane.result(inv, timeout=10)  # a retried attempt would leave it queued
     assert plane.get(inv).attempt == 1
 
