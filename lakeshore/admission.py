@@ -150,12 +150,16 @@ def _repair(
     freed: list[str] = []
     for info in old[:sample]:
         try:
-            body = ops.store.get(info.key, max_bytes=MAX_SMALL_BYTES)[0]
+            body, etag = ops.store.get(info.key, max_bytes=MAX_SMALL_BYTES)
         except NotFound:
             continue  # freed meanwhile
         except TooLarge:
-            body = b""  # not a slot a submit wrote: freed below
+            body, etag = b"", info.etag  # not a slot a submit wrote: freed below
         except LakeshoreError:
+            continue
+        if _bare(etag) != _bare(info.etag):
+            # freed and taken again since the listing: the age listed is not its holder's,
+            # whose submit may be milliseconds old (fencing it would fail a healthy submit)
             continue
         holder = _holder(body)
         if holder is None:
@@ -173,6 +177,12 @@ def _repair(
                 ops.store.delete(info.key, if_match=info.etag)
                 freed.append(info.key)
     return freed
+
+
+def _bare(etag: str) -> str:
+    """An etag as compared: servers may quote it, or mark it weak, in one answer and not in
+    another."""
+    return etag.removeprefix("W/").strip('"')
 
 
 def _holder(body: bytes) -> str | None:

@@ -109,7 +109,9 @@ def queue_names(store: Store, ns: str) -> Iterator[str]:
     folder, at ``<name>/`` followed by U+FFFD, which sorts after every key lakeshore writes
     in it (they are ASCII). That cursor is past the folder in both listing orders a store may
     have: byte order (S3, where ``a-b/`` comes before ``a/``) and directory-walk order
-    (SeaweedFS, where ``a/`` and everything in it come before ``a-b/``). One LIST per folder:
+    (SeaweedFS, where ``a/`` and everything in it come before ``a-b/``). Keys of a folder
+    that sort after the cursor (non-ASCII ones anyone allowed to write the namespace could
+    put there) are read past, never listed again. One LIST per folder:
     the cost grows with the number of queues and top-level folders, never with the records,
     topic posts or index entries inside them.
 
@@ -118,8 +120,16 @@ def queue_names(store: Store, ns: str) -> Iterator[str]:
     """
     base = namespace_prefix(ns)
     after: str | None = None
+    done: str | None = None  # the folder the cursor was just moved past
     while True:
-        first = next(iter(store.list(base, start_after=after)), None)
+        first = None
+        for info in store.list(base, start_after=after):
+            head, sep, _ = info.key[len(base) :].partition("/")
+            if not (sep and head == done):
+                first = info
+                break
+            # a key of that folder sorting after the cursor (not one lakeshore writes: an
+            # emoji, U+FFFF): read past it rather than list the same folder again for ever
         if first is None:
             return
         head, sep, _ = first.key[len(base) :].partition("/")
@@ -128,7 +138,7 @@ def queue_names(store: Store, ns: str) -> Iterator[str]:
             continue
         if not head.startswith("_"):
             yield head
-        after = f"{base}{head}/{_PAST}"
+        after, done = f"{base}{head}/{_PAST}", head
 
 
 def retention_of(

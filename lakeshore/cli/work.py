@@ -191,7 +191,10 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         plan = _sweep(q, names, bool(args.queues), older, now, dry_run=True)
         for name, message in plan.errors.items():
             err(message if name != "workers" else f"signs of life: {message}")
-        if not any(r.expired or r.orphans for r in plan.reports.values()) and not plan.workers:
+        # objects alone: leaked admission slots, freed like the rest once confirmed
+        if not any(r.expired or r.orphans or r.objects for r in plan.reports.values()) and (
+            not plan.workers
+        ):
             _render(plan, True, sys.stdout)
             print("nothing to delete")
             return 2 if plan.errors else 0
