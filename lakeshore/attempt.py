@@ -32,7 +32,7 @@ from lakeshore.errors import (
 from lakeshore.journal import END, ERROR, JournalWriter
 from lakeshore.logs import log_writer, text_sink
 from lakeshore.protocol import Claimed, QueueOps
-from lakeshore.record import Record, RecordError
+from lakeshore.record import Record, RecordError, clip_error
 from lakeshore.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
 from lakeshore.udf import Allow, Udf, UnknownFunction, body_kind, load_body
 
@@ -396,7 +396,10 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
             ended = False
             if final.state == "failed" and journal.frames:
                 # Only a stream gets an ERROR frame, and only when no retry follows.
-                ended = _quietly(journal.close, ERROR, codec.encode(err, "error"))
+                # The error as the record holds it (clipped): the raw text may be larger
+                # than any segment a reader fetches.
+                frame = codec.encode(clip_error(err), "error")
+                ended = _quietly(journal.close, ERROR, frame)
             else:
                 _quietly(journal.close)
             final = _with_journal(final, journal, ended)

@@ -450,11 +450,9 @@ def _error(v: Any) -> None:
         return
     if type(v) is not dict or not all(type(k) is str and type(x) is str for k, x in v.items()):
         raise _Bad("error", "must be a map of str to str (type, message, traceback) or None")
-    if len(v) > MAX_ERROR_ENTRIES:
-        raise _Bad("error", f"has {len(v)} entries, over the limit of {MAX_ERROR_ENTRIES}")
-    for k, x in v.items():
-        _capped(k, "error", "error.key")
-        _capped(x, f"error.{k}" if _size(k) <= LIMITS["error.key"] else "error", "error.value")
+    # Over its caps, an error map is clipped on read (see _checked_fields), not refused: it
+    # is diagnostics, and 0.3.0 wrote whole error texts, even into records queued again for
+    # a retry -- refusing them would fail those jobs as corrupt and hide failed jobs' errors.
 
 
 def _journal(v: Any) -> None:
@@ -520,6 +518,8 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
             "timeout_s", f"must be a positive number or None, got {_show(full['timeout_s'])}"
         )
     _error(full["error"])
+    if fields.get("error") is not None:
+        fields["error"] = clip_error(fields["error"])
     _journal(full["journal"])
     fields["args"] = _blob(full, "args")
     fields["result"] = None if full["result"] is None else _blob(full, "result")

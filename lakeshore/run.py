@@ -277,6 +277,19 @@ class RunContext:
                 )
             if private:
                 return f"{base}/{full}"  # in place: nobody else can redirect this path
+            if st.st_nlink > 1:
+                # Another user who may write a folder on the way can plant a hard link to a
+                # file outside the root (where the system lets them link files they cannot
+                # read): read with this user's rights, it would leak like a symlink.
+                raise PermissionDenied(
+                    op,
+                    f"{where} has {st.st_nlink} hard links and lies in a folder other users "
+                    "may change; lakeshore reads only singly linked files there, since a "
+                    "hard link could lead a read outside the data root",
+                    "copy the file into place instead of linking it",
+                    key=full,
+                    location=where,
+                )
             stamp = f"local:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
             def fetch(tmp: Path) -> None:

@@ -139,7 +139,7 @@ OVERSIZE = {
     "wid": "w" * (LIMITS["wid"] + 1),
     "input_hash": "h" * (LIMITS["input_hash"] + 1),
     "args": {"inline": b"a" * (LIMITS["blob.inline"] + 1)},
-    "error": {"type": "E", "message": "m", "traceback": "t" * (MAX_ERROR_TEXT + 1)},
+    # error: clipped on read, not refused (tests/test_review22_b.py)
     "journal": {"attempt": 0, "frames": 0, "ended": False, **{f"x{i}": 0 for i in range(9)}},
 }
 

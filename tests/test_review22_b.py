@@ -1,0 +1,146 @@
+"""Review of issue 22 (reviewer B): the record caps against records 0.3.0 wrote, the size of
+a failed stream's ERROR frame, and hard links in a shared ``file://`` data root."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lakeshore as dls
+from lakeshore.journal import MAX_FRAME_BYTES
+from lakeshore.run import RunContext, data_root
+from lakeshore.store import MemoryStore
+from lakeshore.store.base import if_match
+from tests import jobs
+from tests.conftest import make_plane
+
+# -- bodies (module level) ------------------------------------------------------------------
+
+
+def fails_loudly(n: int) -> Iterator[int]:
+    """A stream that yields once, then fails with an ``n``-character message."""
+    yield 1
+    raise ValueError("x" * n)
+
+
+# -- records written by 0.3.0 ---------------------------------------------------------------
+
+
+def _as_0_3_0_after_a_failed_attempt(q: Any, inv: str, message: str) -> None:
+    """Rewrite ``inv``'s queued record as a 0.3.0 worker left it after a failed attempt with
+    retries left: attempt 1, queued again, the attempt's error unclipped (0.3.0 had no caps)."""
+    ops = q.ops("default")
+    rec, etag = ops.read(inv)
+    old = dataclasses.replace(
+        rec,
+        attempt=1,
+        error={"type": "ValueError", "message": message, "traceback": "Traceback...\n" + message},
+    )
+    ops.store.put(ops.keys.record(inv), old.to_bytes(), if_match(etag))
+
+
+def test_a_0_3_0_record_queued_again_after_a_long_error_is_retried_not_failed() -> None:
+    """0.3.0 kept an attempt's whole error text in the record it queued again for the retry.
+    An upgraded worker must run the retry, not replace the job with a CorruptRecord stub."""
+    q = make_plane(MemoryStore())
+    inv = q.udf(jobs.add_one, max_attempts=3).submit(1)
+    _as_0_3_0_after_a_failed_attempt(q, inv, "bad input " + "x" * 100_000)
+    dls.run_worker(q, max_jobs=1, idle_exit=0, isolation="thread")
+    assert q.result(inv, timeout=10) == 2
+
+
+def test_a_0_3_0_failed_record_with_a_long_error_still_reads_as_failed() -> None:
+    q = make_plane(MemoryStore())
+    inv = q.udf(jobs.add_one, max_attempts=1).submit(1)
+    ops = q.ops("default")
+    rec, etag = ops.read(inv)
+    old = dataclasses.replace(
+        rec,
+        state="failed",
+        attempt=1,
+        finished_at=rec.submitted_at,
+        error={"type": "ValueError", "message": "y" * 100_000, "traceback": ""},
+    )
+    ops.store.put(ops.keys.record(inv), old.to_bytes(), if_match(etag))
+    with pytest.raises(dls.Failed) as err:
+        q.result(inv, timeout=5)
+    assert "yyyy" in err.value.remote_message
+
+
+# -- the ERROR frame of a failed stream -----------------------------------------------------
+
+
+def test_a_failed_streams_error_frame_is_clipped_like_the_record() -> None:
+    """The record's error is clipped to 64 KiB a text; the ERROR frame that ends the stream
+    carried the raw error map (message and traceback, each as long as the exception text), so
+    a long enough message made a segment no reader fetches (CorruptSegment instead of the
+    job's error: with a 140 MiB message the segment was 294 MB, over the 257 MiB bound)."""
+    q = make_plane(MemoryStore())
+    inv = q.udf(fails_loudly, max_attempts=1).submit(2 << 20)
+    dls.run_worker(q, once=True, isolation="thread")
+    ops = q.ops("default")
+    sizes = [i.size for i in ops.store.list(ops.keys.journal_prefix(inv, 1))]
+    assert sizes and max(sizes) < 1 << 20, sizes  # the 2 MiB message does not ride whole
+    assert max(sizes) < MAX_FRAME_BYTES
+    got = []
+    with pytest.raises(dls.Failed, match="ValueError"):
+        for frame in q.stream(inv):
+            got.append(frame.value)
+    assert got == [1]
+
+
+# -- hard links in a shared file:// root ----------------------------------------------------
+
+
+def test_a_hard_link_planted_in_a_shared_root_is_not_read(tmp_path: Path) -> None:
+    """A symlink is refused; a hard link to a file outside the root is the same escape for a
+    group member who can create one (fs.protected_hardlinks=0, macOS, or a file they may
+    write): the worker, reading with its own rights, would copy its secret into the job."""
+    shared = tmp_path / "data" / "job1"
+    shared.mkdir(parents=True)
+    shared.chmod(0o2775)  # a group folder: producers of the group stage inputs here
+    secrets = tmp_path / "worker-secrets"
+    secrets.mkdir()
+    (secrets / "credentials").write_text("aws_secret_access_key = hunter2")
+    (secrets / "credentials").chmod(0o600)
+    os.link(secrets / "credentials", shared / "creds.txt")  # the producer's plant
+    ctx = RunContext(data_root(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache")), "body")
+    try:
+        with pytest.raises(dls.PermissionDenied, match=r"job1/creds\.txt.*hard link"):
+            ctx.read("job1/creds.txt")
+        (shared / "plain.txt").write_text("an input")  # one name: read as before
+        assert Path(ctx.read("job1/plain.txt")).read_text() == "an input"
+    finally:
+        ctx.close()
+
+
+def test_a_hard_link_in_a_private_root_is_read_in_place(tmp_path: Path) -> None:
+    """Only this user can link into a private root: its links are its own business."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("a")
+    os.link(tmp_path / "data" / "a.txt", tmp_path / "data" / "b.txt")
+    ctx = RunContext(data_root(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache")), "body")
+    try:
+        assert ctx.read("b.txt") == str(tmp_path / "data" / "b.txt")
+    finally:
+        ctx.close()
+
+
+def test_an_error_map_over_its_caps_is_clipped_when_read() -> None:
+    """Whoever wrote it, a record's error map reads back within its caps (8 entries, keys of
+    64 bytes, texts of 64 KiB): diagnostics are clipped, never a reason to refuse the record."""
+    from lakeshore.record import LIMITS, MAX_ERROR_ENTRIES, MAX_ERROR_TEXT, Record
+
+    q = make_plane(MemoryStore())
+    inv = q.udf(jobs.add_one).submit(1)
+    rec = q.ops("default").read(inv)[0]
+    error = {f"{'k' * 100}{i}": "t" * (MAX_ERROR_TEXT + 1) for i in range(12)}
+    back = Record.from_bytes(dataclasses.replace(rec, error=error).to_bytes())
+    assert back.error is not None and len(back.error) <= MAX_ERROR_ENTRIES
+    for k, v in back.error.items():
+        assert len(k.encode()) <= LIMITS["error.key"] and len(v.encode()) <= MAX_ERROR_TEXT
