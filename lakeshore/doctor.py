@@ -16,7 +16,8 @@ on them, so the doctor probes a store the way the queue will use it and gives a 
   is visible right after it returns;
 * the store clock is readable (reported, with the local clock's offset from it).
 
-All probe objects live under ``lakeshore-doctor/<ulid>/`` and are removed afterwards.
+All probe objects live under ``lakeshore-doctor/<ulid>/`` (or, given a namespace, under
+``lakeshore/<ns>/_doctor/<ulid>/``, which a worker's policy covers) and are removed afterwards.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ulid import ULID
 
+from lakeshore import keys
 from lakeshore.errors import Conflict, LakeshoreError, NotFound
 from lakeshore.store.base import CREATE, OVERWRITE, Store, if_match
 
@@ -88,15 +90,18 @@ def diagnose(
     threads: int = 8,
     rounds: int = 20,
     on_check: Callable[[Check], None] | None = None,
+    ns: str | None = None,
 ) -> Report:
     """Probe ``store`` and return a :class:`Report`; never raises for a misbehaving store.
     ``on_check`` is called with each check as it completes (progress for slow stores).
+    With ``ns``, the probes live inside that namespace, where a worker's policy may write.
 
     Raises:
         LakeshoreError: only when the store cannot be reached at all (the first write fails
             for a reason other than a lost condition).
     """
-    base = f"lakeshore-doctor/{ULID()}"
+    base = f"{keys.doctor_prefix(ns)}{ULID()}"
+    store.probe_within(f"{base}/")  # the clock's first LIST stays where a role may list
     report = Report(store.url)
     store.put(f"{base}/hello", b"hello", OVERWRITE)  # unreachable stores fail here, loudly
     probes: list[tuple[str, Callable[[Store, str], str]]] = [

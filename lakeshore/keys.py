@@ -220,6 +220,14 @@ def id_index(ns: str, inv: str) -> str:
     return f"{ROOT}/{check_name(ns, 'namespace')}/_ids/{inv}"
 
 
+def doctor_prefix(ns: str | None) -> str:
+    """Where ``lakeshore doctor`` puts its probe objects: inside a namespace (whose worker
+    policy may write there), or, without one, a folder beside the namespaces."""
+    if ns is None:
+        return "lakeshore-doctor/"
+    return f"{ROOT}/{check_name(ns, 'namespace')}/_doctor/"
+
+
 def namespace_prefix(ns: str) -> str:
     """Everything of one namespace: its queue folders and its ``_`` folders."""
     return f"{ROOT}/{check_name(ns, 'namespace')}/"

@@ -424,7 +424,8 @@ def _blob(obj: dict[str, Any], name: str) -> Blob:
     inline = b.get("inline")
     if type(inline) is not bytes:
         raise _Bad(f"{name}.inline", f"must be bytes, got {_show(inline)}")
-    _capped(inline, f"{name}.inline", "blob.inline")
+    # Not capped on read: 0.3.0 kept values up to `spill_bytes` inline, and the record's own
+    # read bound (MAX_RECORD_BYTES) already bounds what an inline value costs.
     return Blob(inline=inline)
 
 

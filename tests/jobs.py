@@ -393,3 +393,7 @@ def signal_the_worker_then_die() -> None:
     os.kill(os.getppid(), signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def length(s: str) -> int:
+    return len(s)

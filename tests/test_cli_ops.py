@@ -147,6 +147,7 @@ MISSING_QUEUE = {
     "gc": ["gc", "--queue", "nosuch", "--older-than", "1d", "--yes"],
     "queue": ["queue", "show", "nosuch"],
 }
+QUEUE_SET = {"queue-set": ["queue", "set", "nosuch", "max_depth=5"]}
 
 
 @pytest.mark.parametrize("argv", BAD_ID.values(), ids=list(BAD_ID))
@@ -170,14 +171,26 @@ def test_unknown_id_is_one_line(
 def test_missing_queue_is_one_line(
     url: str, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
+    """Commands that only read show a queue with no objects empty, with a one-line note
+    (it may be a typo, or a queue gc emptied); only `queue set` refuses (tests below)."""
     dls.Dispatch(url)  # the store exists (a missing one is refused first)
     code, _, err = run(capsys, *argv)
+    assert code == 0 and "queue 'nosuch' in namespace 'default' has no jobs" in one_line_error(err)
+
+
+def test_queue_set_on_a_missing_queue_is_one_line(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dls.Dispatch(url)
+    code, _, err = run(capsys, *QUEUE_SET["queue-set"])
     assert code == 2 and "no queue 'nosuch'" in one_line_error(err)
+    assert "--create" in err
 
 
 ALL_COMMANDS = {
     **BAD_ID,
     **MISSING_QUEUE,
+    **QUEUE_SET,
     "submit": ["submit", "tests.jobs:add_one", "--args", "[1]"],
     "worker": ["worker", "--idle-exit", "0"],
 }

@@ -138,8 +138,8 @@ OVERSIZE = {
     "fn_pickle": b"\x80" * (LIMITS["fn_pickle"] + 1),
     "wid": "w" * (LIMITS["wid"] + 1),
     "input_hash": "h" * (LIMITS["input_hash"] + 1),
-    "args": {"inline": b"a" * (LIMITS["blob.inline"] + 1)},
-    # error: clipped on read, not refused (tests/test_review22_b.py)
+    # error: clipped on read, not refused (tests/test_review22_b.py); inline args and
+    # results: bounded on read by the record's size only (0.3.0 kept them up to spill_bytes)
     "journal": {"attempt": 0, "frames": 0, "ended": False, **{f"x{i}": 0 for i in range(9)}},
 }
 
@@ -151,6 +151,17 @@ def test_a_record_with_an_oversize_field_is_refused_when_read(field: str) -> Non
     data = msgpack.packb(handmade(q, inv, **{field: OVERSIZE[field]}), use_bin_type=True)
     with pytest.raises(RecordError, match=field):
         Record.from_bytes(data)
+
+
+def test_a_record_of_0_3_0_with_a_large_inline_argument_still_runs(atomic_store: Store) -> None:
+    q = make_plane(atomic_store)
+    inv = keys.new_id()
+    # inline, as 0.3.0 with spill_bytes=2 MiB wrote it
+    big = codec.encode((("x" * (LIMITS["blob.inline"] + 10),), {}))
+    rec = handmade(q, inv, fn="tests.jobs:length", args={"inline": big})
+    put_by_hand(q, inv, msgpack.packb(rec, use_bin_type=True))
+    dls.run_worker(q, isolation="thread", once=True, allow=["tests.jobs:*"])
+    assert q.result(inv, timeout=5) == LIMITS["blob.inline"] + 10
 
 
 def test_a_queued_record_with_an_oversize_key_is_failed_and_good_work_runs(

@@ -16,7 +16,7 @@ from lakeshore.cli import main
 from lakeshore.keys import new_id
 from tests import jobs
 from tests.conftest import make_plane
-from tests.test_least_privilege import principals  # noqa: F401  (the fixture, by name)
+from tests.test_least_privilege import NS, principals  # noqa: F401  (the fixture, by name)
 
 # -- gc's queue discovery ends, whatever keys a writer of the namespace put in a folder -------
 
@@ -116,15 +116,12 @@ def test_interactive_gc_frees_a_leaked_slot_it_found(
 # -- found, not fixed (design decisions): strict xfails that document them ---------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review22-A: a queue whose settings were never written vanishes once gc removed "
-    "its last invocation (submits no longer write _queue): queue set then needs --create and "
-    "`status jobs` / `gc -q jobs` exit 2",
-)
-def test_a_queue_emptied_by_gc_is_still_a_queue(
+def test_a_queue_emptied_by_gc_reads_as_empty_and_set_asks_for_create(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Submits no longer write `_queue`, so a queue gc has emptied has no objects left: the
+    commands that only read show it empty with a note; `queue set` asks for --create, as it
+    does for a typo, since nothing tells the two apart."""
     url = f"file://{tmp_path}/plane"
     q = dls.Dispatch(url)
     inv = q.udf(jobs.add_one, queue="jobs").submit(1)
@@ -139,30 +136,30 @@ def test_a_queue_emptied_by_gc_is_still_a_queue(
     assert q.result(inv) == 2
     assert main(["gc", "--older-than", "0", "--yes", "--url", url]) == 0
     capsys.readouterr()
-    assert main(["queue", "set", "jobs", "max_depth=5", "--url", url]) == 0
-    assert main(["status", "jobs", "--url", url]) == 0
+    for command in (["status", "jobs"], ["ls", "jobs"], ["queue", "show", "jobs"]):
+        assert main([*command, "--url", url]) == 0, command
+        assert "queue 'jobs' in namespace 'default' has no jobs" in capsys.readouterr().err
+    assert main(["gc", "-q", "jobs", "--older-than", "0", "--yes", "--url", url]) == 0
+    assert main(["queue", "set", "jobs", "max_depth=5", "--url", url]) == 2
+    assert "--create" in capsys.readouterr().err
+    assert main(["queue", "set", "jobs", "max_depth=5", "--create", "--url", url]) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review22-A: docs/s3.md lists topics among what producers run, but "
-    "Topic.trim deletes posts and the producer policy grants DeleteObject only on _slots/_rate",
-)
-def test_a_producer_can_trim_its_topic(request: pytest.FixtureRequest) -> None:
-    producer = request.getfixturevalue("principals")["producer"]
-    t = producer.plane().topic("news")
+def test_a_producer_cannot_trim_a_topic_and_a_worker_can(request: pytest.FixtureRequest) -> None:
+    """docs/s3.md: producers post and read topics; trimming deletes posts, a worker's grant."""
+    roles = request.getfixturevalue("principals")
+    t = roles["producer"].plane().topic("news")
     t.post(1)
     t.post(2)
-    assert t.trim(keep_last=1) == 1
+    with pytest.raises(dls.PermissionDenied):
+        t.trim(keep_last=1)
+    assert roles["worker"].plane().topic("news").trim(keep_last=1) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review22-A: docs/s3.md says to run the doctor with each role's credentials, but "
-    "it writes under PREFIX/lakeshore-doctor/, outside every role's namespace (pre-existing)",
-)
-def test_the_doctor_runs_with_a_roles_credentials(request: pytest.FixtureRequest) -> None:
+def test_the_doctor_runs_with_a_workers_credentials_inside_its_namespace(
+    request: pytest.FixtureRequest,
+) -> None:
     from lakeshore.doctor import diagnose
 
-    worker = request.getfixturevalue("principals")["worker"]  # the broadest role
-    assert diagnose(worker.store, threads=2, rounds=1).safe
+    worker = request.getfixturevalue("principals")["worker"]
+    assert diagnose(worker.store, threads=2, rounds=1, ns=NS).safe

@@ -6,7 +6,15 @@ import argparse
 import sys
 from typing import Any
 
-from lakeshore.cli.common import add_common, default_url, dumps, inert, plane, require_queue
+from lakeshore.cli.common import (
+    add_common,
+    default_url,
+    dumps,
+    inert,
+    note_if_unknown,
+    plane,
+    require_queue,
+)
 from lakeshore.dispatch import DEFAULT_URL
 from lakeshore.doctor import Check
 from lakeshore.errors import InvalidArgument
@@ -26,7 +34,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if progress:
         print(f"lakeshore doctor: {url}\n", flush=True)
     with open_store(url) as store:
-        report = diagnose(store, threads=args.threads, rounds=args.rounds, on_check=progress)
+        report = diagnose(
+            store, threads=args.threads, rounds=args.rounds, on_check=progress, ns=args.ns
+        )
     if args.json:
         print(
             dumps(
@@ -69,13 +79,14 @@ def _cmd_queue(args: argparse.Namespace) -> int:
         raise InvalidArgument("queue set", "no settings given", "pass NAME=VALUE pairs")
     changes = dict(map(_parse_setting, args.settings)) if args.action == "set" else {}
     q = plane(args, create=creating)
-    if not creating:  # a typo in the name must not quietly make a second queue
-        todo = (
-            "check the name and --ns, or pass --create to make a new queue with these settings"
-            if args.action == "set"
-            else None
+    if args.action == "show":
+        note_if_unknown(q, args.queue)
+    elif not creating:  # a typo in the name must not quietly make a second queue
+        require_queue(
+            q,
+            args.queue,
+            "check the name and --ns, or pass --create to make a new queue with these settings",
         )
-        require_queue(q, args.queue, todo)
     if args.action == "set":
         conf = q.configure(args.queue, **changes)
     else:
@@ -114,6 +125,11 @@ def register(sub: Any) -> None:
     )
     doctor.add_argument("--threads", type=int, default=8, help="threads per race round (default 8)")
     doctor.add_argument("--rounds", type=int, default=20, help="race rounds (default 20)")
+    doctor.add_argument(
+        "--ns",
+        help="probe inside this namespace (lakeshore/NS/_doctor/), so that a worker's "
+        "credentials suffice; default: a folder lakeshore-doctor/ beside the namespaces",
+    )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(func=_cmd_doctor)
     demo = sub.add_parser(

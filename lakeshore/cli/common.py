@@ -31,6 +31,7 @@ __all__ = [
     "err",
     "finite",
     "inert",
+    "note_if_unknown",
     "plane",
     "print_json",
     "require_queue",
@@ -135,14 +136,33 @@ def _require_store(url: str) -> None:
         return  # not a directory, no permission: opening the store says what is wrong
 
 
+def _queue_is_known(q: Dispatch, queue: str) -> bool:
+    keys = QueueKeys(q.ns, check_name(queue, "queue"))
+    return next(iter(q.store.list(keys.ids_prefix)), None) is not None
+
+
+def note_if_unknown(q: Dispatch, queue: str) -> None:
+    """For commands that only read: a queue with no objects is shown empty, with a note on
+    stderr (a typo, or a queue gc has emptied: neither is an error when nothing is written).
+
+    Raises:
+        InvalidArgument: a bad queue name.
+    """
+    if not _queue_is_known(q, queue):
+        err(
+            f"note: queue {queue!r} in namespace {q.ns!r} has no jobs and no settings — "
+            "shown empty; check the name and --ns"
+        )
+
+
 def require_queue(q: Dispatch, queue: str, todo: str | None = None) -> None:
     """Raise a clear NotFound unless ``queue`` has any object in the store (one LIST).
 
     Raises:
-        InvalidArgument: a bad queue name. NotFound: the queue has never been used.
+        InvalidArgument: a bad queue name. NotFound: the queue has no objects (never used,
+            or emptied by gc and never configured).
     """
-    keys = QueueKeys(q.ns, check_name(queue, "queue"))
-    if next(iter(q.store.list(keys.ids_prefix)), None) is None:
+    if not _queue_is_known(q, queue):
         raise NotFound(
             f"queue {queue}",
             f"no queue {queue!r} in namespace {q.ns!r} of {q.store.url}",

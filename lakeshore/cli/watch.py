@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from lakeshore.census import newest_ids, queue_status, records, workers_seen
-from lakeshore.cli.common import add_common, ago, inert, plane, print_json, require_queue, table
+from lakeshore.cli.common import add_common, ago, inert, note_if_unknown, plane, print_json, table
 from lakeshore.errors import InvalidArgument
 from lakeshore.keys import QueueKeys, check_id
 from lakeshore.record import STATES
@@ -20,7 +20,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     workers = workers_seen(q.store, q.ns, now)
     if args.queues:
         for name in args.queues:
-            require_queue(q, name)
+            note_if_unknown(q, name)
         names = list(args.queues)
     else:  # the queues live workers serve, and the default one
         names = sorted({"default", *(n for w in workers for n in w.get("queues", []))})
@@ -55,7 +55,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     q = plane(args)
-    require_queue(q, args.queue)
+    note_if_unknown(q, args.queue)
     if args.state and args.state not in STATES:
         raise InvalidArgument("ls", f"unknown state {args.state!r}", f"use one of {STATES}")
     if args.limit < 1:

@@ -14,9 +14,9 @@ from lakeshore.cli.common import (
     err,
     finite,
     inert,
+    note_if_unknown,
     plane,
     print_json,
-    require_queue,
 )
 from lakeshore.dispatch import Dispatch
 from lakeshore.errors import InvalidArgument, LakeshoreError
@@ -183,7 +183,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     q = plane(args)  # a mistyped file:// path is refused, not created empty
     if args.queues:
         for name in args.queues:
-            require_queue(q, name)
+            note_if_unknown(q, name)
     names = list(args.queues or sorted(queue_names(q.store, q.ns)))
     now = q.store.now()
     only = None
