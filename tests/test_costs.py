@@ -196,13 +196,17 @@ def small_pages(monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 def test_a_fresh_handle_posts_without_listing_the_whole_topic(
-    atomic_store: Store, small_pages: int
+    atomic_store: Store, small_pages: int, report: list[str]
 ) -> None:
     _posts(atomic_store, "default", "t", range(300))
     metered = Metered(atomic_store)
     assert Topic(metered, "default", "t").post("new") == 300
     # one page from the start, one or two from near the tail: not the 300 keys of the topic
     assert metered.listed <= 3 * small_pages, metered.listed
+    report.append(
+        f"topic post, fresh handle {atomic_store.url[:40]:<40} 300 posts, pages of "
+        f"{small_pages}: {metered.listed} keys listed (0.3.0: 300)"
+    )
     assert [f.seq for f in Topic(atomic_store, "default", "t").stream(since=299)] == [299, 300]
 
 
@@ -259,7 +263,9 @@ def test_an_oversize_post_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- streams ------------------------------------------------------------------------------
 
 
-def test_resuming_far_into_a_journal_fetches_only_the_segments_from_since(store: Store) -> None:
+def test_resuming_far_into_a_journal_fetches_only_the_segments_from_since(
+    store: Store, report: list[str]
+) -> None:
     metered = Metered(store)
     q = make_plane(metered)
     n = 3000  # at least three segments: a segment holds 1024 frames at most
@@ -273,6 +279,10 @@ def test_resuming_far_into_a_journal_fetches_only_the_segments_from_since(store:
     fetched = [k for k, _ in metered.gets if k.startswith(prefix)]
     # the segment holding since (and the END's, when the last flush left it alone)
     assert len(fetched) <= 2 and fetched[-1] == segments[-1], fetched
+    report.append(
+        f"stream resume {store.url[:40]:<40} since={n - 1}: {len(fetched)} of "
+        f"{len(segments)} segments fetched"
+    )
 
 
 def test_segment_and_post_reads_are_bounded(store: Store) -> None:

@@ -70,7 +70,7 @@ def _root_ctx(tmp_path: Path, prefix: str = "") -> RunContext:
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_symlinks_planted_by_a_producer_lead_no_copy_body_out_of_the_root(
-    tmp_path: Path, isolation: str
+    tmp_path: Path, isolation: str, report: list[str]
 ) -> None:
     q, root = _local_plane(tmp_path)
     victim, secrets = _outside(tmp_path)
@@ -91,6 +91,10 @@ def test_symlinks_planted_by_a_producer_lead_no_copy_body_out_of_the_root(
             q.result(inv, timeout=30)
         assert err.value.remote_type.endswith("PermissionDenied")
         assert key in err.value.remote_message and "symbolic link" in err.value.remote_message
+    report.append(
+        f"planted links in a file:// root ({isolation}): 2 copy bodies refused "
+        "(PermissionDenied), nothing written outside, no secret read"
+    )
 
 
 def test_a_link_as_the_last_part_of_a_key_is_neither_read_nor_written_through(
