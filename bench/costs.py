@@ -18,62 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lakeshore as dls
+from bench.counting import Counting
 from lakeshore import codec, keys, lifecycle
 from lakeshore.journal import END, VALUE, encode_segment
 from lakeshore.record import LIMITS, Blob, Record
-from lakeshore.store import MemoryStore, ObjectInfo, PutMode, Store
-from lakeshore.store.base import OVERWRITE
+from lakeshore.store import MemoryStore
 from lakeshore.topic import Topic
 
 
-class Metered(Store):
-    """Counts requests, the keys listings return, and the bytes GETs return."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-        self._lock = threading.Lock()
-        self.reset()
-
-    def reset(self) -> dict[str, int]:
-        old = dict(getattr(self, "c", {}))
-        self.c = {"LIST": 0, "keys": 0, "GET": 0, "bytes": 0, "PUT": 0}
-        return old
-
-    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
-        self.c["GET"] += 1
-        data, etag = self.inner.get(key, max_bytes)
-        self.c["bytes"] += len(data)
-        return data, etag
-
-    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        self.c["PUT"] += 1
-        return self.inner.put(key, data, mode)
-
-    def delete(self, key: str, if_match: str | None = None) -> None:
-        self.inner.delete(key, if_match)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        self.c["LIST"] += 1
-        for info in self.inner.list(prefix, start_after):
-            self.c["keys"] += 1
-            yield info
-
-    def now(self) -> float:
-        return self.inner.now()
-
-    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
-        self.inner.pause(seconds, stop)
-
-
 def topic_post(posts: int) -> dict[str, Any]:
-    store = Metered(MemoryStore())
+    store = Counting(MemoryStore())
     for seq in range(posts):  # what many producers left behind
         body = codec.encode({"post": f"{seq:016x}", "payload": codec.encode(seq)})
         store.inner.put(keys.topic_seq_key("b", "t", seq), encode_segment(0, seq, [(VALUE, body)]))
@@ -98,7 +57,7 @@ def topic_post(posts: int) -> dict[str, Any]:
 
 
 def stream_resume(frames: int, per_segment: int = 1024) -> dict[str, Any]:
-    store = Metered(MemoryStore())
+    store = Counting(MemoryStore())
     ops = dls.Dispatch(":memory:", store=store).ops("default")
     inv = keys.new_id()
     payload = codec.encode("x" * 200)  # about the 210 bytes a frame of the issue took
@@ -137,7 +96,7 @@ def stream_resume(frames: int, per_segment: int = 1024) -> dict[str, Any]:
 
 
 def heartbeat_bytes(key: str | None) -> dict[str, Any]:
-    store = Metered(MemoryStore())
+    store = Counting(MemoryStore())
     q = dls.Dispatch(":memory:", store=store)
     f = q.udf(dls_noop)
     try:

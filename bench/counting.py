@@ -17,20 +17,27 @@ PRICE_CLASS_B = 0.0004 / 1000
 
 class Counting(Store):
     """Counts the requests a store serves: ``PUT``, ``LIST`` (class A), ``GET`` (class B),
-    ``DELETE`` (free). A LIST is counted once per call (one page per 1000 keys)."""
+    ``DELETE`` (free). A LIST is counted once per call (one page per 1000 keys). Also counts
+    the keys listings return (``keys``) and the bytes GETs return (``bytes``), and logs each
+    GET's key and bound in ``gets``."""
 
     def __init__(self, inner: Store) -> None:
         self.inner, self.url = inner, inner.url
         self.counts: Counter[str] = Counter()
+        self.gets: list[tuple[str, int | None]] = []
         self._lock = threading.Lock()
 
-    def _count(self, verb: str) -> None:
+    def _count(self, verb: str, n: int = 1) -> None:
         with self._lock:
-            self.counts[verb] += 1
+            self.counts[verb] += n
 
     def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         self._count("GET")
-        return self.inner.get(key, max_bytes)
+        with self._lock:
+            self.gets.append((key, max_bytes))
+        data, etag = self.inner.get(key, max_bytes)
+        self._count("bytes", len(data))
+        return data, etag
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
         self._count("PUT")
@@ -41,8 +48,13 @@ class Counting(Store):
         self.inner.delete(key, if_match)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        self._count("LIST")
-        return self.inner.list(prefix, start_after)
+        self._count("LIST")  # at the call, as a server counts it, not when first iterated
+        return self._keys(self.inner.list(prefix, start_after))
+
+    def _keys(self, listing: Iterator[ObjectInfo]) -> Iterator[ObjectInfo]:
+        for info in listing:
+            self._count("keys")
+            yield info
 
     def now(self) -> float:
         return self.inner.now()
@@ -53,9 +65,12 @@ class Counting(Store):
     def probe_within(self, prefix: str) -> None:
         self.inner.probe_within(prefix)
 
+    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
+        self.inner.pause(seconds, stop)
+
     def reset(self) -> Counter[str]:
         with self._lock:
-            seen, self.counts = self.counts, Counter()
+            seen, self.counts, self.gets = self.counts, Counter(), []
         return seen
 
 

@@ -11,40 +11,15 @@ whole namespace), measured in the same run. The new figure must not grow with th
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 from typing import Any
 
+from bench.counting import Counting
 from lakeshore.gc import queue_names
 from lakeshore.keys import QueueKeys, namespace_prefix, topic_seq_key
 from lakeshore.queueconf import QueueConfig
-from lakeshore.store import MemoryStore, ObjectInfo, PutMode, Store
-from lakeshore.store.base import OVERWRITE
+from lakeshore.store import MemoryStore
 
 _ID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
-
-
-class _Keys(Store):
-    """Counts the keys listings return."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url, self.listed = inner, inner.url, 0
-
-    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
-        return self.inner.get(key, max_bytes)
-
-    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        return self.inner.put(key, data, mode)
-
-    def delete(self, key: str, if_match: str | None = None) -> None:
-        self.inner.delete(key, if_match)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        for info in self.inner.list(prefix, start_after):
-            self.listed += 1
-            yield info
-
-    def now(self) -> float:
-        return self.inner.now()
 
 
 def measure(posts: int) -> dict[str, Any]:
@@ -54,12 +29,12 @@ def measure(posts: int) -> dict[str, Any]:
     store.put(keys.record(_ID), b"record")
     for seq in range(posts):
         store.put(topic_seq_key("default", "news", seq), b"post")
-    counting = _Keys(store)
+    counting = Counting(store)
     names = sorted(queue_names(counting, "default"))
-    new = counting.listed
-    counting.listed = 0
+    new = counting.reset()["keys"]
     sum(1 for _ in counting.list(namespace_prefix("default")))  # the old way: everything
-    return {"posts": posts, "queues": names, "listed": new, "listed_before": counting.listed}
+    before = counting.reset()["keys"]
+    return {"posts": posts, "queues": names, "listed": new, "listed_before": before}
 
 
 def main() -> None:

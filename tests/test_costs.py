@@ -6,18 +6,17 @@ not fetch the journal before the cursor, and reads of segments and posts that ar
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
 import pytest
 
 import lakeshore as dls
+from bench.counting import Counting
 from lakeshore import codec, journal, keys, lifecycle, topic
 from lakeshore.journal import VALUE, CorruptSegment, encode_segment, read_segments
 from lakeshore.record import LIMITS, MAX_ERROR_TEXT, Blob, Record, RecordError
-from lakeshore.store import MemoryStore, ObjectInfo, PutMode, Store
-from lakeshore.store.base import OVERWRITE
+from lakeshore.store import MemoryStore, Store
 from lakeshore.topic import Topic
 from tests import jobs
 from tests.conftest import make_plane
@@ -27,46 +26,6 @@ from tests.test_hostile_records import handmade, put_by_hand
 def written(store: Store) -> list[str]:
     """The objects in the store beside queue records (a submit's first read creates one)."""
     return [i.key for i in store.list() if not i.key.endswith("/_queue")]
-
-
-class Metered(Store):
-    """A store that counts LISTs, the keys they return, and the GETs with their bounds."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-        self.lists = 0
-        self.listed = 0
-        self.gets: list[tuple[str, int | None]] = []
-        self._lock = threading.Lock()
-
-    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
-        with self._lock:
-            self.gets.append((key, max_bytes))
-        return self.inner.get(key, max_bytes)
-
-    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        return self.inner.put(key, data, mode)
-
-    def delete(self, key: str, if_match: str | None = None) -> None:
-        self.inner.delete(key, if_match)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        with self._lock:
-            self.lists += 1
-        for info in self.inner.list(prefix, start_after):
-            with self._lock:
-                self.listed += 1
-            yield info
-
-    def now(self) -> float:
-        return self.inner.now()
-
-    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
-        self.inner.pause(seconds, stop)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.lists, self.listed, self.gets = 0, 0, []
 
 
 # -- record field caps --------------------------------------------------------------------
@@ -199,13 +158,13 @@ def test_a_fresh_handle_posts_without_listing_the_whole_topic(
     atomic_store: Store, small_pages: int, report: list[str]
 ) -> None:
     _posts(atomic_store, "default", "t", range(300))
-    metered = Metered(atomic_store)
+    metered = Counting(atomic_store)
     assert Topic(metered, "default", "t").post("new") == 300
     # one page from the start, one or two from near the tail: not the 300 keys of the topic
-    assert metered.listed <= 3 * small_pages, metered.listed
+    assert metered.counts["keys"] <= 3 * small_pages, metered.counts["keys"]
     report.append(
         f"topic post, fresh handle {atomic_store.url[:40]:<40} 300 posts, pages of "
-        f"{small_pages}: {metered.listed} keys listed (0.3.0: 300)"
+        f"{small_pages}: {metered.counts['keys']} keys listed (0.3.0: 300)"
     )
     assert [f.seq for f in Topic(atomic_store, "default", "t").stream(since=299)] == [299, 300]
 
@@ -224,14 +183,14 @@ def test_a_fresh_handle_finds_the_true_tail_across_holes(holes: range, small_pag
 
 
 def test_q_topic_keeps_one_handle_per_name(small_pages: int) -> None:
-    store = Metered(MemoryStore())
+    store = Counting(MemoryStore())
     q = make_plane(store)
     assert q.topic("t") is q.topic("t") and q.topic("t") is not q.topic("u")
     _posts(store.inner, q.ns, "t", range(200))
     store.reset()
     for i in range(50):  # the per-call form of the issue: each call used to list it all
         assert q.topic("t").post(i) == 200 + i
-    assert store.listed <= 3 * small_pages + 50, store.listed
+    assert store.counts["keys"] <= 3 * small_pages + 50, store.counts["keys"]
 
 
 def test_threads_sharing_one_handle_get_each_seq_once() -> None:
@@ -266,7 +225,7 @@ def test_an_oversize_post_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_resuming_far_into_a_journal_fetches_only_the_segments_from_since(
     store: Store, report: list[str]
 ) -> None:
-    metered = Metered(store)
+    metered = Counting(store)
     q = make_plane(metered)
     n = 3000  # at least three segments: a segment holds 1024 frames at most
     inv = q.udf(jobs.count_to).submit(n)
@@ -286,7 +245,7 @@ def test_resuming_far_into_a_journal_fetches_only_the_segments_from_since(
 
 
 def test_segment_and_post_reads_are_bounded(store: Store) -> None:
-    metered = Metered(store)
+    metered = Counting(store)
     q = make_plane(metered)
     inv = q.udf(jobs.count_to).submit(3)
     dls.run_worker(q, once=True, isolation="thread")

@@ -22,6 +22,7 @@ from ulid import ULID
 import lakeshore as dls
 import lakeshore.gc as gc_module
 import lakeshore.submit as sub
+from bench.counting import Counting
 from lakeshore import codec
 from lakeshore.cli import build_parser, main
 from lakeshore.gc import collect, parse_age
@@ -175,31 +176,6 @@ def test_cli_float_options_refuse_nan_and_inf() -> None:
 # -- item 8, third bullet: finding the queues does not list what they hold ----------------
 
 
-class CountingKeys(Store):
-    """Counts the keys every listing yields (what a LIST returns, page by page)."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-        self.listed = 0
-
-    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
-        return self.inner.get(key, max_bytes)
-
-    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        return self.inner.put(key, data, mode)
-
-    def delete(self, key: str, if_match: str | None = None) -> None:
-        self.inner.delete(key, if_match)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        for info in self.inner.list(prefix, start_after):
-            self.listed += 1
-            yield info
-
-    def now(self) -> float:
-        return self.inner.now()
-
-
 def test_queue_names_skips_over_every_folder_on_every_store(store: Store) -> None:
     ns = "default"
     names = ["a", "a-b", "a.b", "a0", "a0b", "b", "jobs"]
@@ -212,11 +188,11 @@ def test_queue_names_skips_over_every_folder_on_every_store(store: Store) -> Non
     store.put(id_index(ns, "01ARZ3NDEKTSV4RRFFQ69G5FAV"), b"a")
     store.put(worker_key(ns, "w1"), b"life")
     store.put(f"lakeshore/{ns}/stray-object", b"not a folder")
-    counting = CountingKeys(store)
+    counting = Counting(store)
     # in the store's listing order, which for these names differs between S3 and SeaweedFS
     assert sorted(gc_module.queue_names(counting, ns)) == sorted(names)
     # one key per folder (7 queues, _ids, _topics, _workers) and the stray object
-    assert counting.listed == len(names) + 4
+    assert counting.counts["keys"] == len(names) + 4
 
 
 def test_gc_finds_the_queues_without_listing_a_long_topic(
@@ -283,21 +259,27 @@ class GcBeforeRecord(Store):
         return self.inner.now()
 
 
-def test_gc_leaves_alone_the_spilled_arguments_of_a_submit_whose_id_is_old(
-    atomic_store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the id was minted before an admission wait of two orphan graces (it can block 60 s)
-    old_id = str(ULID.from_timestamp(atomic_store.now() - 2 * ORPHAN_GRACE_S))
-    monkeypatch.setattr(sub, "new_id", lambda: old_id)
+def _gc_before_each_record(inner: Store) -> tuple[Any, GcBeforeRecord]:
+    """A plane (spilling all but tiny arguments) whose store runs gc right before a submit
+    writes its record: the moment a folder exists without one."""
     holder: dict[str, Any] = {}
 
     def gc() -> Any:
         q = holder["q"]
         return collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1.0)
 
-    store = GcBeforeRecord(atomic_store, gc)
-    q = make_plane(store, spill_bytes=64)
-    holder["q"] = q
+    store = GcBeforeRecord(inner, gc)
+    holder["q"] = make_plane(store, spill_bytes=64)
+    return holder["q"], store
+
+
+def test_gc_leaves_alone_the_spilled_arguments_of_a_submit_whose_id_is_old(
+    atomic_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the id was minted before an admission wait of two orphan graces (it can block 60 s)
+    old_id = str(ULID.from_timestamp(atomic_store.now() - 2 * ORPHAN_GRACE_S))
+    monkeypatch.setattr(sub, "new_id", lambda: old_id)
+    q, store = _gc_before_each_record(atomic_store)
     inv = q.udf(jobs.size_of).submit(b"z" * 1000)  # spilled: its folder exists before its record
     assert inv == old_id
     [report] = store.reports
@@ -320,15 +302,7 @@ def test_gc_leaves_alone_a_submit_that_waited_in_admission_past_the_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     inner = FakeClockMemory()
-    holder: dict[str, Any] = {}
-
-    def gc() -> Any:
-        q = holder["q"]
-        return collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1.0)
-
-    store = GcBeforeRecord(inner, gc)
-    q = make_plane(store, spill_bytes=64)
-    holder["q"] = q
+    q, store = _gc_before_each_record(inner)
     q.configure("default", max_depth=10)  # admission runs
     real_admit = sub.admit
 
