@@ -3,7 +3,10 @@ or the benchmark run as ``python -m``) names them the same way."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 
 def noop(x: int) -> int:
@@ -18,3 +21,15 @@ def count_to(n: int) -> Iterator[int]:
 def size_of(data: bytes) -> int:
     """The payload benchmark's body: the argument travels, the result is small."""
     return len(data)
+
+
+def gate() -> None:
+    """The ``on_start`` hook of ``bench/queue.py``'s worker processes: once imported, say so
+    (a file ``$BENCH_GATE.<pid>``) and wait for the file ``$BENCH_GATE``, so that all of them
+    start draining together, their start-up behind them. No-op without ``BENCH_GATE``."""
+    gate = os.environ.get("BENCH_GATE")
+    if not gate:
+        return
+    Path(f"{gate}.{os.getpid()}").touch()
+    while not os.path.exists(gate):
+        time.sleep(0.002)  # a file is the signal: another process creates it

@@ -1,21 +1,27 @@
-"""The queue, end to end: throughput against the S3 floor, requests per job, latency, idle
-cost and contention — every figure next to a baseline measured in the same run.
+"""The queue, end to end, against issue 16's targets: throughput against the S3 floor,
+requests per job, latency, client CPU, idle cost and contention — every figure next to a
+baseline measured in the same run.
 
     bash scripts/bench queue            # or: .venv/bin/python -m bench.queue [--jobs N]
 
 * **Throughput**: submit N no-op jobs (``{"x": i}`` → ``x + 1``), drain with workers, read
   and check every result; on memory, a local directory and SeaweedFS; 1 and 2 worker
-  processes, and 2 processes x 8 slots.
-* **The S3 floor**: the minimal request sequence of one job (put record, list, get,
-  conditional put to claim, conditional put to complete, get result) with raw boto3 on the
-  same SeaweedFS, serially and by 2 processes x 8 threads.
-* **Requests per job** (class A, class B, DELETE) with and without ``_key``, and per claim
-  with 0 and 10,000 finished invocations in the queue.
+  processes, and on SeaweedFS 2 processes x 8 slots. With client CPU per job on SeaweedFS
+  (the producer while it submits and reads, the workers from their first sign of life).
+* **The S3 floor** (``bench/floor.py``): the five requests a job needs at least (create,
+  GET, claim, complete, GET the result), listings amortised one page of 1000 per LIST, with
+  raw boto3 on the same SeaweedFS: serially, by 2 processes x 8 threads, and one job at a
+  time for the round trip.
+* **Requests per job**: on SeaweedFS as HTTP requests (``bench/http_count.py``): submit,
+  run, and one result read by a plane that never submitted, with and without ``_key``; on
+  the memory store by price class; per claim with 0 and 10,000 finished invocations.
 * **Latency**: submit → result with an idle worker, p50 and p99.
 * **Idle cost**: requests per minute of one idle worker once its backoff settled.
 * **Contention**: lost compare-and-swap attempts per claimed job, 8 workers on one queue.
+* **Upstream**: the same throughput workload on ``dreamlake-lakeshore`` (``bench/upstream.py``).
 
-Results go to ``bench/results/queue.json``; the table shows each ratio with its target.
+Results go to ``bench/results/queue.json``; the tables (``bench/targets.py``) show each
+target with its measured value, its ratio to the baseline and ok / MISSED.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import lakeshore as dls
+from bench import floor, http_count, targets
 from bench.bodies import count_to, noop, size_of
 from bench.counting import Counting, classes
 from bench.seaweed_env import BUCKET, seaweed_server
@@ -98,38 +106,49 @@ def requests_per_claim(history: int, n: int = 50) -> dict[str, float]:
 
 def throughput(url: str, store: Store | None, n: int, processes: int, slots: int) -> dict[str, Any]:
     """Submit all, drain, read all: three phases, each timed, end to end = jobs / their sum.
-    The drain starts when the first worker process has announced itself (process start-up
-    is not queue throughput). With ``slots`` > 1 the producer submits and reads with as many
-    threads as there are slots in all, as the concurrent S3 floor does; otherwise one at a
-    time, as the serial floor does."""
+    The worker processes start once all of them have imported everything and wait at a
+    gate (process start-up is not queue throughput); the drain is timed from the gate.
+    With ``slots`` > 1 the producer submits and reads with as many threads as there are
+    slots in all, as the concurrent S3 floor does; otherwise one at a time, as the serial
+    floor does."""
     q = dls.Dispatch(url, store=store, ns=f"tp{new_id().lower()[-8:]}")
     f = q.udf(noop)
     threads = max(1, processes) * slots if slots > 1 else 1
     procs: list[subprocess.Popen[str]] = []
+    worker_cpu = float("nan")
+    gate = Path(tempfile.mkdtemp(prefix="lakeshore-gate-")) / "go"
     try:
         with ThreadPoolExecutor(threads) as pool:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             ids = list(pool.map(lambda i: f.submit(x=i), range(n)))
             submit_s = time.perf_counter() - t0
+            producer_cpu = time.process_time() - cpu0
             if processes == 0:  # in-process worker threads (":memory:" lives in this process)
                 t1 = time.perf_counter()
                 dls.run_worker(q, isolation="thread", concurrency=slots, max_jobs=n)
                 drain_s = time.perf_counter() - t1
             else:
-                procs = _workers_ns(url, q.ns, processes, slots)
-                started = _until_announced(q, 1)
+                procs = _workers_ns(url, q.ns, processes, slots, gate)
+                _until_ready(procs, gate)
+                worker_cpu = -sum(_cpu_s(p.pid) for p in procs)  # start-up not counted
+                started = q.store.now()
+                gate.touch()  # all of them start together
                 _until_done(q, ids)
-                # from the first sign of life to the last outcome, both in the store's clock
-                # (so the benchmark's own polling can be slow and stay out of the way)
+                worker_cpu += sum(_cpu_s(p.pid) for p in procs)
+                # from the gate to the last outcome, both in the store's clock (so the
+                # benchmark's own polling can be slow and stay out of the way)
                 drain_s = max(float(q.get(i).finished_at or 0.0) for i in ids) - started
             t2 = time.perf_counter()
+            cpu2 = time.process_time()
             values = list(pool.map(q.result, ids))
             read_s = time.perf_counter() - t2
+            producer_cpu += time.process_time() - cpu2
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(60)
+        shutil.rmtree(gate.parent, ignore_errors=True)
     assert values == [i + 1 for i in range(n)]
     return {
         "jobs": n,
@@ -139,7 +158,22 @@ def throughput(url: str, store: Store | None, n: int, processes: int, slots: int
         "drain_per_s": n / drain_s,
         "read_per_s": n / read_s,
         "end_to_end_per_s": n / (submit_s + drain_s + read_s),
+        # client CPU: this process while it submitted and read, the worker processes from
+        # their first sign of life to the last outcome (none of their start-up)
+        "producer_cpu_ms_per_job": 1000 * producer_cpu / n,
+        "worker_cpu_ms_per_job": 1000 * worker_cpu / n,
+        "client_cpu_ms_per_job": 1000 * (producer_cpu + worker_cpu) / n,
     }
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used so far, from /proc (Linux); NaN
+    elsewhere. A child's rusage would count only once it was reaped, start-up included."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _until_announced(q: Any, processes: int, timeout: float = 120.0) -> float:
@@ -157,8 +191,23 @@ def _until_announced(q: Any, processes: int, timeout: float = 120.0) -> float:
         time.sleep(0.01)  # polling the store: the workers are other processes
 
 
-def _workers_ns(url: str, ns: str, processes: int, slots: int) -> list[subprocess.Popen[str]]:
+def _until_ready(procs: list[subprocess.Popen[str]], gate: Path, timeout: float = 120) -> None:
+    """Wait until every worker process has imported everything and waits at ``gate``."""
+    deadline = time.monotonic() + timeout
+    while not all(Path(f"{gate}.{p.pid}").exists() for p in procs):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError("the worker processes did not start")
+        time.sleep(0.01)  # files written by other processes
+
+
+def _workers_ns(
+    url: str, ns: str, processes: int, slots: int, gate: Path | None = None
+) -> list[subprocess.Popen[str]]:
+    """Worker processes on ``ns``; with ``gate``, each waits for that file before its first
+    claim (``bench.bodies:gate``)."""
     env = {**os.environ, "LAKESHORE_URL": url, "PYTHONPATH": str(ROOT)}
+    if gate is not None:
+        env["BENCH_GATE"] = str(gate)
     cmd = [
         sys.executable,
         "-m",
@@ -178,6 +227,8 @@ def _workers_ns(url: str, ns: str, processes: int, slots: int) -> list[subproces
         "0.05",
         "--log-level",
         "warning",
+        "--on-start",
+        "bench.bodies:gate",
     ]
     return [subprocess.Popen(cmd, env=env, text=True) for _ in range(processes)]
 
@@ -240,74 +291,6 @@ def upstream(n: int) -> dict[str, Any] | None:
     return result
 
 
-# -- the S3 floor -----------------------------------------------------------------------------
-
-
-def _floor_job(client: Any, prefix: str, i: int) -> None:
-    key = f"{prefix}/{i:08d}/record"
-    etag = client.put_object(Bucket=BUCKET, Key=key, Body=b"queued" * 20, IfNoneMatch="*")["ETag"]
-    client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/{i:08d}/", MaxKeys=16)
-    client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-    etag = client.put_object(Bucket=BUCKET, Key=key, Body=b"running" * 20, IfMatch=etag)["ETag"]
-    client.put_object(Bucket=BUCKET, Key=key, Body=b"succeeded" * 20, IfMatch=etag)
-    client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-
-
-def _client(endpoint: str) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        config=Config(
-            retries={"total_max_attempts": 1},
-            max_pool_connections=32,
-            s3={"addressing_style": "path"},
-            # the same checksum settings as S3Store: the floor does the same work per request
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        ),
-        **FAKE_CREDS,
-    )
-
-
-def floor_worker(endpoint: str, prefix: str, start: int, n: int, threads: int) -> float:
-    client = _client(endpoint)
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda i: _floor_job(client, prefix, i), range(start, start + n)))
-    return time.perf_counter() - t0
-
-
-def s3_floor(endpoint: str, n: int, processes: int, threads: int) -> float:
-    """Jobs per second of the minimal request sequence."""
-    prefix = f"floor-{new_id()}"
-    if processes == 1:
-        return n / floor_worker(endpoint, prefix, 0, n, threads)
-    code = (
-        "import sys; from bench.queue import floor_worker; "
-        "print(floor_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "
-        "int(sys.argv[5])))"
-    )
-    per = n // processes
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, endpoint, prefix, str(k * per), str(per), str(threads)],
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for k in range(processes)
-    ]
-    for p in procs:
-        p.wait(600)
-    return per * processes / (time.perf_counter() - t0)
-
-
 # -- payload and streaming --------------------------------------------------------------------
 
 PAYLOAD = 5 * 1024 * 1024
@@ -317,7 +300,7 @@ def payload(url: str, endpoint: str, n: int = 8) -> dict[str, float]:
     """MB/s of jobs whose argument is 5 MiB (spilled to its own object), drained by one
     worker process; against raw boto3 PUT + GET of the same bytes on the same server."""
     data = os.urandom(PAYLOAD)
-    client = _client(endpoint)
+    client = floor.client(endpoint)
     prefix = f"payload-{new_id()}"
     b0 = time.perf_counter()
     for i in range(n):
@@ -464,18 +447,6 @@ def contention(inner: Store, n: int = 400, workers: int = 8) -> float:
 # -- the report -------------------------------------------------------------------------------
 
 
-def _row(name: str, value: float, target: str, ok: bool | None, unit: str = "") -> dict[str, Any]:
-    return {"measure": name, "value": value, "unit": unit, "target": target, "met": ok}
-
-
-def _at_least(name: str, value: float, bound: float, unit: str) -> dict[str, Any]:
-    return _row(name, value, f">= {bound:g}", value >= bound, unit)
-
-
-def _at_most(name: str, value: float, bound: float, unit: str) -> dict[str, Any]:
-    return _row(name, value, f"<= {bound:g}", value <= bound, unit)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="lakeshore queue benchmarks")
     parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run")
@@ -502,106 +473,42 @@ def main(argv: list[str] | None = None) -> None:
     with seaweed_server() as server:
         if server is not None:
             url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
-            res["floor_serial"] = s3_floor(server.endpoint, n, 1, 1)
-            res["floor_concurrent"] = s3_floor(server.endpoint, n, 2, 8)
+            res["seaweedfs"] = server.version
+            res["requests_s3"] = {
+                "no-op job": http_count.requests_per_job(url, False, min(n, 300)),
+                "no-op job with _key": http_count.requests_per_job(url, True, min(n, 300)),
+            }
+            res["floor_serial"] = floor.serial(server.endpoint, n)
+            res["floor_concurrent"] = floor.concurrent(server.endpoint, n)
+            res["floor_round_trip"] = floor.round_trip(server.endpoint)
             tp["seaweedfs, 1 process"] = throughput(url, None, n, 1, 1)
+            tp["seaweedfs, 2 processes"] = throughput(url, None, n, 2, 1)
             tp["seaweedfs, 2 processes x 8"] = throughput(url, None, n, 2, 8)
             res["latency_seaweedfs"] = latency(url, None)
             res["contention_seaweedfs"] = contention(dls.Dispatch(url).store)
             res["stream_seaweedfs"] = streaming(url)
             res["payload_seaweedfs"] = payload(url, server.endpoint)
     res["throughput"] = tp
-    rows = _rows(res)
-    res["table"] = rows
+    res["issue16"] = targets.issue16(res)
+    res["held"] = targets.held(res)
     print(f"\nlakeshore queue benchmarks, {n} jobs, {os.cpu_count()} cores, {res['date']}\n")
-    for name, t in tp.items():
+    phases = {**tp}
+    if "floor_serial" in res:
+        phases["S3 floor, 1 thread"] = res["floor_serial"]
+    for name, t in phases.items():
         print(
             f"  {name:<28} submit {t['submit_per_s']:8.0f}/s  drain {t['drain_per_s']:8.0f}/s"
-            f"  end to end {t['end_to_end_per_s']:8.0f}/s"
+            f"  read {t['read_per_s']:8.0f}/s  end to end {t['end_to_end_per_s']:8.1f}/s"
         )
-    print()
-    for r in rows:
-        mark = {True: "ok", False: "MISSED", None: "-"}[r["met"]]
-        print(f"  {r['measure']:<52} {r['value']:>10.2f} {r['unit']:<10} {r['target']:<22} {mark}")
+    if "floor_concurrent" in res:
+        e2e = res["floor_concurrent"]["end_to_end_per_s"]
+        print(f"  {'S3 floor, 2 x 8 threads':<28} end to end {e2e:8.1f}/s")
+    targets.show("Issue 16 targets", res["issue16"])
+    targets.show("Held from before (must not regress), and figures without a target", res["held"])
     out = ROOT / "bench" / "results" / "queue.json"
+    out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"\nresults: {out.relative_to(ROOT)}")
-
-
-def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    tp = res["throughput"]
-    up = res.get("upstream")
-    if up:  # None when upstream's venv could not be made (no network)
-        mem = tp["memory, in-process"]["end_to_end_per_s"] / up["memory"]["end_to_end_per_s"]
-        lat = up["latency_memory"]["p50_ms"] / res["latency_memory"]["p50_ms"]
-        two = tp["file, 2 processes"]["end_to_end_per_s"] / up["file_2"]["end_to_end_per_s"]
-        rows += [
-            _at_least("memory in-process / upstream memory", mem, 3, "x"),
-            _at_least("round trip p50 upstream memory / lakeshore memory", lat, 4, "x"),
-            _at_least("file 2 workers / upstream sqlite file 2 workers", two, 2, "x"),
-        ]
-    if "floor_serial" in res:
-        one = tp["seaweedfs, 1 process"]["end_to_end_per_s"]
-        many = tp["seaweedfs, 2 processes x 8"]["end_to_end_per_s"]
-        rows += [
-            _at_least("SeaweedFS 1 worker / serial S3 floor", one / res["floor_serial"], 0.8, "x"),
-            _at_least(
-                "SeaweedFS 2x8 / concurrent S3 floor", many / res["floor_concurrent"], 0.8, "x"
-            ),
-            _at_least("SeaweedFS 2x8 / own serial", many / one, 2, "x"),
-        ]
-    req = res["requests"]
-    for name in ("no-op job", "no-op job with _key"):
-        rows.append(_at_most(f"class A per {name}", req[name]["class_a"], 5, "requests"))
-        rows.append(_at_most(f"class B per {name}", req[name]["class_b"], 3, "requests"))
-        rows.append(
-            _row(f"USD per million, {name}", req[name]["usd_per_million"], "-", None, "USD")
-        )
-    flat = req["claim, 10000 finished"]["class_a"] + req["claim, 10000 finished"]["class_b"]
-    base = req["claim, 0 finished"]["class_a"] + req["claim, 0 finished"]["class_b"]
-    rows.append(
-        _row(
-            "claim requests, 10000 finished / 0 finished",
-            flat / base,
-            "== 1 (flat)",
-            abs(flat / base - 1) < 0.05,
-            "x",
-        )
-    )
-    two = tp["file, 2 processes"]["end_to_end_per_s"]
-    one_f = tp["file, 1 process"]["end_to_end_per_s"]
-    rows.append(_at_least("file:// 2 workers / 1 worker", two / one_f, 1.5, "x"))
-    rows.append(_at_most("idle worker", res["idle_requests_per_min"], 60, "req/min"))
-    rows.append(
-        _at_most("idle worker, 8 slots", res["idle_requests_per_min_8_slots"], 60, "req/min")
-    )
-    for backend in ("file", "seaweedfs"):
-        key = f"contention_{backend}"
-        if key in res:
-            rows.append(
-                _at_most(
-                    f"lost CAS per claimed job, 8 workers, {backend}", res[key], 0.5, "per job"
-                )
-            )
-    if "stream_seaweedfs" in res:
-        st = res["stream_seaweedfs"]
-        per_put, live = st["frames_per_put"], st["live_frames_per_s"]
-        rows.append(_at_least("frames per PUT, SeaweedFS", per_put, 100, "frames"))
-        rows.append(_at_least("frames/s read live, SeaweedFS", live, 20_000, "frames/s"))
-        rows.append(
-            _row("frames/s replayed, SeaweedFS", st["replay_frames_per_s"], "-", None, "frames/s")
-        )
-    if "payload_seaweedfs" in res:
-        pl = res["payload_seaweedfs"]
-        rows.append(_row("5 MiB payload jobs, SeaweedFS", pl["mb_per_s"], "-", None, "MB/s"))
-        rows.append(_row("5 MiB payload / raw boto3 PUT+GET", pl["ratio"], "-", None, "x"))
-    for backend in ("memory", "file", "seaweedfs"):
-        key = f"latency_{backend}"
-        if key in res:
-            rows.append(_row(f"round trip p50, {backend}", res[key]["p50_ms"], "-", None, "ms"))
-            rows.append(_row(f"round trip p99, {backend}", res[key]["p99_ms"], "-", None, "ms"))
-    return rows
 
 
 if __name__ == "__main__":
