@@ -44,7 +44,8 @@ _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u
 _UNSAFE_MULTILINE = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
 )
-# JSON escapes C0 itself; the rest can only occur inside strings, where \uXXXX means the same
+# JSON escapes C0 itself; the rest can only occur inside strings, where a \u escape of
+# the code point decodes to the same text
 _UNSAFE_JSON = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
