@@ -189,7 +189,7 @@ class Attempt:
         elif not lifecycle.holds(rec, self.held.token):
             self.halt("lost")
         else:  # our own write landed although the answer was lost: carry on from it
-            self.held = Claimed(rec, etag, self.held.token, self.held.hint_etag)
+            self.held = Claimed(rec, etag, self.held.token, self.held.ticket_etag)
 
     def fence(self) -> bool:
         """Prove, right before the body's files are published, that this attempt still holds
@@ -378,7 +378,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         if outcome.kind == "stopped" or att.why in ("killed", "lost"):
             _quietly(journal.close)
             if att.why == "killed":
-                ops.drop_own_hint(held)  # the record is terminal (cancelled): hint is stale
+                ops.drop_own_ticket(held)  # the record is terminal (cancelled): ticket is stale
                 return "killed"
             if att.why == "lost":
                 return _after_lost(ops, held, now)
@@ -421,7 +421,7 @@ def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
     except LakeshoreError:
         return fenced
     if current.state == "killed":
-        ops.drop_own_hint(held)
+        ops.drop_own_ticket(held)
         return "killed"
     if not lifecycle.holds(current, held.token):
         return fenced
@@ -432,7 +432,7 @@ def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
     }
     final = lifecycle.fail(current, held.token, error, now)
     try:
-        ops.finish(Claimed(current, etag, held.token, held.hint_etag), final, tidy_later=True)
+        ops.finish(Claimed(current, etag, held.token, held.ticket_etag), final, tidy_later=True)
     except (Conflict, lifecycle.IllegalTransition):
         return fenced
     except LakeshoreError:

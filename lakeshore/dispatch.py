@@ -26,6 +26,7 @@ from lakeshore.errors import (
     NotFound,
     TimedOut,
 )
+from lakeshore.fence import abandoned
 from lakeshore.journal import Frame
 from lakeshore.keys import (
     DEFAULT_QUEUE,
@@ -386,6 +387,7 @@ class Dispatch:
                 rec, etag = ops.read(rec.id)
                 continue
             ops.settle(killed)
+            ops.drop_unclaimed(killed, etag)
             return True
         return False
 
@@ -400,6 +402,14 @@ class Dispatch:
         """
         ops, rec, etag = self._locate(inv)
         while True:
+            if abandoned(rec):
+                raise Conflict(
+                    f"retry {rec.id}",
+                    "the submit of this id was abandoned: nothing was submitted to run again",
+                    "submit the call again",
+                    id=rec.id,
+                    state=rec.state,
+                )
             if not rec.terminal:
                 raise Conflict(
                     f"retry {rec.id}",
@@ -409,16 +419,16 @@ class Dispatch:
                     state=rec.state,
                 )
             nxt = lifecycle.rerun(rec, self.store.now())
-            ops.put_ready(nxt)  # the hint exists before the record says queued
+            ops.put_marker(nxt)  # the ticket exists before the record says queued
             try:
                 ops.cas(nxt, etag)
             except Conflict:
                 rec, etag = ops.read(rec.id)
                 continue
-            try:  # a claimer that judged the hint stale before the CAS may have dropped it
-                self.store.get(ops.keys.ready(nxt.priority, nxt.id), max_bytes=MAX_SMALL_BYTES)
+            try:  # a claimer that judged the ticket stale before the CAS may have dropped it
+                self.store.get(ops.keys.ticket(nxt.priority, nxt.id), max_bytes=MAX_SMALL_BYTES)
             except NotFound:
-                ops.put_ready(nxt)
+                ops.put_marker(nxt)
             return rec.attempt + 1
 
     def logs(self, inv: str, attempt: int | None = None) -> str:

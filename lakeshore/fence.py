@@ -1,27 +1,34 @@
-"""Abandoned submits: the tombstone record that fences a late submitter out.
+"""Abandoned submits: the tombstone that fences a late submitter out.
 
-A submit writes its record last, create-only. A process that decides a submit is dead (the
+A submit writes its ticket last, create-only. A process that decides a submit is dead (the
 slot repair of admission, gc's sweep of orphaned folders, a repair of an idempotency key)
-first creates a terminal record at that id, create-only, and acts only if it lands: then
-the late submitter's own create meets ``Conflict`` and that invocation can never become
-live. If the tombstone loses, the record exists after all and nothing was abandoned.
+first creates a terminal record at that id's ticket, create-only, and acts only if it lands:
+then the late submitter's own create meets ``Conflict`` and that invocation can never become
+live. If the tombstone loses, the ticket exists after all and nothing was abandoned. (An id
+made before 0.4 carries no band, and its submitter wrote ``<id>/record`` last: its
+tombstone goes there.)
 
 The tombstone is an ordinary ``failed`` record (error type ``SubmitAbandoned``): readers
-show it, gc collects it like any finished invocation.
+show it, claimers leave it where it is, gc collects it like any finished invocation.
 """
 
 from __future__ import annotations
 
-from lakeshore.errors import Conflict
+import contextlib
+import dataclasses
+
+from lakeshore.errors import Conflict, NotFound
+from lakeshore.keys import QueueKeys
 from lakeshore.protocol import ABANDONED, QueueOps
-from lakeshore.record import Blob, Record
+from lakeshore.record import Blob, Record, RecordError
 from lakeshore.store.base import CREATE
 
 __all__ = ["ABANDONED", "abandoned", "fence"]
 
 
 def fence(ops: QueueOps, inv: str, now: float, why: str) -> bool:
-    """Create the tombstone of ``inv``; True if it landed, False if a record exists.
+    """Create the tombstone of ``inv``; True if it landed, False if its ticket (or record)
+    exists.
 
     Raises:
         StoreError: the store failed.
@@ -35,17 +42,36 @@ def fence(ops: QueueOps, inv: str, now: float, why: str) -> bool:
         state="failed",
         error={
             "type": ABANDONED,
-            "message": f"the submit of {inv} never wrote its record: {why}; nothing ran",
+            "message": f"the submit of {inv} never wrote its ticket: {why}; nothing ran",
             "traceback": "",
         },
         submitted_at=now,
         finished_at=now,
     )
+    where = ops.keys.ticket_of_id(inv)
+    if where is None:
+        try:
+            ops.store.put(ops.keys.record(inv), stone.to_bytes(), CREATE)
+        except Conflict:
+            return False
+        return True
+    stone = dataclasses.replace(stone, priority=QueueKeys.priority_of(where))
     try:
-        ops.store.put(ops.keys.record(inv), stone.to_bytes(), CREATE)
+        etag = ops.store.put(where, stone.to_bytes(), CREATE)
     except Conflict:
         return False
-    return True
+    # The caller found neither record nor ticket, but between its two reads the invocation
+    # may have been claimed, run and its ticket deleted: then its record exists, and the
+    # tombstone (which the record outranks for every reader) is taken back.
+    try:
+        ops.read_record(inv)
+    except NotFound:
+        return True
+    except RecordError:
+        pass
+    with contextlib.suppress(Conflict):
+        ops.store.delete(where, if_match=etag)
+    return False
 
 
 def abandoned(rec: Record) -> bool:

@@ -6,11 +6,16 @@ queue's own ``result_retention_s``: a queue that promises to keep results a mont
 
 What goes, per expired invocation, in this order:
 
-1. the **record** (one conditional delete on the etag read: an invocation retried or
-   rewritten meanwhile is left alone) — from here on the invocation does not exist;
-2. everything else under its folder: spilled arguments and results, journals, logs;
-3. its hints (ready, lease), its id index entry, and its idempotency key when the key still
-   names it (conditional on the key object's etag).
+1. its **ticket**, if a stale one is left (conditional on the etag read), before the
+   record: a ticket that still holds the submitted record must never outlive the record,
+   or a claimer would take it for a job nobody claimed yet;
+2. the **record** (one conditional delete on the etag read: an invocation retried or
+   rewritten meanwhile is left alone) — from here on the invocation does not exist. A
+   tombstone that fenced out a submit lives in the ticket itself: deleting that ticket is
+   this step;
+3. everything else under its folder: spilled arguments and results, journals, logs;
+4. its id index entry, and its idempotency key when the key still names it (conditional on
+   the key object's etag).
 
 Signs of life of workers not seen within ``older_than`` go too (``prune_workers``), and so do
 admission slots whose invocation ended without freeing them (``free_leaked_slots``).
@@ -56,8 +61,14 @@ from lakeshore.admission import sweep_slots
 from lakeshore.census import ids_between, read_sign_of_life
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
 from lakeshore.fence import fence
-from lakeshore.keys import id_index, namespace_prefix, workers_prefix
-from lakeshore.protocol import MAX_SMALL_BYTES, ORPHAN_GRACE_S, QueueOps
+from lakeshore.keys import QueueKeys, check_id, id_index, namespace_prefix, workers_prefix
+from lakeshore.protocol import (
+    MAX_RECORD_BYTES,
+    MAX_SMALL_BYTES,
+    ORPHAN_GRACE_S,
+    QueueOps,
+    unclaimed,
+)
 from lakeshore.queues import QueueSettings
 from lakeshore.record import RecordError
 from lakeshore.store.base import Store
@@ -206,7 +217,11 @@ def collect(
     # a retention longer than the epoch's age lists nothing (and a ULID cannot go negative)
     scan_ms = min(max(0, int((now - shortest) * 1000)), 2**48 - 1)
     top = str(ULID.from_bytes(scan_ms.to_bytes(6, "big") + bytes(10)))
-    for inv in list(ids_between(ops.store, ops.keys, None, top)):
+    # an invocation with no folder (never claimed, nothing spilled: a tombstone) has a ticket
+    ticketed = {QueueKeys.id_of(i.key) for i in ops.tickets()}
+    found = set(ids_between(ops.store, ops.keys, None, top))
+    found |= {inv for inv in ticketed if inv < top and _is_id(inv)}
+    for inv in sorted(found):
         if only is not None and inv not in only:
             continue
         try:
@@ -223,18 +238,17 @@ def collect(
                 report.kept_by_retention += 1
             continue
         report.expired.append(inv)
-        record_key = ops.keys.record(inv)
-        if dry_run:
-            report.objects.append(record_key)
+        ticket = ops.keys.ticket(rec.priority, inv)
+        gone: list[tuple[str, str | None]]
+        if unclaimed(etag):  # the record is the ticket's content (a tombstone)
+            gone = [(ticket, etag.removeprefix("ticket:"))]
         else:
-            try:
-                ops.store.delete(record_key, if_match=etag)
-            except Conflict:
-                report.expired.pop()  # changed since we read it (a retry?): keep it
-                continue
-            report.objects.append(record_key)
+            gone = [(ticket, None), (ops.keys.record(inv), etag)]
+        if not _delete_in_order(ops, gone, report, dry_run):
+            report.expired.pop()  # changed since we read it (a retry?): keep it
+            continue
         _remove_folder(ops, inv, report, dry_run)
-        _remove_satellites(ops, inv, rec.priority, rec.key, rec.queue, report, dry_run)
+        _remove_satellites(ops, inv, rec.key, rec.queue, report, dry_run)
     report.objects += free_leaked_slots(ops, now, dry_run)
     return report
 
@@ -287,6 +301,33 @@ def _sweep_orphan(ops: QueueOps, inv: str, now: float, report: GcReport, dry_run
         _remove_folder(ops, inv, report, dry_run)
 
 
+def _delete_in_order(
+    ops: QueueOps, keys: list[tuple[str, str | None]], report: GcReport, dry_run: bool
+) -> bool:
+    """Delete each key on the etag given (or, with None, on the etag a read finds; a missing
+    key is skipped); False, and nothing more deleted, as soon as one changed meanwhile."""
+    for key, etag in keys:
+        if etag is None:
+            try:
+                etag = ops.store.get(key, max_bytes=MAX_RECORD_BYTES)[1]
+            except (NotFound, TooLarge):
+                continue
+        if not dry_run:
+            try:
+                ops.store.delete(key, if_match=etag)
+            except Conflict:
+                return False
+        report.objects.append(key)
+    return True
+
+
+def _is_id(name: str) -> bool:
+    try:
+        return check_id(name) == name
+    except InvalidArgument:
+        return False
+
+
 def _remove_folder(ops: QueueOps, inv: str, report: GcReport, dry_run: bool) -> None:
     for info in list(ops.store.list(ops.keys.invocation_prefix(inv))):
         if info.key == ops.keys.record(inv):
@@ -299,16 +340,13 @@ def _remove_folder(ops: QueueOps, inv: str, report: GcReport, dry_run: bool) -> 
 def _remove_satellites(
     ops: QueueOps,
     inv: str,
-    priority: int,
     key: str | None,
     queue: str,
     report: GcReport,
     dry_run: bool,
 ) -> None:
     store = ops.store
-    candidates = [ops.keys.ready(priority, inv)]
-    if queue != "default":
-        candidates.append(id_index(ops.keys.ns, inv))
+    candidates = [id_index(ops.keys.ns, inv)] if queue != "default" else []
     for k in candidates:
         try:
             store.get(k)

@@ -8,7 +8,8 @@ Layout, relative to the store's root (the Dispatch URL's prefix)::
     lakeshore/<ns>/<queue>/<id>/result-<attempt>        spilled result of one attempt
     lakeshore/<ns>/<queue>/<id>/journal/<attempt>/<seq> journal segments (create-only)
     lakeshore/<ns>/<queue>/<id>/logs/<attempt>/<seq>    captured output of an attempt
-    lakeshore/<ns>/<queue>/_ready/<band>/<id>           hint: live (queued or running)
+    lakeshore/<ns>/<queue>/_tickets/<band>/<id>         ticket: live (queued or running); holds
+                                                        the record until its first claim
     lakeshore/<ns>/<queue>/_keys/<sha256(key)>          idempotency key (create-only)
     lakeshore/<ns>/<queue>/_slots/<n>                   admission: a live invocation (max_depth)
     lakeshore/<ns>/<queue>/_rate/<window>/<n>           admission: an accepted submit (rate)
@@ -41,6 +42,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "QueueKeys",
+    "band_of_id",
     "check_id",
     "check_name",
     "id_index",
@@ -59,6 +61,7 @@ MIN_PRIORITY, MAX_PRIORITY = 0, 9
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}\Z")
 _SEQ_WIDTH = 12  # 10^12 frames per attempt or topic: more than any stream will hold
 _ATTEMPT_WIDTH = 4
+_RANDOM_MASK = (1 << 80) - 1  # a ULID is a 48-bit millisecond time and 80 random bits
 
 
 def check_name(name: str, what: str) -> str:
@@ -95,9 +98,27 @@ def check_id(inv: str) -> str:
         ) from None
 
 
-def new_id() -> str:
-    """A fresh invocation id: a ULID, so ids sort by submission time."""
-    return str(ULID())
+def new_id(priority: int = 5) -> str:
+    """A fresh invocation id: a ULID, so ids sort by submission time, whose last character
+    is its ticket's band (``9 - priority``), so the ticket of any id can be found without a
+    listing.
+
+    Raises:
+        InvalidArgument: ``priority`` is not an integer from 0 to 9.
+    """
+    value = int(ULID())
+    # The random part moves up 5 bits to make room for the band (the last base32 digit is the
+    # low 5 bits). The library counts it up by one for ids of the same millisecond, so they
+    # stay distinct and in order; masking the low bits instead would make them collide.
+    rand = ((value << 5) | int(band(priority))) & _RANDOM_MASK
+    return str(ULID.from_int((value & ~_RANDOM_MASK) | rand))
+
+
+def band_of_id(inv: str) -> str | None:
+    """The band an id was made for (its last character), or None for an id made without one
+    (before 0.4: such ids have their record from the start)."""
+    last = inv[-1:]
+    return last if "0" <= last <= "9" else None
 
 
 def seq_name(seq: int) -> str:
@@ -108,7 +129,7 @@ def seq_name(seq: int) -> str:
 
 
 def band(priority: int) -> str:
-    """Priority -> ready-hint band; higher priority lists first."""
+    """Priority -> ticket band; higher priority lists first."""
     if not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         raise InvalidArgument(
             "priority",
@@ -125,7 +146,7 @@ class QueueKeys:
         self.ns = check_name(ns, "namespace")
         self.queue = check_name(queue, "queue")
         self.base = f"{ROOT}/{self.ns}/{self.queue}"
-        self.ready_prefix = f"{self.base}/_ready/"
+        self.tickets_prefix = f"{self.base}/_tickets/"
         self.slots_prefix = f"{self.base}/_slots/"
         self.rate_prefix = f"{self.base}/_rate/"
 
@@ -156,7 +177,7 @@ class QueueKeys:
         return self.logs_prefix(inv, attempt) + seq_name(seq)
 
     def invocation_prefix(self, inv: str) -> str:
-        """Every object of one invocation lives under this prefix (hints and keys do not)."""
+        """Every object of one invocation lives under this prefix (tickets and keys do not)."""
         return f"{self.base}/{inv}/"
 
     @property
@@ -164,8 +185,13 @@ class QueueKeys:
         """Invocation folders sort before the ``_`` folders: ULIDs are 0-9 and A-Z."""
         return f"{self.base}/"
 
-    def ready(self, priority: int, inv: str) -> str:
-        return f"{self.ready_prefix}{band(priority)}/{inv}"
+    def ticket(self, priority: int, inv: str) -> str:
+        return f"{self.tickets_prefix}{band(priority)}/{inv}"
+
+    def ticket_of_id(self, inv: str) -> str | None:
+        """The ticket key of an id made by :func:`new_id` (None for an older id)."""
+        b = band_of_id(inv)
+        return None if b is None else f"{self.tickets_prefix}{b}/{inv}"
 
     def slot(self, n: int) -> str:
         return f"{self.slots_prefix}{n:07d}"
@@ -182,13 +208,13 @@ class QueueKeys:
         return f"{self.base}/_keys/{digest}"
 
     @staticmethod
-    def id_of(hint_key: str) -> str:
-        """The invocation id at the end of a ready hint key."""
-        return hint_key.rsplit("/", 1)[1]
+    def id_of(ticket_key: str) -> str:
+        """The invocation id at the end of a ticket key."""
+        return ticket_key.rsplit("/", 1)[1]
 
     @staticmethod
-    def priority_of(ready_key: str) -> int:
-        return MAX_PRIORITY - int(ready_key.rsplit("/", 2)[1])
+    def priority_of(ticket_key: str) -> int:
+        return MAX_PRIORITY - int(ticket_key.rsplit("/", 2)[1])
 
 
 def topic_prefix(ns: str, name: str) -> str:

@@ -1,35 +1,43 @@
 """The queue protocol on the store: each step is a few store requests in a fixed order.
 
-The record is the truth; the ready hint ``_ready/<band>/<id>`` is derived and may be stale.
-One invariant carries the protocol: **every live (queued or running) record has its ready
-hint**. The hint is written before the record is created and deleted only after the record
-is terminal, so a job is always found by listing ``_ready/`` — also a running one whose
-worker died, which is how expired leases are found (no separate lease hints). The orders
-below keep the invariant through any crash between two requests:
+Each invocation has a **ticket** ``_tickets/<band>/<id>`` in its queue, and, once anything
+has moved it, a **record** ``<id>/record``. The submit is one create-only write: the ticket,
+holding the queued record. The first move (a claim, a cancel, a missed deadline, a corrupt
+ticket failed) creates the record, create-only, so exactly one mover wins; from then on the
+record is the truth and every move is a compare-and-swap on it. So "the record" of an
+invocation is ``<id>/record`` when it exists and the ticket's content before that; an etag
+that starts with ``ticket:`` (:func:`unclaimed`) stands for "no record yet" and makes
+:meth:`QueueOps.cas` create the record.
 
-* **submit**: [args object] → [id index] → ready hint → record (create-only). A hint whose
-  record is missing is either in flight or orphaned: claimers look again after as long as it
-  has existed, and delete it once it is older than ``ORPHAN_GRACE_S``. A submit whose two
-  writes took longer than ``SLOW_SUBMIT_S`` rewrites the hint after its record landed.
-* **claim**: list ready hints → get record → CAS record to running. Nothing else: the hint
-  stays while the job runs. One listing serves several claims of this process (for up to
-  ``_LISTING_S``), and the process's slots take different candidates from it.
-* **back to queued** (retry, release, expiry): rewrite the ready hint (a new etag tells
-  other workers to look again) → CAS record to queued.
+One invariant carries the protocol: **every live (queued or running) invocation has its
+ticket**. It is the submit's only write, it stays while the job runs (which is how expired
+leases are found: no separate lease hints), and it is deleted only after the record is
+terminal. The orders below keep the invariant through any crash between two requests:
+
+* **submit**: [args object] → [id index] → ticket (create-only). A ``Conflict`` means a
+  tombstone holds the id: the submit was judged dead and fenced out (see ``fence.py``).
+* **claim**: list tickets → get the ticket (a full one: no record yet) or the record (a
+  ticket rewritten to a marker: the record exists) → create or CAS the record to running.
+  The ticket stays while the job runs. One listing serves several claims of this process
+  (for up to ``_LISTING_S``), and the process's slots take different candidates from it.
+* **back to queued** (retry, release, expiry): rewrite the ticket to a marker (a new etag
+  tells other workers to look again) → CAS record to queued.
 * **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
-  last write) → delete the ready hint, if it is still the one claimed (``if_match``). A
+  last write) → delete the ticket, if it is still the one claimed (``if_match``). A
   fenced-out attempt's result is dropped.
-* **stale hints**: a hint is deleted only when its record is terminal and the hint is older
-  than ``_RERUN_GRACE_S`` (a younger one may be a rerun between its hint and its record
-  write), or when the record is missing for longer than ``ORPHAN_GRACE_S``; always with
-  ``if_match`` on the etag that was listed, so a hint rewritten meanwhile survives.
+* **stale tickets**: a ticket is deleted only when its record is terminal and the ticket is
+  older than ``_RERUN_GRACE_S`` (a younger one may be a rerun between its ticket and its
+  record write), or when it is a marker whose record is missing for longer than
+  ``ORPHAN_GRACE_S``; always with ``if_match`` on the etag that was listed, so a ticket
+  rewritten meanwhile survives. A ticket that holds a terminal record is a tombstone and is
+  left to gc.
 * **expired leases**: a claimer that reads a running record whose lease has run out (in the
   store's clock) requeues or fails it by CAS; the holder's late writes are then fenced.
 
-What a worker has read is remembered per hint etag (running until its lease ends, backing
-off until its retry is due, a submit in flight): the hint is skipped without a GET until
-then, or until the hint's etag changes. Heartbeats CAS the record itself (lease pushed out):
-one request that also notices cancellation, because a cancel changes the record.
+What a worker has read is remembered per ticket etag (running until its lease ends, backing
+off until its retry is due, a tombstone): the ticket is skipped without a GET until then, or
+until its etag changes. Heartbeats CAS the record itself (lease pushed out): one request
+that also notices cancellation, because a cancel changes the record.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import queue
 import random
 import threading
@@ -47,6 +56,7 @@ from dataclasses import dataclass
 from lakeshore import lifecycle
 from lakeshore.errors import (
     Conflict,
+    InvalidArgument,
     LakeshoreError,
     NotFound,
     PermissionDenied,
@@ -66,12 +76,13 @@ from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
 __all__ = [
     "ABANDONED",
+    "MARKER_MAX",
     "MAX_RECORD_BYTES",
     "ORPHAN_GRACE_S",
-    "SLOW_SUBMIT_S",
     "Claimed",
     "QueueOps",
     "corrupt_stub",
+    "unclaimed",
 ]
 
 log = logging.getLogger("lakeshore.worker")
@@ -81,37 +92,41 @@ ABANDONED = "SubmitAbandoned"  # error type of a record whose submit was judged 
 # and a pickled callable of 1 MiB each, an error map of 8 texts of 64 KiB, small names.
 # They add up to under 4 MiB; the rest is room for fields of newer schemas. Larger is not read.
 MAX_RECORD_BYTES = 8 << 20
-# Keys, slots, hints, index entries, queue records, signs of life: small by construction.
+# Keys, slots, markers, index entries, queue records, signs of life: small by construction.
 MAX_SMALL_BYTES = 1 << 20
-ORPHAN_GRACE_S = 60.0  # a ready hint without its record is in flight until this old
-# A submit whose hint and record writes took longer than this writes the hint once more.
-# Far below ORPHAN_GRACE_S: a claimer that judges the hint an orphan before a faster submit's
-# record lands would need a clock 60 - 10 - 1 s (whole-second last_modified) = 49 s ahead
-# of the store's, beyond the 30 s of skew the suite tests.
-SLOW_SUBMIT_S = 10.0
-_monotonic = time.monotonic  # the submit's stopwatch (tests replace it)
-_RERUN_GRACE_S = 30.0  # a ready hint beside a terminal record may be a rerun until this old
-_LISTING = 1000  # candidates kept from one LIST of the ready hints (one S3 page)
+# A ticket this small is a marker (a write id): its record exists. A ticket that holds a
+# record is larger (the required fields alone take more), so the listing tells them apart.
+MARKER_MAX = 64
+ORPHAN_GRACE_S = 60.0  # a marker without its record: in flight (or being gc'd) until this old
+_UNCLAIMED = "ticket:"  # etag prefix: the record is still the ticket's content
+_RERUN_GRACE_S = 30.0  # a ticket beside a terminal record may be a rerun until this old
+_LISTING = 1000  # candidates kept from one LIST of the tickets (one S3 page)
 _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
 _MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
-_SCAN = 5000  # ready hints looked at (listed, not read) per LIST at most
+_SCAN = 5000  # tickets looked at (listed, not read) per LIST at most
 _LISTS_PER_CLAIM = 4
 _NARROW_AFTER = 16  # clean claims in a row before the spread halves again
-_BAD_HINT_S = 60.0  # a hint whose examination raised something unexpected: passed over this long
+_BAD_TICKET_S = 60.0  # a ticket whose examination raised something unexpected: passed over
 
 
-_Claimable = tuple[Record, str, str]  # record, its etag, the ready hint's etag
+_Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
+
+
+def unclaimed(etag: str) -> bool:
+    """True for the etag :meth:`QueueOps.read` gives a record that is still its ticket's
+    content (no ``<id>/record`` yet): writing over it creates the record."""
+    return etag.startswith(_UNCLAIMED)
 
 
 @dataclass
 class Claimed:
     """A running attempt held by this worker: the record as written and its etag, and the
-    ready hint's etag as listed (deleted with ``if_match`` once the record is terminal)."""
+    ticket's etag as listed (deleted with ``if_match`` once the record is terminal)."""
 
     record: Record
     etag: str
     token: str
-    hint_etag: str | None = None
+    ticket_etag: str | None = None
 
 
 class QueueOps:
@@ -126,14 +141,16 @@ class QueueOps:
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
         self._clean = 0  # claims won since the last lost race
         self._me = ""  # the worker id claims are made for (its own leases are no collision)
-        # hint key -> (its etag, when to look again): read and found not claimable, skipped
-        # without a GET until then or until the hint changes, so long-running jobs and
+        # ticket key -> (its etag, when to look again): read and found not claimable, skipped
+        # without a GET until then or until the ticket changes, so long-running jobs and
         # retries backing off at the head of the queue never hide the work behind them
         self._later: dict[str, tuple[str, float]] = {}
         self._listing: list[ObjectInfo] = []
         self._listed_at = -1e9  # time.monotonic() of the listing
-        self._trying: set[str] = set()  # hint keys a slot of this process is reading now
-        self._misses: dict[str, int] = {}  # hint key -> times its record was not there yet
+        self._trying: set[str] = set()  # ticket keys a slot of this process is reading now
+        self._misses: dict[str, int] = {}  # ticket key -> times its record was not there yet
+        # full tickets whose record exists (a create of it failed): read the record first
+        self._promoted: set[str] = set()
         self._tidy: queue.SimpleQueue[Callable[[], object]] | None = None
         self._tidy_cond = threading.Condition()
         self._tidy_pending = 0
@@ -141,16 +158,38 @@ class QueueOps:
     # -- records -----------------------------------------------------------------------------
 
     def read(self, inv: str) -> tuple[Record, str]:
-        """The record and its etag.
+        """The record and its etag: ``<id>/record``, or, before anything moved the
+        invocation, its ticket's content with an :func:`unclaimed` etag.
 
         Raises:
             NotFound: no such invocation in this queue.
             RecordError: the object is corrupt, of a newer schema, or larger than any
                 record lakeshore writes (``MAX_RECORD_BYTES``; then it is not read).
         """
-        key = self.keys.record(inv)
         try:
-            data, etag = self.store.get(key, max_bytes=MAX_RECORD_BYTES)
+            return self.read_record(inv)
+        except NotFound:
+            ticket = self.keys.ticket_of_id(inv)
+            if ticket is None:
+                raise
+        try:
+            data, etag = self._get_bounded(ticket)
+        except NotFound:
+            raise NotFound(
+                f"read {self.keys.record(inv)}", "no record and no ticket", "check the id"
+            ) from None
+        if len(data) <= MARKER_MAX:  # a marker: the record was written meanwhile
+            return self.read_record(inv)
+        return _decode_ticket(data, self.keys, ticket), _UNCLAIMED + etag
+
+    def read_record(self, inv: str) -> tuple[Record, str]:
+        """``<id>/record`` and its etag (NotFound before the first move)."""
+        data, etag = self._get_bounded(self.keys.record(inv))
+        return _decode(data, self.keys, inv), etag
+
+    def _get_bounded(self, key: str) -> tuple[bytes, str]:
+        try:
+            return self.store.get(key, max_bytes=MAX_RECORD_BYTES)
         except TooLarge as e:
             raise RecordError(
                 f"read {key}",
@@ -158,11 +197,12 @@ class QueueOps:
                 f"({MAX_RECORD_BYTES})",
                 "it was not read; delete it or cancel the invocation",
             ) from None
-        return _decode(data, self.keys, inv), etag
 
     def cas(self, rec: Record, etag: str) -> str:
-        """Write ``rec`` over the version ``etag``; Conflict when someone wrote first."""
-        return self.store.put(self.keys.record(rec.id), rec.to_bytes(), if_match(etag))
+        """Write ``rec`` over the version ``etag`` (create the record when ``etag`` is
+        :func:`unclaimed`); Conflict when someone wrote first."""
+        mode = CREATE if unclaimed(etag) else if_match(etag)
+        return self.store.put(self.keys.record(rec.id), rec.to_bytes(), mode)
 
     # -- blobs -------------------------------------------------------------------------------
 
@@ -209,35 +249,45 @@ class QueueOps:
             )
         return data
 
-    # -- hints -------------------------------------------------------------------------------
+    # -- tickets -----------------------------------------------------------------------------
 
-    def put_ready(self, rec: Record) -> str:
-        """Write the ready hint of ``rec``; returns its etag."""
-        # The hint's bytes are the record write id: unique, so its etag is never reused (ABA).
-        return self.store.put(self.keys.ready(rec.priority, rec.id), rec.wid.encode(), OVERWRITE)
+    def put_marker(self, rec: Record) -> str:
+        """Rewrite the ticket of ``rec`` (whose record exists) to a marker; returns its etag."""
+        # The marker's bytes are the record write id: unique, so its etag is never reused (ABA).
+        return self.store.put(self.keys.ticket(rec.priority, rec.id), rec.wid.encode(), OVERWRITE)
 
-    def drop_hint(self, info: ObjectInfo) -> None:
-        """Delete a stale hint, unless it was rewritten since we listed it."""
+    def drop_ticket(self, info: ObjectInfo) -> None:
+        """Delete a stale ticket, unless it was rewritten since we listed it."""
         self._forget(info.key)
         with contextlib.suppress(Conflict):
             self.store.delete(info.key, if_match=info.etag)
 
-    def drop_own_hint(self, held: Claimed) -> None:
-        """After the held attempt's terminal write: delete the hint it was claimed by, unless
-        it was rewritten since (a rerun queued the invocation again)."""
-        key = self.keys.ready(held.record.priority, held.record.id)
+    def drop_own_ticket(self, held: Claimed) -> None:
+        """After the held attempt's terminal write: delete the ticket it was claimed by,
+        unless it was rewritten since (a rerun queued the invocation again)."""
+        key = self.keys.ticket(held.record.priority, held.record.id)
         self._forget(key)
-        etag = held.hint_etag
+        etag = held.ticket_etag
         if etag is None:  # claimed without a listing (tests, tools): read it first
             try:
-                etag = self.store.get(key, max_bytes=MAX_SMALL_BYTES)[1]
-            except NotFound:
+                etag = self.store.get(key, max_bytes=MAX_RECORD_BYTES)[1]
+            except (NotFound, TooLarge):
                 return
         with contextlib.suppress(Conflict):
             self.store.delete(key, if_match=etag)
 
-    def ready_hints(self) -> Iterator[ObjectInfo]:
-        return self.store.list(self.keys.ready_prefix)
+    def drop_unclaimed(self, rec: Record, etag: str) -> None:
+        """After a write that created the record of ``rec`` over its ticket's content
+        (``etag`` as :meth:`read` gave it) and made it terminal: delete that ticket, unless
+        it changed since; a caller without the right to delete leaves it to claimers."""
+        if rec.terminal and unclaimed(etag):
+            key = self.keys.ticket(rec.priority, rec.id)
+            self._forget(key)
+            with contextlib.suppress(Conflict, PermissionDenied):
+                self.store.delete(key, if_match=etag[len(_UNCLAIMED) :])
+
+    def tickets(self) -> Iterator[ObjectInfo]:
+        return self.store.list(self.keys.tickets_prefix)
 
     def _remember(self, info: ObjectInfo, until: float) -> None:
         with self._lock:
@@ -247,6 +297,7 @@ class QueueOps:
         with self._lock:
             self._later.pop(key, None)
             self._misses.pop(key, None)
+            self._promoted.discard(key)
 
     def _skipped(self, info: ObjectInfo, now: float) -> bool:
         seen = self._later.get(info.key)
@@ -255,52 +306,29 @@ class QueueOps:
     # -- steps ---------------------------------------------------------------------------------
 
     def submit(self, rec: Record) -> bool:
-        """Publish a new invocation: ready hint, then the record (create-only). Returns
-        False when another record holds the id already (a tombstone: the submit was judged
-        dead and fenced out); True once the record is ours.
-
-        A claimer drops a hint whose record is missing once the hint is ``ORPHAN_GRACE_S``
-        old. When the two writes took longer than ``SLOW_SUBMIT_S``, the hint is written
-        again after the record, with new bytes (a new etag, also where the etag is a content
-        hash): a claimer's conditional delete of the old hint then fails, and a hint it
-        already deleted is back. A fast submit costs nothing extra. If that rewrite fails,
-        the record is ended as abandoned (it may have no hint: no worker would find it) and
-        the error is raised.
+        """Publish a new invocation: its ticket, holding the queued record, create-only (one
+        request). Returns False when the ticket's key is taken already (a tombstone: the
+        submit was judged dead and fenced out); True once the ticket is ours.
 
         Raises:
+            InvalidArgument: ``rec.id`` was not made by :func:`keys.new_id` for its priority.
             StoreError: the store failed (the invocation was not published).
         """
-        started = _monotonic()
-        self.put_ready(rec)
-        where = self.keys.record(rec.id)
+        key = self.keys.ticket(rec.priority, rec.id)
+        if self.keys.ticket_of_id(rec.id) != key:
+            raise InvalidArgument(
+                f"submit {rec.id}",
+                f"the id does not carry band {key.rsplit('/', 2)[1]} of priority {rec.priority}",
+                "make ids with lakeshore.keys.new_id(priority)",
+            )
+        data = rec.to_bytes()
         try:
-            etag = self.store.put(where, rec.to_bytes(), CREATE)
+            self.store.put(key, data, CREATE)
         except Conflict:
             try:  # our own write, retried by the store after a lost answer?
-                rec_now, etag = self.read(rec.id)
-            except (NotFound, RecordError):
+                return self.store.get(key, max_bytes=len(data))[0] == data
+            except (NotFound, TooLarge):
                 return False
-            if rec_now.wid != rec.wid:
-                return False
-        if _monotonic() - started > SLOW_SUBMIT_S:
-            key = self.keys.ready(rec.priority, rec.id)
-            try:
-                self.store.put(key, f"{rec.wid}.{write_id()}".encode(), OVERWRITE)
-            except LakeshoreError:
-                gone = rec.next_write(
-                    state="failed",
-                    error={
-                        "type": ABANDONED,
-                        "message": "the submit stalled and could not write its ready hint "
-                        "again; nothing ran",
-                        "traceback": "",
-                    },
-                    finished_at=self.store.now(),
-                )
-                with contextlib.suppress(LakeshoreError):
-                    self.cas(gone, etag)
-                    self.settle(gone)
-                raise
         return True
 
     def claim(
@@ -337,12 +365,12 @@ class QueueOps:
             try:
                 got = self._try_claim(info, worker, now, lease_s, stopping)
             except (StoreError, PermissionDenied):
-                raise  # the store's trouble, not this hint's: the caller decides
+                raise  # the store's trouble, not this ticket's: the caller decides
             except Exception:
                 # A bug or a shape nobody foresaw: one object must not stop the worker. Pass
-                # this hint over for a while (until it changes) and serve the others.
+                # this ticket over for a while (until it changes) and serve the others.
                 log.exception("claim on %s: passing over %s for now", self.keys.queue, info.key)
-                self._remember(info, now + _BAD_HINT_S)
+                self._remember(info, now + _BAD_TICKET_S)
                 continue
             finally:
                 with self._lock:
@@ -360,13 +388,16 @@ class QueueOps:
                 if self._listed_at >= asked:  # another slot listed while we waited
                     return bool(self._listing)
             fresh: list[ObjectInfo] = []
-            for scanned, info in enumerate(self.ready_hints()):
+            seen: set[str] = set()
+            for scanned, info in enumerate(self.tickets()):
                 if scanned >= _SCAN or len(fresh) >= _LISTING:
                     break
+                seen.add(info.key)
                 if not self._skipped(info, now):
                     fresh.append(info)
             with self._lock:
                 self._later = {k: v for k, v in self._later.items() if v[1] > now}
+                self._promoted &= seen
                 self._listing = fresh
                 self._listed_at = time.monotonic()
             return bool(fresh)
@@ -410,21 +441,21 @@ class QueueOps:
                     self._spread = max(1, self._spread // 2)
 
     def _examine(self, info: ObjectInfo, now: float) -> tuple[_Claimable | None, bool]:
-        """Read the record behind a hint and settle what needs no claim: drop a stale hint,
-        requeue an expired lease, time out a missed deadline, remember what is not due.
-        Returns the record, its etag and the hint's etag when it is claimable now, and
-        whether an expired lease was ended."""
+        """Read the record behind a ticket and settle what needs no claim: drop a stale
+        ticket, requeue an expired lease, time out a missed deadline, remember what is not
+        due. Returns the record, its etag and the ticket's etag when it is claimable now,
+        and whether an expired lease was ended."""
         moved = False
         inv = QueueKeys.id_of(info.key)
         try:
-            rec, etag = self.read(inv)
+            got = self._read_listed(info, inv)
         except NotFound:
             if info.last_modified < now - ORPHAN_GRACE_S:
-                self.drop_hint(info)  # its submitter died before writing the record
-            else:  # a submit in flight (its record comes next), or an orphan: look again
-                # soon, then less and less often, so a young one is picked up at once and an
-                # orphan costs a dozen GETs until it can be dropped. (Not from the hint's age:
-                # listings give last-modified times in whole seconds.)
+                self.drop_ticket(info)  # a marker whose record is gone (gc, by hand)
+            else:  # a record being written or deleted: look again soon, then less and less
+                # often, so a young one is picked up at once and an orphan costs a dozen
+                # GETs until it can be dropped. (Not from the ticket's age: listings give
+                # last-modified times in whole seconds.)
                 with self._lock:
                     misses = self._misses[info.key] = self._misses.get(info.key, 0) + 1
                 wait = min(0.005 * 2 ** min(misses, 12), 5.0)
@@ -435,12 +466,19 @@ class QueueOps:
             return None, moved
         except RecordError as e:
             if self._fail_corrupt(inv, e, now):
-                self.drop_hint(info)  # the record is failed now: its hint is stale
+                self.drop_ticket(info)  # the record is failed now: its ticket is stale
             return None, moved
+        if got is None:
+            return None, moved
+        rec, etag, ticket_etag = got
         if self._misses:
             with self._lock:
                 self._misses.pop(info.key, None)
-        hint_etag = info.etag
+        if unclaimed(etag) and rec.terminal:
+            # a tombstone (a submit fenced out): it stays, so the late submit cannot land;
+            # gc removes it with the finished invocations
+            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), math.inf)
+            return None, moved
         if rec.state == "running":
             expires = rec.lease.expires_at if rec.lease is not None else now
             if expires >= now:
@@ -452,7 +490,7 @@ class QueueOps:
                 return None, moved
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
-                hint_etag = self.put_ready(nxt)  # before the record says queued
+                ticket_etag = self.put_marker(nxt)  # before the record says queued
             try:
                 etag = self.cas(nxt, etag)
             except Conflict:
@@ -461,26 +499,64 @@ class QueueOps:
             rec, moved = nxt, True
         if rec.terminal:
             if not moved and info.last_modified > now - _RERUN_GRACE_S:
-                # a young hint next to a terminal record may be a rerun in flight (hint
+                # a young ticket next to a terminal record may be a rerun in flight (ticket
                 # written, record not yet queued): look again once it is older
                 self._remember(info, info.last_modified + _RERUN_GRACE_S)
                 return None, moved
-            self.drop_hint(ObjectInfo(info.key, hint_etag, info.size, info.last_modified))
+            self.drop_ticket(ObjectInfo(info.key, ticket_etag, info.size, info.last_modified))
             return None, moved
         if lifecycle.past_deadline(rec, now):
             ended = lifecycle.time_out(rec, now)
             try:
                 self.cas(ended, etag)
             except Conflict:
+                self._lost_create(info.key, etag)
                 return None, moved
             self.settle(ended)
-            self.drop_hint(ObjectInfo(info.key, hint_etag, info.size, info.last_modified))
+            self.drop_ticket(ObjectInfo(info.key, ticket_etag, info.size, info.last_modified))
             return None, moved
         if rec.not_before > now:
-            # backing off before a retry; the hint stays
-            self._remember(ObjectInfo(info.key, hint_etag, 0, 0.0), rec.not_before)
+            # backing off before a retry; the ticket stays
+            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), rec.not_before)
             return None, moved
-        return (rec, etag, hint_etag), moved
+        return (rec, etag, ticket_etag), moved
+
+    def _read_listed(self, info: ObjectInfo, inv: str) -> tuple[Record, str, str] | None:
+        """The record behind a listed ticket, its etag and the ticket's etag; None for a
+        stray ticket (dropped). A ticket that holds a record is read itself (one GET for a
+        fresh submit), unless a create of its record already failed; a marker's record is
+        read directly.
+
+        Raises:
+            NotFound: a marker (or a ticket whose record existed) and no record.
+            RecordError: neither the ticket nor the record can be used.
+        """
+        if info.size > MARKER_MAX and info.key not in self._promoted:
+            data, etag = self._get_bounded(info.key)  # NotFound: gone since the listing
+            if len(data) > MARKER_MAX:
+                try:
+                    return _decode_ticket(data, self.keys, info.key), _UNCLAIMED + etag, etag
+                except NewerRecord:
+                    raise
+                except RecordError as err:
+                    if self.keys.ticket_of_id(inv) != info.key:
+                        # not where lakeshore puts this id's ticket: no invocation's
+                        self.drop_ticket(ObjectInfo(info.key, etag, info.size, 0.0))
+                        return None
+                    try:  # a record that exists is the truth; its ticket is only a marker
+                        rec, rec_etag = self.read_record(inv)
+                    except NotFound:
+                        raise err from None  # nothing to run: _fail_corrupt records why
+                    return rec, rec_etag, etag
+            info = ObjectInfo(info.key, etag, len(data), info.last_modified)
+        rec, rec_etag = self.read_record(inv)
+        return rec, rec_etag, info.etag
+
+    def _lost_create(self, key: str, etag: str) -> None:
+        """A write over a ticket's content lost: the record exists now; read it next time."""
+        if unclaimed(etag):
+            with self._lock:
+                self._promoted.add(key)
 
     def _try_claim(
         self,
@@ -493,7 +569,7 @@ class QueueOps:
         seen, _ = self._examine(info, now)
         if seen is None or (stopping is not None and stopping()):
             return None
-        rec, etag, hint_etag = seen
+        rec, etag, ticket_etag = seen
         token = write_id()
         # The lease counts from the clock read right before the write, not from when the
         # claim began: a slow read or a long walk past running records must not eat into it.
@@ -506,21 +582,30 @@ class QueueOps:
             new_etag = self.cas(running, etag)
         except Conflict:
             self._collided(True)
+            if unclaimed(etag):  # its record exists: the next look reads that instead
+                self._lost_create(info.key, etag)
+                return None
             # someone else claimed it (or cancelled it): look again when a lease would end
-            self._remember(ObjectInfo(info.key, hint_etag, 0, 0.0), now + running.lease_s)
+            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + running.lease_s)
             return None
         self._collided(False)
         assert running.lease is not None
-        self._remember(ObjectInfo(info.key, hint_etag, 0, 0.0), running.lease.expires_at)
-        return Claimed(running, new_etag, token, hint_etag)
+        self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), running.lease.expires_at)
+        return Claimed(running, new_etag, token, ticket_etag)
 
     def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> bool:
-        """Overwrite an unreadable record with a failed one that says why; True if done."""
+        """Overwrite an unreadable record with a failed one that says why (or create it,
+        when the unreadable one is the ticket's content); True if done."""
         key = self.keys.record(inv)
+        stub = corrupt_stub(self.keys, inv, err, now)
         try:
             data, etag = self.store.get(key, max_bytes=MAX_RECORD_BYTES)
         except NotFound:
-            return False
+            try:
+                self.store.put(key, stub.to_bytes(), CREATE)
+            except Conflict:
+                return False
+            return True
         except TooLarge:  # never read: its etag comes from a listing
             found = [i for i in self.store.list(key) if i.key == key]
             if not found or found[0].size <= MAX_RECORD_BYTES:
@@ -528,7 +613,6 @@ class QueueOps:
             data, etag = b"", found[0].etag
         if data and _usable(data, self.keys, inv):
             return False  # rewritten meanwhile (or of a newer schema): not ours to fail
-        stub = corrupt_stub(self.keys, inv, err, now)
         try:
             self.store.put(self.keys.record(inv), stub.to_bytes(), if_match(etag))
         except Conflict:
@@ -545,33 +629,33 @@ class QueueOps:
     def heartbeat(self, held: Claimed, now: float) -> Claimed:
         """Push the lease out. Raises Conflict when the record changed (cancel, expiry)."""
         rec = lifecycle.heartbeat(held.record, held.token, now)
-        return Claimed(rec, self.cas(rec, held.etag), held.token, held.hint_etag)
+        return Claimed(rec, self.cas(rec, held.etag), held.token, held.ticket_etag)
 
     def finish(self, held: Claimed, final: Record, tidy_later: bool = False) -> str:
-        """Write the attempt's outcome (fenced by the last etag), then tidy the hint.
+        """Write the attempt's outcome (fenced by the last etag), then tidy the ticket.
 
-        Back to queued (a retry, a release): the ready hint is rewritten first, so workers
-        that remember the job as running look again. Terminal: the hint (and admission
-        slot) are deleted after — by a background thread with ``tidy_later`` (a worker:
-        the outcome is visible at once, and a delete lost with the process only leaves a
-        stale hint for claimers to drop; ``flush`` waits for them).
+        Back to queued (a retry, a release): the ticket is rewritten to a marker first, so
+        workers that remember the job as running look again. Terminal: the ticket (and
+        admission slot) are deleted after — by a background thread with ``tidy_later`` (a
+        worker: the outcome is visible at once, and a delete lost with the process only
+        leaves a stale ticket for claimers to drop; ``flush`` waits for them).
         Raises Conflict when the attempt was fenced out (the result is then dropped).
         """
         if final.state == "queued":
-            self._forget(self.keys.ready(final.priority, final.id))
-            self.put_ready(final)
+            self._forget(self.keys.ticket(final.priority, final.id))
+            self.put_marker(final)
         etag = self.cas(final, held.etag)
         if not final.terminal:
             self.settle(final)
         elif tidy_later:
 
             def tidy() -> None:
-                self.drop_own_hint(held)
+                self.drop_own_ticket(held)
                 self.settle(final)
 
             self._later_do(tidy)
         else:
-            self.drop_own_hint(held)
+            self.drop_own_ticket(held)
             self.settle(final)
         return etag
 
@@ -590,7 +674,7 @@ class QueueOps:
             fn = jobs.get()
             try:
                 fn()
-            except LakeshoreError as e:  # a stale hint stays: claimers drop it later
+            except LakeshoreError as e:  # a stale ticket stays: claimers drop it later
                 log.debug("tidying after a finished attempt failed: %s", e)
             finally:
                 with self._tidy_cond:
@@ -603,11 +687,11 @@ class QueueOps:
             return self._tidy_cond.wait_for(lambda: self._tidy_pending == 0, timeout)
 
     def reap(self, now: float) -> int:
-        """One pass over the live hints: requeue (or fail) running invocations whose lease
-        ran out and drop stale hints. Claims do this on their way, for the head of the
-        queue; a pass reads every live record not remembered. Returns how many moved."""
+        """One pass over the tickets: requeue (or fail) running invocations whose lease ran
+        out and drop stale tickets. Claims do this on their way, for the head of the queue;
+        a pass reads every live record not remembered. Returns how many moved."""
         moved = 0
-        for scanned, info in enumerate(list(self.ready_hints())):
+        for scanned, info in enumerate(list(self.tickets())):
             if scanned >= _SCAN:
                 break
             if not self._skipped(info, now):
@@ -650,6 +734,33 @@ def _decode(data: bytes, keys: QueueKeys, inv: str) -> Record:
             f"read {where}",
             f"the record names another invocation ({rec.ns}/{rec.queue}/{rec.id})",
             "the object was copied or written by hand; cancel or delete the invocation",
+        )
+    return rec
+
+
+def _decode_ticket(data: bytes, keys: QueueKeys, ticket: str) -> Record:
+    """The queued record a ticket holds. It must be the record of the id at the end of the
+    ticket's key, made for the ticket's band, and queued or terminal (a tombstone): a
+    producer that can write tickets must not be able to start a job anywhere else.
+
+    Raises:
+        RecordError: not such a record. NewerRecord: newer schema.
+    """
+    inv = QueueKeys.id_of(ticket)
+    rec = _decode(data, keys, inv)
+    if keys.ticket(rec.priority, inv) != ticket or keys.ticket_of_id(inv) != ticket:
+        raise RecordError(
+            f"read {ticket}",
+            f"the ticket's record has priority {rec.priority}, not that of its band",
+            "the object was copied or written by hand; delete it",
+        )
+    stone = rec.state == "failed" and (rec.error or {}).get("type") == ABANDONED
+    if (rec.state != "queued" and not stone) or rec.lease is not None or rec.attempt:
+        raise RecordError(
+            f"read {ticket}",
+            f"a ticket holds a record as submitted (or a tombstone), not one in state "
+            f"{rec.state!r} at attempt {rec.attempt}",
+            "the object was written by hand; delete it",
         )
     return rec
 

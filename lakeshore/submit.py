@@ -137,7 +137,7 @@ def submit_call(
     flush()  # uploads first: a slot or key held through slow uploads would look abandoned
     job = _Job(plane, plane.ops(udf.queue), conf, draft, payload, deadline_s, submit_timeout)
     if key is None:
-        inv = new_id()
+        inv = new_id(job.draft.priority)
         admitted, token = job.admit(inv)
         if not _publish_admitted(job, inv, admitted, token):
             raise _abandoned(udf.ref, inv)
@@ -207,7 +207,7 @@ def _submit_keyed(job: _Job, ref: str, key: str, strict: bool) -> str:
     An invocation is never published under an id whose key was taken by someone else."""
     fenced: set[str] = set()  # ids this call saw fenced: the key must move off them
     for _ in range(_KEY_ROUNDS):
-        inv = new_id()
+        inv = new_id(job.draft.priority)
         # on a limited queue only look: admission comes before the key is taken
         held = _read_key(job, key, inv, create=not job.limited)
         if held is None and not job.limited:

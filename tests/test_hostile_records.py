@@ -42,7 +42,7 @@ def handmade(q: Any, inv: str, **fields: Any) -> dict[str, Any]:
 def put_by_hand(q: Any, inv: str, data: bytes) -> None:
     """What a producer with write access can do: a ready hint and any record bytes."""
     ops = q.ops("default")
-    q.store.put(ops.keys.ready(5, inv), b"by hand")
+    q.store.put(ops.keys.ticket(5, inv), b"by hand")
     q.store.put(ops.keys.record(inv), data)
 
 
@@ -77,7 +77,7 @@ def test_mistyped_record_fields_are_failed_and_good_work_runs(atomic_store: Stor
         assert (rec.state, rec.fn) == ("failed", "?"), field
         assert rec.error is not None and rec.error["type"] == "CorruptRecord"
         assert field in rec.error["message"], (field, rec.error["message"])
-    assert list(q.store.list(q.ops("default").keys.ready_prefix)) == []
+    assert list(q.store.list(q.ops("default").keys.tickets_prefix)) == []
 
 
 def test_a_record_naming_another_invocation_is_failed_not_followed(atomic_store: Store) -> None:

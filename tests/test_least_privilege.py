@@ -191,7 +191,7 @@ def test_producers_list_only_what_submitting_and_reading_results_need() -> None:
 
     assert lists(f"{BASE}jobs/_slots/")
     assert lists(f"{BASE}jobs/01JD2K7Q000000000000000000/journal/0001/")
-    assert not lists(f"{BASE}jobs/_ready/")  # a producer cannot claim
+    assert not lists(f"{BASE}jobs/_tickets/")  # a producer cannot claim
     assert not lists(f"{BASE}jobs/")  # nor enumerate other producers' invocations
     assert not lists(BASE)
 

@@ -94,7 +94,7 @@ def test_unsendable_argument_fails_at_submit(plane: Any) -> None:
     f = plane.udf(jobs.echo)
     with pytest.raises(dls.InvalidArgument, match="cannot send"):
         f.submit(threading.Lock())
-    assert list(plane.ops("default").ready_hints()) == []  # nothing was enqueued
+    assert list(plane.ops("default").tickets()) == []  # nothing was enqueued
 
 
 def test_failure_retries_then_reports_remote_error(plane: Any) -> None:
@@ -226,7 +226,7 @@ def test_deadline_passes_while_queued(plane: Any) -> None:
     assert dls.run_worker(q, once=True) == 0
     with pytest.raises(dls.TimedOut, match="deadline"):
         q.result(inv)
-    assert list(ops.ready_hints()) == []
+    assert list(ops.tickets()) == []
 
 
 def test_result_from_a_process_that_never_saw_the_submit(tmp_path: Path) -> None:

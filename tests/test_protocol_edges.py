@@ -25,9 +25,9 @@ def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(plane: Any) -> Non
     assert held is not None
     # A retry is half done: the ready hint is back, the record still says running.
     back = lifecycle.fail(held.record, held.token, {"type": "E"}, q.store.now())
-    ops.put_ready(back)
+    ops.put_marker(back)
     assert ops.claim("w2", q.store.now()) is None  # finds the hint, must leave it
-    assert [i.key for i in ops.ready_hints()] == [ops.keys.ready(back.priority, inv)]
+    assert [i.key for i in ops.tickets()] == [ops.keys.ticket(back.priority, inv)]
     ops.finish(held, back)  # the retry completes: the job is findable
     time.sleep(max(0.0, back.not_before - q.store.now()) + 0.01)  # wait out the backoff itself
     other = QueueOps(q.store, ops.keys)  # another worker (the first remembers to look later)
@@ -41,14 +41,14 @@ def test_ready_hint_of_a_running_job_survives_claimers_and_reapers(plane: Any) -
     ops = q.ops("default")
     held = ops.claim("w1", q.store.now())
     assert held is not None
-    hint = [i.key for i in ops.ready_hints()]
-    assert hint == [ops.keys.ready(held.record.priority, inv)]  # the hint stays while the job runs
+    hint = [i.key for i in ops.tickets()]
+    assert hint == [ops.keys.ticket(held.record.priority, inv)]  # the hint stays while the job runs
     other = QueueOps(q.store, ops.keys)  # another worker, which has never seen the job
     assert other.claim("w2", q.store.now()) is None
     assert other.reap(q.store.now()) == 0  # the lease holds: nothing to move
-    assert [i.key for i in ops.ready_hints()] == hint
+    assert [i.key for i in ops.tickets()] == hint
     ops.finish(held, lifecycle.succeed(held.record, held.token, None, q.store.now()))
-    assert list(ops.ready_hints()) == []  # terminal: the claimed hint is gone
+    assert list(ops.tickets()) == []  # terminal: the claimed hint is gone
 
 
 def test_newer_records_are_left_alone(plane: Any) -> None:
@@ -56,12 +56,16 @@ def test_newer_records_are_left_alone(plane: Any) -> None:
     f = q.udf(jobs.add_one)
     future, ok = f.submit(1), f.submit(2)
     ops = q.ops("default")
-    raw, _ = q.store.get(ops.keys.record(future))
+    ticket = ops.keys.ticket_of_id(future)
+    assert ticket is not None
+    raw, _ = q.store.get(ticket)  # the record, before its first claim
     newer = raw.replace(b"\xa1v" + bytes([SCHEMA_VERSION]), b"\xa1v" + bytes([SCHEMA_VERSION + 1]))
-    q.store.put(ops.keys.record(future), newer)
+    q.store.put(ticket, newer)
     assert dls.run_worker(q, idle_exit=0.3) == 1
     assert q.result(ok) == 3
-    assert q.store.get(ops.keys.record(future))[0] == newer  # untouched
+    assert q.store.get(ticket)[0] == newer  # untouched
+    with pytest.raises(dls.NotFound):
+        q.store.get(ops.keys.record(future))  # and never claimed
     assert ops.reap(q.store.now() + 3600) == 0
 
 
@@ -139,90 +143,44 @@ def test_payloads_over_the_cap_are_refused(plane: Any) -> None:
         roomy.result(inv, timeout=30)
 
 
-def test_a_hint_seen_before_its_record_is_claimed_soon_after(plane: Any) -> None:
-    """A worker that lists a submit in flight (hint written, record not yet) must not skip
-    the job for the orphan grace period once the record lands."""
-    ops = plane.ops("default")
-    f = plane.udf(jobs.add_one)
-    inv = f.submit(1)
-    data, _ = ops.store.get(ops.keys.record(inv))
-    ops.store.delete(ops.keys.record(inv))  # as if the record were still being written
-    assert ops.claim("w", ops.store.now()) is None
-    ops.store.put(ops.keys.record(inv), data)  # the submit completes
-    deadline = time.monotonic() + 5
-    held = None
-    while held is None and time.monotonic() < deadline:
-        held = ops.claim("w", ops.store.now())
-        time.sleep(0.05)
-    assert held is not None and held.record.id == inv
-
-
 def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(plane: Any) -> None:
     q = plane
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     ops = q.ops("default")
     rec, etag = ops.read(inv)
-    assert rec.state == "succeeded" and list(ops.ready_hints()) == []
+    assert rec.state == "succeeded" and list(ops.tickets()) == []
     # `lakeshore retry` is half done: the new hint is written, the record still terminal
     nxt = lifecycle.rerun(rec, q.store.now())
-    ops.put_ready(nxt)
+    ops.put_marker(nxt)
     other = QueueOps(q.store, ops.keys)  # a claimer that reads the record right now
     assert other.claim("w2", q.store.now()) is None
-    assert [i.key for i in ops.ready_hints()] == [ops.keys.ready(nxt.priority, inv)]  # kept
+    assert [i.key for i in ops.tickets()] == [ops.keys.ticket(nxt.priority, inv)]  # kept
     ops.cas(nxt, etag)  # the retry completes
     again = QueueOps(q.store, ops.keys).claim("w3", q.store.now())
     assert again is not None and again.record.id == inv and again.record.attempt == 2
 
 
-def test_retry_puts_back_a_hint_dropped_while_it_ran(plane: Any) -> None:
+def test_retry_puts_back_a_ticket_dropped_while_it_ran(plane: Any) -> None:
     q = plane
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     ops = q.ops("default")
-    real_put = ops.put_ready
+    real_put = ops.put_marker
     calls = []
 
     def put_then_lose(rec: Any) -> str:
         etag = real_put(rec)
         calls.append(rec.id)
         if len(calls) == 1:  # a claimer judged this hint stale and deleted it
-            q.store.delete(ops.keys.ready(rec.priority, rec.id))
+            q.store.delete(ops.keys.ticket(rec.priority, rec.id))
         return etag
 
-    ops.put_ready = put_then_lose  # type: ignore[method-assign]
+    ops.put_marker = put_then_lose  # type: ignore[method-assign]
     assert q.retry(inv) == 2
     assert calls == [inv, inv]  # retry saw the hint gone and wrote it again
-    ops.put_ready = real_put  # type: ignore[method-assign]
+    ops.put_marker = real_put  # type: ignore[method-assign]
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     assert q.result(inv) == 2
 
 
-def test_hint_seen_before_its_record_is_looked_at_again_soon_despite_coarse_listing_times() -> None:
-    """S3 listings give last-modified in whole seconds: a hint written a moment ago may look
-    almost a second old. A claimer that met it before its record must still come back at
-    once, not after that apparent age."""
-    from collections.abc import Iterator
-
-    from lakeshore.keys import QueueKeys
-    from lakeshore.store import MemoryStore
-    from lakeshore.store.base import CREATE, ObjectInfo
-
-    class CoarseTimes(MemoryStore):
-        def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-            for i in super().list(prefix, start_after):
-                yield ObjectInfo(i.key, i.etag, i.size, i.last_modified - 0.9)
-
-    store = CoarseTimes()
-    q = make_plane(store)
-    f = q.udf(jobs.add_one)
-    inv = f.submit(1)
-    ops = q.ops("default")
-    data, _ = store.get(ops.keys.record(inv))
-    store.delete(ops.keys.record(inv))  # as if the submit were between its hint and record
-    other = QueueOps(store, QueueKeys(q.ns, "default"))
-    now = store.now()
-    assert other.claim("w", now) is None  # the record is not there yet
-    store.put(ops.keys.record(inv), data, CREATE)  # now it is
-    held = other.claim("w", now + 0.05)
-    assert held is not None and held.record.id == inv

@@ -52,9 +52,9 @@ def test_keys_layout_and_order() -> None:
     assert k.record(inv) == f"lakeshore/default/q/{inv}/record"
     assert k.result(inv, 2) == f"lakeshore/default/q/{inv}/result-0002"
     assert k.journal(inv, 1, 7).endswith("/journal/0001/000000000007")
-    assert k.ready(9, inv) < k.ready(0, inv)  # higher priority lists first
-    assert keys.QueueKeys.priority_of(k.ready(7, inv)) == 7
-    assert keys.QueueKeys.id_of(k.ready(3, inv)) == inv
+    assert k.ticket(9, inv) < k.ticket(0, inv)  # higher priority lists first
+    assert keys.QueueKeys.priority_of(k.ticket(7, inv)) == 7
+    assert keys.QueueKeys.id_of(k.ticket(3, inv)) == inv
     later = [keys.new_id() for _ in range(50)]
     assert sorted(later) == later  # ULIDs sort by creation time
     assert len(k.idem("x").rsplit("/", 1)[1]) == 64

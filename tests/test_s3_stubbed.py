@@ -380,6 +380,6 @@ def test_a_server_without_conditional_deletes_end_to_end(
             assert dls.run_worker(q, once=True) == 1
             assert q.result(inv, timeout=30) == 42
             assert store.conditional_delete == "emulated"
-            assert list(store.list(QueueKeys(q.ns, "default").ready_prefix)) == []
+            assert list(store.list(QueueKeys(q.ns, "default").tickets_prefix)) == []
         assert proxy.refused == 2
     report.append("S3 without conditional deletes (501, as LocalStack): emulated; doctor SAFE")

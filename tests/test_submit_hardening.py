@@ -152,7 +152,7 @@ def _live(q: Any, queue: str = "default") -> list[Record]:
 def _hint(q: Any, rec: Record) -> bool:
     ops = q.ops(rec.queue)
     try:
-        ops.store.get(ops.keys.ready(rec.priority, rec.id))
+        ops.store.get(ops.keys.ticket(rec.priority, rec.id))
     except dls.NotFound:
         return False
     return True
@@ -186,11 +186,11 @@ def test_slow_submit_whose_hint_a_claimer_dropped_still_runs(
     slow = Run("slow", lambda: f.submit(41))
     stall.wait()  # hint written, record not yet
     ops = q.ops("default")
-    [hint] = list(ops.ready_hints())
+    [hint] = list(ops.tickets())
     # a claimer 61 s later (in the store's clock) finds no record: an orphan, it drops the hint
     claimer = QueueOps(gate.inner, ops.keys)
     assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None
-    assert list(ops.ready_hints()) == []
+    assert list(ops.tickets()) == []
     skipped[0] = ORPHAN_GRACE_S + 1
     stall.go.set()
     inv = slow.result()
@@ -332,7 +332,7 @@ def test_slow_submit_whose_slot_was_repaired_never_exceeds_max_depth(
     ops = q.ops("adm")
     f = q.udf(queue="adm")(jobs.add_one)
     options = {"_key": "k"} if keyed else {}
-    stall = gate.trap("PUT", lambda k: "/_ready/" in k, "slow")  # slot taken, no record
+    stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")  # slot taken, no record
     slow = Run("slow", lambda: f.submit(1, **options))
     stall.wait()
     monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)  # the slot looks 30 s old
@@ -455,7 +455,7 @@ def test_a_keyed_retry_during_a_stalled_submit_never_gets_an_id_that_will_not_ru
     gate = Skewed(MemoryStore())
     q = make_plane(gate)
     f = q.udf(jobs.add_one)
-    stall = gate.trap("PUT", lambda k: "/_ready/" in k, "first")
+    stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "first")
     first = Run("first", lambda: f.submit(1, _key="k"))
     stall.wait()  # the key is written, nothing else
     gate.ahead = 5.0
@@ -466,7 +466,7 @@ def test_a_keyed_retry_during_a_stalled_submit_never_gets_an_id_that_will_not_ru
     assert retry.result() == later
     assert first.result() == later  # fenced out, it started over from the key
     assert q.status(later) == "queued"
-    assert [i.key.rsplit("/", 1)[1] for i in q.ops("default").ready_hints()].count(later) == 1
+    assert [i.key.rsplit("/", 1)[1] for i in q.ops("default").tickets()].count(later) == 1
 
 
 def _stalled_until_its_hint_is_dropped(
@@ -482,7 +482,7 @@ def _stalled_until_its_hint_is_dropped(
     slow = Run("slow", lambda: f.submit(41, **options))
     stall.wait()
     ops = q.ops("default")
-    [hint] = list(ops.ready_hints())
+    [hint] = list(ops.tickets())
     claimer = QueueOps(gate.inner, ops.keys)
     assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None  # dropped it
     skipped[0] = ORPHAN_GRACE_S + 1
@@ -511,14 +511,14 @@ def test_a_slow_submit_whose_record_create_was_retried_still_has_its_hint(
     slow, ops = _stalled_until_its_hint_is_dropped(gate, q, monkeypatch, {})
     inv = slow.result()
     assert q.status(inv) == "queued"
-    assert list(ops.ready_hints()), "a queued record without its ready hint never runs"
+    assert list(ops.tickets()), "a queued record without its ready hint never runs"
 
 
 class FailingRewrite(Skewed):
     """The slow submit's second write of its hint fails (a 503 after every retry)."""
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        if "/_ready/" in key:
+        if "/_tickets/" in key:
             self.counts["HINT"] += 1
             if self.counts["HINT"] == 2:
                 raise dls.StoreUnavailable("put", "503 SlowDown", "retry")
@@ -538,4 +538,4 @@ def test_a_slow_submit_whose_hint_rewrite_failed_leaves_no_hintless_record(
         41, _key="k"
     )  # the abandoned id is not returned: a new one runs
     assert q.status(inv) == "queued"
-    assert [i.key.rsplit("/", 1)[1] for i in ops.ready_hints()] == [inv]
+    assert [i.key.rsplit("/", 1)[1] for i in ops.tickets()] == [inv]

@@ -66,7 +66,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     found = []
     if args.state in ("queued", "running"):
         # live states come from the ready hints: their cost does not grow with history
-        hints = q.store.list(ops.keys.ready_prefix)
+        hints = q.store.list(ops.keys.tickets_prefix)
         ids = sorted({QueueKeys.id_of(i.key) for i in hints}, reverse=True)
         ids = [i for i in ids if before is None or i < before]
         for start in range(0, len(ids), 64):
