@@ -65,6 +65,9 @@ _SUFFIX = ".obj"
 _DIR_RETRIES = 50  # an empty parent may be pruned by a concurrent delete between mkdir and link
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+_UNNAMED_FLAGS = getattr(os, "O_TMPFILE", 0) | os.O_WRONLY | os.O_CLOEXEC
+# O_TMPFILE refused: by the filesystem, or by a kernel that predates it (EISDIR)
+_NO_UNNAMED = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL)
 _CROWDED_BYTES = 4096  # a directory larger than one block holds (or held) many entries
 _CROWDED_S = 0.5  # how long a crowded directory is not pruned again after a failed try
 
@@ -104,6 +107,9 @@ class LocalStore(Store):
         self._locks_s = str(self._locks)
         self._tmp_s = str(self._tmp)
         self._ticks = time.monotonic
+        # CREATE from unnamed temp files where the system has them (see _create_unnamed)
+        self._unnamed = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+        self._root_fd = -1
         self._crowded: dict[str, float] = {}  # directory -> do not try to prune before
         self._crowded_lock = threading.Lock()
         try:
@@ -118,6 +124,16 @@ class LocalStore(Store):
             ) from e
         # one clock for every process on this machine, and no wall-clock step moves it
         self._clock = machine_clock(path, wall_clock)
+        if self._unnamed:
+            try:
+                self._root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                self._unnamed = False
+
+    def __del__(self) -> None:
+        if getattr(self, "_root_fd", -1) >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._root_fd)
 
     def files_location(self) -> tuple[str, dict[str, Any]]:
         return self.url, {}
@@ -157,13 +173,7 @@ class LocalStore(Store):
                 continue
         try:
             try:
-                _write_all(fd, _MAGIC + raw + data)
-                # listings report the store's clock, not the wall clock (see now()); after the
-                # last write, which would set the wall clock's time again
-                t = self._clock()
-                os.utime(fd, (t, t))
-                if self.fsync:
-                    os.fsync(fd)
+                self._fill(fd, raw, data)
             finally:
                 os.close(fd)
         except BaseException:
@@ -171,6 +181,49 @@ class LocalStore(Store):
                 os.unlink(tmp)
             raise
         return tmp, f'"{raw.hex()}"'
+
+    def _fill(self, fd: int, raw: bytes, data: bytes) -> None:
+        _write_all(fd, _MAGIC + raw + data)
+        # listings report the store's clock, not the wall clock (see now()); after the last
+        # write, which would set the wall clock's time again
+        t = self._clock()
+        os.utime(fd, (t, t))
+        if self.fsync:
+            os.fsync(fd)
+
+    def _create_unnamed(self, path: str, data: bytes) -> str | None:
+        """``CREATE`` from an unnamed temp file (Linux ``O_TMPFILE``), linked into place
+        through ``/proc/self/fd``: no name in ``.tmp/`` to make and remove, and nothing left
+        behind by a crash. Returns the etag; None where the system has no such files (the
+        caller then uses a named temp file).
+
+        Raises:
+            FileExistsError: the key exists.
+            OSError: the filesystem failed.
+        """
+        if not self._unnamed:
+            return None
+        try:
+            fd = os.open(self._tmp_s, _UNNAMED_FLAGS, 0o644)
+        except OSError as e:
+            if e.errno in _NO_UNNAMED:
+                self._unnamed = False
+                return None
+            raise
+        try:
+            raw = random.getrandbits(128).to_bytes(16, "big")
+            self._fill(fd, raw, data)
+            proc = f"/proc/self/fd/{fd}"
+
+            def link(_: str, dst: str) -> None:
+                # src_dir_fd makes os.link call linkat with AT_SYMLINK_FOLLOW (the path is
+                # absolute, so the directory itself is not used)
+                os.link(proc, dst, src_dir_fd=self._root_fd, follow_symlinks=True)
+
+            self._publish(link, proc, path)
+        finally:
+            os.close(fd)
+        return f'"{raw.hex()}"'
 
     def _read(
         self, key: str, path: str, header_only: bool = False, max_bytes: int | None = None
@@ -246,6 +299,17 @@ class LocalStore(Store):
         check_key(key, "put")
         data = check_data(data, f"put {key}")
         path = self._path(key)
+        if mode.kind == "create":
+            try:
+                made = self._create_unnamed(path, data)
+            except FileExistsError:
+                raise conflict("put", key, mode, self.url) from None
+            except OSError as e:
+                raise _os_error("put", key, e) from e
+            if made is not None:
+                if self.fsync:
+                    self._fsync_parent("put", key, path)
+                return made
         try:
             tmp, etag = self._write_tmp(data)
         except OSError as e:
@@ -270,11 +334,14 @@ class LocalStore(Store):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
         if self.fsync:
-            try:
-                self._fsync_dir(os.path.dirname(path))
-            except OSError as e:
-                raise _os_error("put", key, e) from e
+            self._fsync_parent("put", key, path)
         return etag
+
+    def _fsync_parent(self, op: str, key: str, path: str) -> None:
+        try:
+            self._fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            raise _os_error(op, key, e) from e
 
     def _fsync_dir(self, d: str) -> None:
         # The rename/link itself lives in the directory: without this, power loss may undo it.
