@@ -4,7 +4,8 @@ Safe across threads and processes on one machine:
 
 * every write goes to a private temp file first and is published atomically, so a reader
   never sees half an object;
-* ``CREATE`` publishes with ``os.link``, which fails if the key exists — atomic without a lock;
+* ``CREATE`` publishes with ``os.link``, which fails if the key exists — atomic without a lock
+  (on Linux from an unnamed ``O_TMPFILE``, so a crash leaves no temp file behind);
 * ``OVERWRITE``, ``if_match`` and ``delete`` run under an exclusive ``flock`` on the key's
   lock stripe, so check-then-rename is one step for every process that uses the directory.
 
