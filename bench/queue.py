@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -450,8 +451,19 @@ def contention(inner: Store, n: int = 400, workers: int = 8) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="lakeshore queue benchmarks")
     parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run")
+    parser.add_argument(
+        "--only",
+        choices=["local"],
+        help="local: only the embedded planes' throughput (memory, file) and upstream's",
+    )
+    parser.add_argument(
+        "--no-upstream", action="store_true", help="skip the upstream SDK (its targets: n/a)"
+    )
     args = parser.parse_args(argv)
     n = args.jobs
+    if args.only == "local":
+        local_only(n, with_upstream=not args.no_upstream)
+        return
     os.environ.update({k.upper(): v for k, v in FAKE_CREDS.items()})
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
     res["requests"] = {
@@ -469,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
         res["latency_file"] = latency(f"file://{d}/p", None)
         res["contention_file"] = contention(LocalStore(f"{d}/c"))
     res["latency_memory"] = latency(":memory:", MemoryStore())
-    res["upstream"] = upstream(n)
+    res["upstream"] = upstream(n) if not args.no_upstream else None
     with seaweed_server() as server:
         if server is not None:
             url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
@@ -492,14 +504,11 @@ def main(argv: list[str] | None = None) -> None:
     res["issue16"] = targets.issue16(res)
     res["held"] = targets.held(res)
     print(f"\nlakeshore queue benchmarks, {n} jobs, {os.cpu_count()} cores, {res['date']}\n")
-    phases = {**tp}
+    _phases(tp)
+    phases: dict[str, Any] = {}
     if "floor_serial" in res:
         phases["S3 floor, 1 thread"] = res["floor_serial"]
-    for name, t in phases.items():
-        print(
-            f"  {name:<28} submit {t['submit_per_s']:8.0f}/s  drain {t['drain_per_s']:8.0f}/s"
-            f"  read {t['read_per_s']:8.0f}/s  end to end {t['end_to_end_per_s']:8.1f}/s"
-        )
+    _phases(phases)
     if "floor_concurrent" in res:
         e2e = res["floor_concurrent"]["end_to_end_per_s"]
         print(f"  {'S3 floor, 2 x 8 threads':<28} end to end {e2e:8.1f}/s")
@@ -509,6 +518,38 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"\nresults: {out.relative_to(ROOT)}")
+
+
+def local_only(n: int, with_upstream: bool = True) -> None:
+    """The embedded planes alone (no SeaweedFS, no request counts): their three targets.
+    Results go to ``bench/results/queue-local.json``."""
+    tp: dict[str, Any] = {"memory, in-process": throughput(":memory:", MemoryStore(), n, 0, 1)}
+    with tempfile.TemporaryDirectory(prefix="lakeshore-bench-") as d:
+        tp["file, 1 process"] = throughput(f"file://{d}/p", None, n, 1, 1)
+        tp["file, 2 processes"] = throughput(f"file://{d}/p", None, n, 2, 1)
+    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
+    res["throughput"] = tp
+    res["upstream"] = upstream(n) if with_upstream else None
+    res["local"] = targets.local(res)
+    print(f"\nlakeshore local planes, {n} jobs, {os.cpu_count()} cores, {res['date']}\n")
+    _phases(tp)
+    up = res["upstream"]
+    if up:
+        _phases({f"upstream {k}": up[k] for k in ("memory", "file_1", "file_2") if k in up})
+    targets.show("Issue 16 targets, local planes", res["local"])
+    out = ROOT / "bench" / "results" / "queue-local.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"\nresults: {out.relative_to(ROOT)}")
+
+
+def _phases(tp: dict[str, Any]) -> None:
+    for name, t in tp.items():
+        read = t.get("read_per_s", math.nan)  # upstream's runs time no read phase apart
+        print(
+            f"  {name:<28} submit {t['submit_per_s']:8.0f}/s  drain {t['drain_per_s']:8.0f}/s"
+            f"  read {read:8.0f}/s  end to end {t['end_to_end_per_s']:8.1f}/s"
+        )
 
 
 if __name__ == "__main__":

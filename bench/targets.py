@@ -168,6 +168,14 @@ def issue16(res: dict[str, Any]) -> list[Row]:
     else:
         rows.append(_missing("S3 client CPU per job", no_s3, "<= 3 ms"))
 
+    rows += local(res)
+    return rows
+
+
+def local(res: dict[str, Any]) -> list[Row]:
+    """Issue 16's targets for the embedded planes (``file://`` and ``:memory:``)."""
+    rows: list[Row] = []
+    tp = res["throughput"]
     up = res.get("upstream")
     why = "upstream SDK not installable here"
     if up:

@@ -265,7 +265,17 @@ class Record:
         map among the changes is clipped to its caps (:func:`clip_error`)."""
         if "error" in changes:
             changes["error"] = clip_error(changes["error"])
-        return dataclasses.replace(self, **changes, rev=self.rev + 1, wid=write_id())
+        if not changes.keys() <= _FIELD_SET:
+            raise TypeError(f"Record has no field {sorted(changes.keys() - _FIELD_SET)[0]!r}")
+        # dataclasses.replace, without its per-field walk through __init__ (it cost more than
+        # the rest of a transition): the fields are copied as they are, then changed
+        new = object.__new__(type(self))
+        fields = new.__dict__
+        fields.update(self.__dict__)
+        fields.update(changes)
+        fields["rev"] = self.rev + 1
+        fields["wid"] = write_id()
+        return new
 
     def to_bytes(self) -> bytes:
         # shallow on purpose: dataclasses.asdict deep-copies, which costs more than the write

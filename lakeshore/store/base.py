@@ -26,6 +26,7 @@ callers that need ABA safety make every write's bytes unique; lakeshore's record
 from __future__ import annotations
 
 import abc
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -133,7 +134,24 @@ def check_prefix(prefix: str, op: str = "list") -> str:
     return prefix
 
 
+# A whole valid key in one match: segments of anything but "/" and control characters, none
+# of them "." or "..". Keys are checked on every store call: the per-character Python loop
+# of _key_problem cost more than a put to the memory store.
+_SEGMENT = r"(?!\.\.?(?:/|\Z))[^/\x00-\x1f\x7f]+"
+_VALID_KEY = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*\Z")
+
+
 def _key_problem(key: str) -> str | None:
+    if _VALID_KEY.match(key) and (
+        len(key) * 4 <= MAX_KEY_BYTES  # no str this short is over the limit in UTF-8
+        or len(key.encode("utf-8", "surrogatepass")) <= MAX_KEY_BYTES
+    ):
+        return None
+    return _key_problem_of(key)
+
+
+def _key_problem_of(key: str) -> str | None:
+    """What is wrong with ``key`` (None if nothing): the rules one by one, for the message."""
     if not key:
         return "it is empty"
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
