@@ -22,6 +22,7 @@ def atomic_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
     """The atomic tiers, and SeaweedFS through every S3 client."""
     yield from tier_store(request, tmp_path)
 
+
 THREADS = 8
 ROUNDS = 40
 
