@@ -459,12 +459,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-upstream", action="store_true", help="skip the upstream SDK (its targets: n/a)"
     )
+    parser.add_argument(
+        "--client",
+        choices=["boto3", "obstore"],
+        default="boto3",
+        help="the S3 client of lakeshore's planes (the floor stays raw boto3)",
+    )
     args = parser.parse_args(argv)
     n = args.jobs
     if args.only == "local":
         local_only(n, with_upstream=not args.no_upstream)
         return
     os.environ.update({k.upper(): v for k, v in FAKE_CREDS.items()})
+    # every plane of this run and its worker processes read it
+    os.environ["LAKESHORE_S3_CLIENT"] = args.client
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
     res["requests"] = {
         "no-op job": requests_per_job(False),
@@ -486,9 +494,11 @@ def main(argv: list[str] | None = None) -> None:
         if server is not None:
             url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
             res["seaweedfs"] = server.version
+            # counted by botocore's events: always on the boto3 client (the same requests)
+            counted = f"{url}&client=boto3"
             res["requests_s3"] = {
-                "no-op job": http_count.requests_per_job(url, False, min(n, 300)),
-                "no-op job with _key": http_count.requests_per_job(url, True, min(n, 300)),
+                "no-op job": http_count.requests_per_job(counted, False, min(n, 300)),
+                "no-op job with _key": http_count.requests_per_job(counted, True, min(n, 300)),
             }
             res["floor_serial"] = floor.serial(server.endpoint, n)
             res["floor_concurrent"] = floor.concurrent(server.endpoint, n)
@@ -503,7 +513,10 @@ def main(argv: list[str] | None = None) -> None:
     res["throughput"] = tp
     res["issue16"] = targets.issue16(res)
     res["held"] = targets.held(res)
-    print(f"\nlakeshore queue benchmarks, {n} jobs, {os.cpu_count()} cores, {res['date']}\n")
+    print(
+        f"\nlakeshore queue benchmarks, {n} jobs, {os.cpu_count()} cores, {res['date']}, "
+        f"S3 client {args.client}\n"
+    )
     _phases(tp)
     phases: dict[str, Any] = {}
     if "floor_serial" in res:

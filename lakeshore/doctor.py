@@ -120,6 +120,9 @@ def diagnose(
         if on_check:
             on_check(check)
 
+    client = getattr(store, "client_info", "")
+    if client:  # which HTTP client an S3 store sends its requests with
+        add(Check("S3 client", True, client, False))
     try:
         for name, probe in probes:
             required = name not in _OPTIONAL

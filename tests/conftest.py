@@ -6,6 +6,8 @@
 * The SeaweedFS server is started once per session on loopback. Without the ``weed`` binary
   the tier is skipped with a reason, except when ``CI`` or ``LAKESHORE_REQUIRE_SEAWEEDFS`` is
   set: then it fails, so CI can never pass without the real server.
+* ``OBSTORE_TIER`` (SeaweedFS through the obstore client) is added by the suites that must
+  hold for every S3 client (the store contract, the races): see :func:`tier_store`.
 * ``report`` collects figures (race rounds and winners, verdicts) printed at the end of the run.
 * ``LAKESHORE_TEST_S3_URL``, optional, adds a tier ``s3url`` to ``store`` (for LocalStack:
   ``s3://lakeshore/tests?endpoint_url=http://127.0.0.1:4566``): every test that takes
@@ -197,7 +199,10 @@ def moto_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
         from lakeshore.store.s3 import S3Store
 
         boto3.client("s3", region_name="us-east-1", **FAKE_CREDS).create_bucket(Bucket=TEST_BUCKET)
-        yield S3Store(TEST_BUCKET, f"t/{ULID()}", region="us-east-1", **FAKE_CREDS)
+        # mock_aws intercepts botocore only: boto3 whatever $LAKESHORE_S3_CLIENT says
+        yield S3Store(
+            TEST_BUCKET, f"t/{ULID()}", region="us-east-1", transport="boto3", **FAKE_CREDS
+        )
 
 
 def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
@@ -208,6 +213,10 @@ def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if kind == "moto":
         store: Store = request.getfixturevalue("moto_store")
         return store
+    if kind == "seaweedfs-obstore":
+        return seaweed_store(request.getfixturevalue("seaweed"), transport="obstore")
+    # the default client: boto3, or what $LAKESHORE_S3_CLIENT names (the whole tier then runs
+    # on that client)
     return seaweed_store(request.getfixturevalue("seaweed"))
 
 
@@ -235,11 +244,19 @@ _ALL = [
     *([pytest.param("s3url", marks=pytest.mark.s3url)] if _s3url() else []),
 ]
 _ATOMIC = ["memory", "local", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
+OBSTORE_TIER = pytest.param("seaweedfs-obstore", marks=pytest.mark.seaweedfs)
+ALL_TIERS = _ALL
+ATOMIC_TIERS = _ATOMIC
 
 
 @pytest.fixture(params=_ALL)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Every tier."""
+    yield from tier_store(request, tmp_path)
+
+
+def tier_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The body of the ``store`` fixture, for modules that add tiers (``OBSTORE_TIER``)."""
     if request.param == "s3url":
         url = _s3url_for_test()
         with open_store(url) as s:

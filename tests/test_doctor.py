@@ -168,7 +168,8 @@ def test_doctor_on_moto_server_reports_what_it_sees(
             r = diagnose(store, threads=8, rounds=20)
     finally:
         server.stop()
-    assert [c.name for c in r.checks] == CHECKS
+    assert [c.name for c in r.checks] == ["S3 client", *CHECKS]  # S3 stores say which client
+    assert r.checks[0].detail.startswith("boto3 ")
     assert r.render().splitlines()[-1].startswith("verdict: ")
     report.append(
         f"doctor moto HTTP server: {'SAFE' if r.safe else 'UNSAFE'} as seen this run — "

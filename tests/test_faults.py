@@ -31,6 +31,14 @@ from tests.waiting import alive, poll
 pytestmark = pytest.mark.seaweedfs
 
 
+@pytest.fixture(autouse=True, params=["boto3", "obstore"])
+def s3_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every fault test runs on both S3 clients: every store it opens (producers, workers,
+    checkers) takes the client from the environment, as a user's would."""
+    monkeypatch.setenv("LAKESHORE_S3_CLIENT", request.param)
+    return str(request.param)
+
+
 @pytest.fixture
 def proxy(seaweed: Seaweed) -> Iterator[FaultProxy]:
     with FaultProxy(seaweed.endpoint, Plan(enabled=False), seed=1234) as p:

@@ -1,13 +1,23 @@
-"""The store contract (DESIGN §2), run on every tier: memory, local, moto, SeaweedFS."""
+"""The store contract (DESIGN §2), run on every tier: memory, local, moto, SeaweedFS, and
+SeaweedFS through the obstore client."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
 from lakeshore.store import CREATE, OVERWRITE, Store, if_match
+from tests.conftest import ALL_TIERS, OBSTORE_TIER, tier_store
+
+
+@pytest.fixture(params=[*ALL_TIERS, OBSTORE_TIER])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every tier, and every S3 client."""
+    yield from tier_store(request, tmp_path)
 
 
 def test_get_missing_is_not_found(store: Store) -> None:

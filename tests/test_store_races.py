@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,14 @@ import pytest
 from lakeshore.doctor import race
 from lakeshore.errors import Conflict
 from lakeshore.store import CREATE, LocalStore, Store, if_match
+from tests.conftest import ATOMIC_TIERS, OBSTORE_TIER, tier_store
+
+
+@pytest.fixture(params=[*ATOMIC_TIERS, OBSTORE_TIER])
+def atomic_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The atomic tiers, and SeaweedFS through every S3 client."""
+    yield from tier_store(request, tmp_path)
+
 
 THREADS = 8
 ROUNDS = 40

@@ -20,6 +20,10 @@ The only module of lakeshore that imports boto3. What it takes care of:
 * **Servers without conditional deletes** (LocalStack answers ``DELETE`` with ``If-Match``
   with 501): the store notices on the first such answer and from then on compares the etag
   with a ``HEAD`` before a plain ``DELETE`` (see :meth:`S3Store.delete`; not atomic).
+* **Two clients.** boto3 by default; with ``client="obstore"`` GET, PUT and LIST go through
+  :mod:`lakeshore.store.s3_obstore` (far less CPU per request), while DELETE, HEAD and the
+  clock's LIST keep using a boto3 client made on first use: obstore has no conditional
+  DELETE and shows no ``Date`` header. Both clients share the table and the retry loop here.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import collections
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,7 +65,10 @@ from lakeshore.store.base import (
     too_large,
 )
 
-__all__ = ["S3Store"]
+__all__ = ["CLIENTS", "CLIENT_ENV", "S3Store"]
+
+CLIENTS = ("boto3", "obstore")
+CLIENT_ENV = "LAKESHORE_S3_CLIENT"  # the default client when neither URL nor code names one
 
 T = TypeVar("T")
 log = logging.getLogger("lakeshore.store")
@@ -88,6 +96,7 @@ _BY_STATUS: dict[int, str] = {
     412: "conflict",
     409: "conflict",
     403: "denied",
+    401: "denied",
     500: "transient",
     502: "transient",
     503: "transient",
@@ -97,10 +106,15 @@ _BY_STATUS: dict[int, str] = {
 _TRANSIENT_IO = (bex.ConnectionError, bex.HTTPClientError, bex.IncompleteReadError)
 _CLOCK_SAMPLES = 64
 _CLOCK_WINDOW_S = 10.0  # samples older than this no longer count (the newest always does)
+# With obstore only boto3's requests (deletes, clock probes) carry a Date the store can see: a
+# clock probe refreshes the samples when the newest is older than this, and samples count for
+# longer, so the maximum still spans several one-second truncations.
+_PROBE_EVERY_S = 30.0
+_OBSTORE_CLOCK_WINDOW_S = 90.0
 
 
-def _classify(e: Exception) -> tuple[str, int | None, str]:
-    """Return ``(kind, http_status, code)`` for a boto3/botocore exception."""
+def _classify(e: BaseException) -> tuple[str, int | None, str]:
+    """Return ``(kind, http_status, code)`` for an exception of either client."""
     if isinstance(e, bex.ClientError):
         err = e.response.get("Error", {})
         code = str(err.get("Code", ""))
@@ -109,6 +123,14 @@ def _classify(e: Exception) -> tuple[str, int | None, str]:
         return kind, status, code
     if isinstance(e, _TRANSIENT_IO):
         return "transient", None, type(e).__name__
+    obs = sys.modules.get("lakeshore.store.s3_obstore")  # loaded only when a store uses it
+    if obs is not None and isinstance(e, obs.ERRORS):
+        status, code, io_failed = obs.describe(e)
+        if io_failed:
+            return "transient", None, code
+        if status is None and code not in _BY_CODE:
+            return "config", None, code  # no answer quoted: credentials, endpoint, …
+        return _BY_CODE.get(code) or _BY_STATUS.get(status or 0, "other"), status, code
     return "config", None, type(e).__name__
 
 
@@ -145,9 +167,13 @@ class S3Store(Store):
             connection arguments above. It must be built with
             ``Config(retries={"total_max_attempts": 1})``: SDK retries of conditional writes
             would turn some successful writes into conflicts.
+        transport: which client sends GET, PUT and LIST: ``"boto3"`` or ``"obstore"``
+            (needs ``pip install 'lakeshore-queue[obstore]'``; DELETE, HEAD and the clock
+            still go through boto3). Default: ``$LAKESHORE_S3_CLIENT``, else ``"boto3"``.
 
     Raises:
-        InvalidArgument: the bucket name or prefix is malformed, or ``client`` retries.
+        InvalidArgument: the bucket name or prefix is malformed, ``client`` retries, the
+            transport is unknown, or obstore is asked for but not installed.
     """
 
     def __init__(
@@ -169,6 +195,7 @@ class S3Store(Store):
         backoff_base: float = 0.05,
         backoff_cap: float = 2.0,
         client: Any = None,
+        transport: str | None = None,
         local_clock: Callable[[], float] = time.time,
         ticks: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -199,16 +226,37 @@ class S3Store(Store):
         # Learnt from the server, per instance: another endpoint behind another store may differ.
         self._emulated_delete = False
         self._emulated_lock = threading.Lock()
-        if client is None:
-            session = boto3.session.Session(
-                aws_access_key_id=aws_access_key_id,
-                aws_secret_access_key=aws_secret_access_key,
-                aws_session_token=aws_session_token,
-                profile_name=profile,
-                region_name=region,
-            )
-            if path_style is None and (endpoint_url or _endpoint_from_env()):
-                path_style = True
+        transport = _choose_transport(transport, client)
+        self.transport = transport
+        self._clock_window = _CLOCK_WINDOW_S if transport == "boto3" else _OBSTORE_CLOCK_WINDOW_S
+        self._probe_lock = threading.Lock()
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._make_client: Callable[[], Any] | None = None
+        self._obstore: Any = None
+        self._errors: tuple[type[Exception], ...] = (bex.ClientError, bex.BotoCoreError)
+        if client is not None:
+            if client.meta.config.retries.get("total_max_attempts") != 1:
+                raise InvalidArgument(
+                    "S3Store",
+                    "the given boto3 client retries requests itself",
+                    'build it with Config(retries={"total_max_attempts": 1}); S3Store retries',
+                )
+            self._adopt(client)
+            return
+        session = boto3.session.Session(
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            profile_name=profile,
+            region_name=region,
+        )
+        endpoint = endpoint_url or _endpoint_from_env()
+        if path_style is None and endpoint:
+            path_style = True
+        region_name = region or _region_from_env() or session.region_name or "us-east-1"
+
+        def make_boto3() -> Any:
             addressing = {None: "auto", True: "path", False: "virtual"}[path_style]
             config = Config(
                 retries={"total_max_attempts": 1},  # retries are ours: see the module docstring
@@ -222,26 +270,71 @@ class S3Store(Store):
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
             )
-            region_name = region or _region_from_env() or session.region_name or "us-east-1"
-            client = session.client(
+            return session.client(
                 "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
             )
-            for name, value in (
-                ("key", aws_access_key_id),
-                ("secret", aws_secret_access_key),
-                ("token", aws_session_token),
-                ("profile", profile),
-            ):
-                if value:
-                    self._files_options[name] = value
-        elif client.meta.config.retries.get("total_max_attempts") != 1:
-            raise InvalidArgument(
-                "S3Store",
-                "the given boto3 client retries requests itself",
-                'build it with Config(retries={"total_max_attempts": 1}); S3Store retries',
-            )
-        self.client = client
+
+        credentials: dict[str, str] = {}
+        for name, option, value in (
+            ("key", "access_key_id", aws_access_key_id),
+            ("secret", "secret_access_key", aws_secret_access_key),
+            ("token", "token", aws_session_token),
+            ("profile", "", profile),
+        ):
+            if value:
+                self._files_options[name] = value
+                if option:
+                    credentials[option] = value
+        if transport == "boto3":
+            self._adopt(make_boto3())
+            return
+        from lakeshore.store import s3_obstore  # InvalidArgument with the install hint
+
+        # boto3 serves what obstore cannot (conditional DELETE, the Date clock); it is made
+        # on first use
+        self._make_client = make_boto3
+        self._obstore = s3_obstore.ObstoreTransport(
+            bucket,
+            endpoint_url=endpoint,
+            region=region_name,
+            # no endpoint means AWS itself, where DNS-safe buckets are addressed by virtual
+            # host (what boto3's "auto" picks too)
+            virtual_hosted=(not path_style)
+            if path_style is not None
+            else (None if endpoint else "." not in bucket),
+            credentials=credentials,
+            session=session,
+            max_pool_connections=max_pool_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        self._errors = (*self._errors, *s3_obstore.ERRORS)
+
+    def _adopt(self, client: Any) -> None:
         client.meta.events.register("after-call.s3", self._sample_clock)
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        """The boto3 client; with obstore made on first use, for DELETE, HEAD and the clock."""
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    assert self._make_client is not None
+                    self._adopt(self._make_client())
+        return self._client
+
+    @property
+    def client_info(self) -> str:
+        """Which client sends which requests, for ``lakeshore doctor``."""
+        if self._obstore is None:
+            return f"boto3 {boto3.__version__} (the default)"
+        from lakeshore.store import s3_obstore
+
+        return (
+            f"obstore {s3_obstore.version()} for GET, PUT and LIST; boto3 "
+            f"{boto3.__version__} for DELETE, HEAD and the clock's Date"
+        )
 
     def files_location(self) -> tuple[str, dict[str, Any]]:
         # s3fs reaches the bucket the way our client does: same endpoint, region, addressing
@@ -335,7 +428,7 @@ class S3Store(Store):
         for attempt in range(self.retries + 1):
             try:
                 return fn()
-            except (bex.ClientError, bex.BotoCoreError) as e:
+            except self._errors as e:
                 if _classify(e)[0] != "transient" or attempt == self.retries:
                     raise self._error(op, key, e) from e
             self._sleep_backoff(attempt)
@@ -347,6 +440,11 @@ class S3Store(Store):
         check_key(key, "get")
 
         def fetch() -> tuple[bytes, str]:
+            if self._obstore is not None:
+                got = self._obstore.get(self._k(key))
+                if max_bytes is not None and got.size > max_bytes:
+                    raise too_large(key, self.url, got.size, max_bytes)  # body left unread
+                return got.read(), got.etag
             resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
             size = resp.get("ContentLength")
             if max_bytes is not None and isinstance(size, int) and size > max_bytes:
@@ -367,8 +465,10 @@ class S3Store(Store):
         uncertain = False  # did an earlier attempt possibly reach the server and land?
         for attempt in range(self.retries + 1):
             try:
+                if self._obstore is not None:
+                    return str(self._obstore.put(kwargs["Key"], data, mode.kind, mode.etag))
                 return str(self.client.put_object(**kwargs)["ETag"])
-            except (bex.ClientError, bex.BotoCoreError) as e:
+            except self._errors as e:
                 kind = _classify(e)[0]
                 lost = kind == "conflict" or (kind == "not_found" and mode.kind == "if_match")
                 if lost:
@@ -478,6 +578,9 @@ class S3Store(Store):
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
+        if self._obstore is not None:
+            yield from self._list_obstore(prefix, start_after)
+            return
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
         if start_after is not None:
             kwargs["StartAfter"] = self._k(start_after)
@@ -497,29 +600,63 @@ class S3Store(Store):
             kwargs["ContinuationToken"] = token
             kwargs.pop("StartAfter", None)
 
+    def _list_obstore(self, prefix: str, start_after: str | None) -> Iterator[ObjectInfo]:
+        after = self._k(start_after) if start_after is not None else None
+        pages = self._obstore.lister(self._k(prefix), after)
+        strip = len(self.prefix)
+        while True:
+            page = self._retrying("list", prefix, pages.next_page)
+            if page is None:
+                return
+            for path, etag, size, modified in page:
+                yield ObjectInfo(path[strip:], etag, size, modified)
+
     def probe_within(self, prefix: str) -> None:
         check_prefix(prefix, "probe_within")
         self._probe = self._k(prefix)
 
     def now(self) -> float:
         if not self._offsets and not self._no_date:
-            # No response seen yet: one cheap request gives the server's Date. A one-key
-            # LIST where the client is granted listing (probe_within): a role confined to
-            # one namespace may not list the store's whole prefix.
-            probe = self._probe
-            self._retrying(
-                "clock",
-                "",
-                lambda: self.client.list_objects_v2(Bucket=self.bucket, Prefix=probe, MaxKeys=1),
-            )
+            # No response seen yet: one cheap request gives the server's Date.
+            self._probe_clock()
             self._no_date = not self._offsets
+        elif self._obstore is not None and not self._no_date:
+            self._refresh_clock()
         samples = list(self._offsets)  # a snapshot: response hooks append concurrently
         if not samples:
             # Only in-process fakes omit Date (moto's HEAD); they share this machine's clock.
             return self._local_clock()
         ticks = self._ticks()
-        recent = [off for at, off in samples if ticks - at <= _CLOCK_WINDOW_S]
+        recent = [off for at, off in samples if ticks - at <= self._clock_window]
         return ticks + max(recent or [samples[-1][1]])
+
+    def _probe_clock(self) -> None:
+        # A one-key LIST through boto3 (obstore shows no headers), where the client is
+        # granted listing (probe_within): a role confined to one namespace may not list the
+        # store's whole prefix.
+        probe = self._probe
+        self._retrying(
+            "clock",
+            "",
+            lambda: self.client.list_objects_v2(Bucket=self.bucket, Prefix=probe, MaxKeys=1),
+        )
+
+    def _refresh_clock(self) -> None:
+        """With obstore, few responses reach the Date hook: probe again when the newest
+        sample is old, so a step of the server's clock is followed. One thread probes; the
+        others go on with the samples there are, and so does everyone if the probe fails
+        (the newest sample still counts: the store is down, not its clock)."""
+        samples = self._offsets
+        if samples and self._ticks() - samples[-1][0] <= _PROBE_EVERY_S:
+            return
+        if not self._probe_lock.acquire(blocking=False):
+            return
+        try:
+            self._probe_clock()
+        except LakeshoreError as e:
+            log.info("store clock %s: refresh failed, using older samples (%s)", self.url, e)
+        finally:
+            self._probe_lock.release()
 
     @property
     def clock_source(self) -> str:
@@ -529,7 +666,8 @@ class S3Store(Store):
         return "local clock (server sends no Date)" if self._no_date else "not read yet"
 
     def close(self) -> None:
-        self.client.close()
+        if self._client is not None:  # with obstore, boto3 may never have been needed
+            self._client.close()
 
 
 def _bare_etag(etag: str) -> str:
@@ -542,5 +680,24 @@ def _region_from_env() -> str | None:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
-def _endpoint_from_env() -> bool:
-    return bool(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+def _endpoint_from_env() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def _choose_transport(transport: str | None, client: Any) -> str:
+    """The client named in code, else in ``$LAKESHORE_S3_CLIENT``, else boto3."""
+    named = transport or os.environ.get(CLIENT_ENV, "").strip().lower() or "boto3"
+    if named not in CLIENTS:
+        source = "client" if transport else f"${CLIENT_ENV}"
+        raise InvalidArgument(
+            "S3Store", f"unknown S3 client {named!r} ({source})", f"use one of {list(CLIENTS)}"
+        )
+    if named != "boto3" and client is not None:
+        if not transport:
+            return "boto3"  # a boto3 client handed over in code wins over the environment
+        raise InvalidArgument(
+            "S3Store",
+            f"a boto3 client was passed together with transport={named!r}",
+            "pass one or the other",
+        )
+    return named

@@ -6,7 +6,8 @@ Accepted forms:
 * ``"file:///abs/path"``, ``"file://~/dir"``, or a bare path — a :class:`LocalStore`;
   ``?fsync=1`` makes every write durable against power loss;
 * ``"s3://bucket/prefix"`` — an :class:`S3Store`; query options ``endpoint_url``, ``region``,
-  ``addressing=path|virtual``, ``max_pool_connections``; credentials and endpoint otherwise
+  ``addressing=path|virtual``, ``max_pool_connections``, ``client=boto3|obstore`` (the HTTP
+  client; default ``$LAKESHORE_S3_CLIENT``, else boto3); credentials and endpoint otherwise
   come from the usual AWS environment variables.
 """
 
@@ -24,7 +25,7 @@ from lakeshore.store.memory import MemoryStore
 __all__ = ["open_store"]
 
 _FORMS = "use ':memory:', 'file:///abs/path', a directory path, or 's3://bucket/prefix'"
-_S3_OPTIONS = {"endpoint_url", "region", "addressing", "max_pool_connections"}
+_S3_OPTIONS = {"endpoint_url", "region", "addressing", "max_pool_connections", "client"}
 
 
 def open_store(url: str | os.PathLike[str], **options: Any) -> Store:
@@ -88,6 +89,8 @@ def _open_s3(
                 "use path or virtual",
             )
         options.setdefault("path_style", query["addressing"] == "path")
+    if "client" in query:
+        options.setdefault("transport", query["client"].strip().lower())
     if "max_pool_connections" in query:
         try:
             options.setdefault("max_pool_connections", int(query["max_pool_connections"]))
