@@ -15,6 +15,8 @@ baseline measured in the same run.
 * **Requests per job**: on SeaweedFS as HTTP requests (``bench/http_count.py``): submit,
   run, and one result read by a plane that never submitted, with and without ``_key``; on
   the memory store by price class; per claim with 0 and 10,000 finished invocations.
+* **Batch submit**: ``f.map`` of N no-op calls on SeaweedFS from one process, default
+  concurrency, ids checked to be in input order.
 * **Latency**: submit → result with an idle worker, p50 and p99.
 * **Idle cost**: requests per minute of one idle worker once its backoff settled.
 * **Contention**: lost compare-and-swap attempts per claimed job, 8 workers on one queue.
@@ -46,6 +48,8 @@ from bench import floor, http_count, targets
 from bench.bodies import count_to, noop, size_of
 from bench.counting import Counting, classes
 from bench.seaweed_env import BUCKET, seaweed_server
+from lakeshore import codec
+from lakeshore.batch import default_concurrency
 from lakeshore.keys import QueueKeys, new_id
 from lakeshore.record import Blob, Record
 from lakeshore.store import LocalStore, MemoryStore, Store
@@ -164,6 +168,28 @@ def throughput(url: str, store: Store | None, n: int, processes: int, slots: int
         "producer_cpu_ms_per_job": 1000 * producer_cpu / n,
         "worker_cpu_ms_per_job": 1000 * worker_cpu / n,
         "client_cpu_ms_per_job": 1000 * (producer_cpu + worker_cpu) / n,
+    }
+
+
+def batch_submit(url: str, n: int, concurrency: int | None = None) -> dict[str, Any]:
+    """``f.map`` of ``n`` no-op calls from one process with the default concurrency (or
+    ``concurrency``): jobs/s and producer CPU per job; then checks, outside the timing, that
+    the ids came back in input order (each record holds the argument of its position)."""
+    q = dls.Dispatch(url, ns=f"bm{new_id().lower()[-8:]}")
+    f = q.udf(noop)
+    f.submit(-1)  # warm-up, not timed: the client's connections and the queue's settings
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    ids = f.map(range(n), concurrency=concurrency)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    assert len(set(ids)) == n
+    with ThreadPoolExecutor(16) as pool:
+        args = list(pool.map(lambda i: q.get(i).args.inline, ids))
+    assert args == [codec.encode(((x,), {}), "args") for x in range(n)], "ids out of order"
+    return {
+        "jobs": n,
+        "concurrency": concurrency or default_concurrency(q.store),
+        "submit_per_s": n / wall,
+        "producer_cpu_ms_per_job": 1000 * cpu / n,
     }
 
 
@@ -503,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
             res["floor_serial"] = floor.serial(server.endpoint, n)
             res["floor_concurrent"] = floor.concurrent(server.endpoint, n)
             res["floor_round_trip"] = floor.round_trip(server.endpoint)
+            res["batch_submit"] = batch_submit(url, n)
             tp["seaweedfs, 1 process"] = throughput(url, None, n, 1, 1)
             tp["seaweedfs, 2 processes"] = throughput(url, None, n, 2, 1)
             tp["seaweedfs, 2 processes x 8"] = throughput(url, None, n, 2, 8)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from lakeshore import run
 from lakeshore.admission import QueueFull
+from lakeshore.batch import MapFailed
 from lakeshore.dispatch import DEFAULT_URL, Dispatch, KeyReused, default_plane
 from lakeshore.errors import (
     Conflict,
@@ -56,6 +57,7 @@ __all__ = [
     "KeyReused",
     "Killed",
     "LakeshoreError",
+    "MapFailed",
     "NotFinished",
     "NotFound",
     "PermissionDenied",

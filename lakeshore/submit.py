@@ -47,7 +47,15 @@ if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
     from lakeshore.queueconf import QueueConfig
 
-__all__ = ["KEY_REPAIR_GRACE_S", "KeyReused", "parse_key", "submit_call"]
+__all__ = [
+    "KEY_REPAIR_GRACE_S",
+    "KeyReused",
+    "Prepared",
+    "parse_key",
+    "prepare_call",
+    "publish_prepared",
+    "submit_call",
+]
 
 # A key whose record is missing is repaired only once its first submitter had this long to
 # finish: a younger one is probably still being written by a concurrent submit.
@@ -63,14 +71,7 @@ def submit_call(
     udf: Udf[Any, Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    *,
-    key: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    timeout_s: float | None = None,
-    deadline_s: float | None = None,
-    strict_key: bool = False,
-    submit_timeout: float = 60.0,
+    **options: Any,
 ) -> str:
     """Enqueue ``udf(*args, **kwargs)``; see :meth:`Udf.submit`.
 
@@ -83,6 +84,33 @@ def submit_call(
             (nothing was submitted; submit again), or a key kept changing under it.
         StoreError: the key's object in the store is not one lakeshore wrote, or the
             store failed.
+    """
+    job = prepare_call(plane, udf, args, kwargs, **options)
+    flush()  # uploads first: a slot or key held through slow uploads would look abandoned
+    return publish_prepared(job)
+
+
+def prepare_call(
+    plane: Dispatch,
+    udf: Udf[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    key: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timeout_s: float | None = None,
+    deadline_s: float | None = None,
+    strict_key: bool = False,
+    submit_timeout: float = 60.0,
+) -> Prepared:
+    """Everything a submit settles without writing: options checked, the call bound to the
+    signature, the arguments encoded. Reads only the queue's (cached) settings, and the
+    scope of the calling thread, so a batch prepares every call before it writes any.
+
+    Raises:
+        InvalidArgument: unsendable arguments or a bad option.
+        RecordError: the queue record is corrupt.
     """
     conf = plane.settings.get(udf.queue)
     prio = priority if priority is not None else (udf.priority if udf.priority is not None else 5)
@@ -134,15 +162,26 @@ def submit_call(
         lease_s=conf.lease_s or plane.lease_s,
     )
     check_fields(draft, f"submit {udf.ref}")  # size caps, before anything is written
-    flush()  # uploads first: a slot or key held through slow uploads would look abandoned
-    job = _Job(plane, plane.ops(udf.queue), conf, draft, payload, deadline_s, submit_timeout)
+    return _Job(
+        plane, plane.ops(udf.queue), conf, draft, payload, deadline_s, submit_timeout, strict_key
+    )
+
+
+def publish_prepared(job: Prepared) -> str:
+    """Write a prepared submit (admission, key, objects, record); returns its id. Safe to
+    call from many threads at once, one prepared submit each.
+
+    Raises:
+        KeyReused, QueueFull, Conflict, StoreError: as :func:`submit_call`.
+    """
+    ref, key = job.draft.fn, job.draft.key
     if key is None:
         inv = new_id(job.draft.priority)
         admitted, token = job.admit(inv)
         if not _publish_admitted(job, inv, admitted, token):
-            raise _abandoned(udf.ref, inv)
+            raise _abandoned(ref, inv)
         return inv
-    return _submit_keyed(job, udf.ref, key, strict_key)
+    return _submit_keyed(job, ref, key, job.strict_key)
 
 
 @dataclasses.dataclass
@@ -156,6 +195,7 @@ class _Job:
     payload: bytes
     deadline_s: float | None
     wait_s: float
+    strict_key: bool = False
 
     @property
     def limited(self) -> bool:
@@ -196,6 +236,8 @@ class _Key:
     etag: str
     mine: bool = False
 
+
+Prepared = _Job  # what prepare_call hands to publish_prepared
 
 _KEY_ROUNDS = 8  # a key that changes under us this often is being fought over: give up
 

@@ -183,6 +183,85 @@ class Udf(Generic[P, R]):
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
         return self.plane.submit_call(self, args, kwargs, **{k[1:]: v for k, v in opts.items()})
 
+    def map(
+        self,
+        *iterables: Iterable[Any],
+        kwargs: dict[str, Any] | None = None,
+        concurrency: int | None = None,
+        progress: bool = False,
+        **options: Any,
+    ) -> list[str]:
+        """Submit one call per item, like the built-in ``map``: the i-th call takes the i-th
+        item of each iterable as its positional arguments (``f.map(xs, ys)`` submits
+        ``f(xs[0], ys[0])``, ``f(xs[1], ys[1])``, …), plus the keywords in ``kwargs``.
+        Returns the ids in input order.
+
+        Submit options are those of :meth:`submit`, applied to every call (``_priority``,
+        ``_max_attempts``, ``_timeout_s``, ``_deadline_s``, ``_strict_key``,
+        ``_submit_timeout``), except that keys come one per call: ``_keys`` is an iterable
+        of keys (None for no key) or a function of a call's arguments that returns its key.
+        ``concurrency`` is how many threads write (default: 32 on S3, 4 on a local
+        directory, 1 in memory); ``progress=True`` keeps a line on stderr up to date.
+
+        Every call is checked before anything is written, so a bad call raises and nothing
+        is submitted. Every call is then attempted, also after another one failed.
+
+        Raises:
+            InvalidArgument: an iterable, call, key or option is bad (nothing was written).
+            KeyReused: ``_strict_key=True`` and two calls share a key but not their
+                arguments (nothing was written).
+            MapFailed: some calls were not submitted; ``.ids`` has the others' ids in input
+                order (None where not submitted), ``.errors`` each failure by index.
+        """
+        from lakeshore.batch import map_calls
+
+        calls = map_calls(iterables, kwargs, f"map {self.ref}")
+        return self._submit_many(calls, concurrency, progress, options)
+
+    def starmap(
+        self,
+        items: Iterable[tuple[Any, ...] | list[Any]],
+        *,
+        kwargs: dict[str, Any] | None = None,
+        concurrency: int | None = None,
+        progress: bool = False,
+        **options: Any,
+    ) -> list[str]:
+        """:meth:`map` for calls given as tuples, like ``itertools.starmap``:
+        ``f.starmap([(1, 2), (3, 4)])`` submits ``f(1, 2)`` and ``f(3, 4)``. Same options,
+        result and errors as :meth:`map`.
+
+        Raises:
+            InvalidArgument, KeyReused, MapFailed: as :meth:`map`.
+        """
+        from lakeshore.batch import starmap_calls
+
+        calls = starmap_calls(items, kwargs, f"starmap {self.ref}")
+        return self._submit_many(calls, concurrency, progress, options)
+
+    def _submit_many(
+        self,
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+        concurrency: int | None,
+        progress: bool,
+        options: dict[str, Any],
+    ) -> list[str]:
+        from lakeshore.batch import submit_many
+
+        plain = sorted(k for k in options if not k.startswith("_"))
+        if plain:
+            raise InvalidArgument(
+                f"map {self.ref}",
+                f"unexpected keyword(s) {', '.join(plain)}",
+                "arguments come from the iterables, keywords every call shares go in "
+                "kwargs={...}, submit options start with '_' (nothing was submitted)",
+            )
+        opts = {k[1:]: v for k, v in options.items()}
+        keys = opts.pop("keys", None)
+        return submit_many(
+            self, calls, keys=keys, concurrency=concurrency, progress=progress, **opts
+        )
+
     def __repr__(self) -> str:
         return f"<udf {self.ref} ({self.kind}) on queue {self.queue!r}>"
 
