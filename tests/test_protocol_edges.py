@@ -182,5 +182,3 @@ def test_retry_puts_back_a_ticket_dropped_while_it_ran(plane: Any) -> None:
     ops.put_marker = real_put  # type: ignore[method-assign]
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     assert q.result(inv) == 2
-
-
