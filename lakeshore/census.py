@@ -1,15 +1,17 @@
 """What is in a queue, at a cost that does not grow with its history.
 
-* **queued / running** come from the ready hints (``_ready/``), which exist for every live
+* **queued / running** come from the tickets (``_tickets/``), which exist for every live
   invocation: one LIST page per 1000 live invocations, whatever number have finished. Up to
   ``EXACT_UP_TO`` live invocations, their records are read (in parallel) for exact counts
-  that also leave out stale hints; beyond that, ``running`` is what the workers' signs of
+  that also leave out stale tickets; beyond that, ``running`` is what the workers' signs of
   life report for the queue (up to ``announce_s`` old) and ``queued`` the rest.
-* **Oldest queued age** is the smallest id among the ready hints: ids are ULIDs, which
-  carry their submission time.
+* **Oldest queued age** is the smallest id among the tickets: ids are ULIDs, which carry
+  their submission time.
 * **Recent outcomes** read the records of the newest ``recent`` invocations. Invocation
   folders sort by id, so the newest are found by listing backwards in time windows that
-  double in length (LIST pages for those windows only, then one GET per record).
+  double in length (LIST pages for those windows only, then one GET per record). An
+  invocation never claimed has no folder unless its arguments were spilled: the ids of the
+  tickets (listed once) fill those in.
 * **Workers seen** are the sign-of-life objects workers write every ~30 s.
 
 Anything read here may have been written by someone else: a record that cannot be decoded
@@ -90,7 +92,16 @@ def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) ->
     in time windows of doubling length, so finding the newest N costs about what listing N
     does, however long the history."""
     hi = before or _floor(int(now * 1000) + 60_000)
+    unclaimed = sorted(
+        {
+            inv
+            for inv in (QueueKeys.id_of(i.key) for i in store.list(keys.tickets_prefix))
+            if _is_id(inv) and inv < hi
+        }
+    )
     oldest = next(ids_between(store, keys, None, hi), None)
+    if unclaimed and (oldest is None or unclaimed[0] < oldest):
+        oldest = unclaimed[0]
     if oldest is None:
         return
     oldest_ms = ULID.from_str(oldest).milliseconds
@@ -98,7 +109,9 @@ def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) ->
     while True:
         lo_ms = max(hi_ms - window, oldest_ms)
         lo = _floor(lo_ms)
-        yield from reversed(list(ids_between(store, keys, lo, hi)))
+        found = set(ids_between(store, keys, lo, hi))
+        found.update(inv for inv in unclaimed if lo <= inv < hi)
+        yield from sorted(found, reverse=True)
         if lo_ms <= oldest_ms:
             return
         hi, hi_ms, window = lo, lo_ms, window * 2

@@ -387,7 +387,6 @@ class Dispatch:
                 rec, etag = ops.read(rec.id)
                 continue
             ops.settle(killed)
-            ops.drop_unclaimed(killed, etag)
             return True
         return False
 

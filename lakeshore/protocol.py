@@ -276,16 +276,6 @@ class QueueOps:
         with contextlib.suppress(Conflict):
             self.store.delete(key, if_match=etag)
 
-    def drop_unclaimed(self, rec: Record, etag: str) -> None:
-        """After a write that created the record of ``rec`` over its ticket's content
-        (``etag`` as :meth:`read` gave it) and made it terminal: delete that ticket, unless
-        it changed since; a caller without the right to delete leaves it to claimers."""
-        if rec.terminal and unclaimed(etag):
-            key = self.keys.ticket(rec.priority, rec.id)
-            self._forget(key)
-            with contextlib.suppress(Conflict, PermissionDenied):
-                self.store.delete(key, if_match=etag[len(_UNCLAIMED) :])
-
     def tickets(self) -> Iterator[ObjectInfo]:
         return self.store.list(self.keys.tickets_prefix)
 

@@ -142,7 +142,11 @@ def test_every_request_of_every_role_is_allowed_by_its_policy(
     assert [f.value for f in q.stream(streamed, timeout=30)] == [(0, 0), (1, 1), (2, 4)]
     assert [f.value for f in q.topic("news").stream()] == [{"n": 1}]
     assert q.logs(inv) == ""
-    assert q.retry(keyed) == 2 and q.status(keyed) == "queued"
+    with pytest.raises(dls.PermissionDenied):  # a rerun rewrites a ticket: not a producer's
+        q.retry(keyed)
+    assert [v for _, v in producer.enforcer.denied] == ["explicit deny"]
+    producer.enforcer.denied.clear()  # the one refusal this scenario asked for
+    assert op.retry(keyed) == 2 and q.status(keyed) == "queued"
 
     # operator: `lakeshore status` and `ls`
     from lakeshore.cli import main, watch
@@ -352,7 +356,7 @@ def test_worker_cannot_rewrite_queue_settings(principals: dict[str, Principal]) 
 
 
 def test_status_is_an_operator_command(principals: dict[str, Principal]) -> None:
-    """``lakeshore status`` lists the ready hints: an operator's (or a worker's) view, which
+    """``lakeshore status`` lists the tickets: an operator's (or a worker's) view, which
     the producer policy keeps from producers (docs/s3.md says so)."""
     principals["producer"].plane().udf(jobs.add_one).submit(1)
     op = principals["operator"].plane()
