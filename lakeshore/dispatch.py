@@ -425,7 +425,7 @@ class Dispatch:
                 rec, etag = ops.read(rec.id)
                 continue
             try:  # a claimer that judged the ticket stale before the CAS may have dropped it
-                self.store.get(ops.keys.ticket(nxt.priority, nxt.id), max_bytes=MAX_SMALL_BYTES)
+                self.store.get(ops.ticket_key(nxt), max_bytes=MAX_SMALL_BYTES)
             except NotFound:
                 ops.put_marker(nxt)
             return rec.attempt + 1

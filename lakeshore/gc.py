@@ -218,7 +218,9 @@ def collect(
     scan_ms = min(max(0, int((now - shortest) * 1000)), 2**48 - 1)
     top = str(ULID.from_bytes(scan_ms.to_bytes(6, "big") + bytes(10)))
     # an invocation with no folder (never claimed, nothing spilled: a tombstone) has a ticket
-    ticketed = {QueueKeys.id_of(i.key) for i in ops.tickets()}
+    ticketed: dict[str, list[str]] = {}
+    for info in ops.tickets():
+        ticketed.setdefault(QueueKeys.id_of(info.key), []).append(info.key)
     found = set(ids_between(ops.store, ops.keys, None, top))
     found |= {inv for inv in ticketed if inv < top and _is_id(inv)}
     for inv in sorted(found):
@@ -238,12 +240,11 @@ def collect(
                 report.kept_by_retention += 1
             continue
         report.expired.append(inv)
-        ticket = ops.keys.ticket(rec.priority, inv)
         gone: list[tuple[str, str | None]]
         if unclaimed(etag):  # the record is the ticket's content (a tombstone)
-            gone = [(ticket, etag.removeprefix("ticket:"))]
-        else:
-            gone = [(ticket, None), (ops.keys.record(inv), etag)]
+            gone = [(ops.ticket_key(rec), etag.removeprefix("ticket:"))]
+        else:  # stale tickets of any life of it, then the record
+            gone = [(t, None) for t in ticketed.get(inv, [])] + [(ops.keys.record(inv), etag)]
         if not _delete_in_order(ops, gone, report, dry_run):
             report.expired.pop()  # changed since we read it (a retry?): keep it
             continue

@@ -185,8 +185,12 @@ class QueueKeys:
         """Invocation folders sort before the ``_`` folders: ULIDs are 0-9 and A-Z."""
         return f"{self.base}/"
 
-    def ticket(self, priority: int, inv: str) -> str:
-        return f"{self.tickets_prefix}{band(priority)}/{inv}"
+    def ticket(self, priority: int, inv: str, reruns: int = 0) -> str:
+        """The ticket of ``inv`` in its ``reruns``-th life: each rerun has a key of its own,
+        so a late delete of an earlier life's ticket can never remove the live one. The
+        suffix sorts right after the id (``.`` sorts before every id character)."""
+        suffix = f".{reruns}" if reruns else ""
+        return f"{self.tickets_prefix}{band(priority)}/{inv}{suffix}"
 
     def ticket_of_id(self, inv: str) -> str | None:
         """The ticket key of an id made by :func:`new_id` (None for an older id)."""
@@ -210,7 +214,16 @@ class QueueKeys:
     @staticmethod
     def id_of(ticket_key: str) -> str:
         """The invocation id at the end of a ticket key."""
-        return ticket_key.rsplit("/", 1)[1]
+        return ticket_key.rsplit("/", 1)[1].split(".", 1)[0]
+
+    @staticmethod
+    def reruns_of(ticket_key: str) -> int | None:
+        """The life a ticket key names (0 without a suffix); None for a malformed suffix."""
+        name = ticket_key.rsplit("/", 1)[1]
+        if "." not in name:
+            return 0
+        n = name.split(".", 1)[1]
+        return int(n) if n.isdigit() and n[0] != "0" and len(n) <= 9 else None
 
     @staticmethod
     def priority_of(ticket_key: str) -> int:

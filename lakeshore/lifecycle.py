@@ -149,6 +149,7 @@ def rerun(rec: Record, now: float) -> Record:
         raise _illegal(rec, "retry")
     return rec.next_write(
         state="queued",
+        reruns=rec.reruns + 1,
         max_attempts=max(rec.max_attempts, rec.attempt - rec.released + 1),
         not_before=now,
         deadline_at=None,

@@ -46,7 +46,6 @@ import contextlib
 import hashlib
 import logging
 import math
-import queue
 import random
 import threading
 import time
@@ -57,7 +56,6 @@ from lakeshore import lifecycle
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
-    LakeshoreError,
     NotFound,
     PermissionDenied,
     StoreError,
@@ -73,6 +71,7 @@ from lakeshore.record import (
     write_id,
 )
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
+from lakeshore.tidy import Tidier
 
 __all__ = [
     "ABANDONED",
@@ -99,7 +98,7 @@ MAX_SMALL_BYTES = 1 << 20
 MARKER_MAX = 64
 ORPHAN_GRACE_S = 60.0  # a marker without its record: in flight (or being gc'd) until this old
 _UNCLAIMED = "ticket:"  # etag prefix: the record is still the ticket's content
-_RERUN_GRACE_S = 30.0  # a ticket beside a terminal record may be a rerun until this old
+_RERUN_GRACE_S = 30.0  # a ticket of a life the record has not reached: a rerun until this old
 _LISTING = 1000  # candidates kept from one LIST of the tickets (one S3 page)
 _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
 _MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
@@ -151,9 +150,7 @@ class QueueOps:
         self._misses: dict[str, int] = {}  # ticket key -> times its record was not there yet
         # full tickets whose record exists (a create of it failed): read the record first
         self._promoted: set[str] = set()
-        self._tidy: queue.SimpleQueue[Callable[[], object]] | None = None
-        self._tidy_cond = threading.Condition()
-        self._tidy_pending = 0
+        self._tidier = Tidier(store)
 
     # -- records -----------------------------------------------------------------------------
 
@@ -251,30 +248,34 @@ class QueueOps:
 
     # -- tickets -----------------------------------------------------------------------------
 
+    def ticket_key(self, rec: Record) -> str:
+        """The ticket of ``rec`` in its current life (``rec.reruns``)."""
+        return self.keys.ticket(rec.priority, rec.id, rec.reruns)
+
     def put_marker(self, rec: Record) -> str:
         """Rewrite the ticket of ``rec`` (whose record exists) to a marker; returns its etag."""
         # The marker's bytes are the record write id: unique, so its etag is never reused (ABA).
-        return self.store.put(self.keys.ticket(rec.priority, rec.id), rec.wid.encode(), OVERWRITE)
+        return self.store.put(self.ticket_key(rec), rec.wid.encode(), OVERWRITE)
 
     def drop_ticket(self, info: ObjectInfo) -> None:
-        """Delete a stale ticket, unless it was rewritten since we listed it."""
+        """Delete a stale ticket: one whose life has ended (its record is terminal in that
+        life, or in a later one). Unconditional: that life never comes back, and a rerun
+        writes a ticket of its own."""
         self._forget(info.key)
-        with contextlib.suppress(Conflict):
-            self.store.delete(info.key, if_match=info.etag)
+        self.store.delete(info.key)
 
-    def drop_own_ticket(self, held: Claimed) -> None:
-        """After the held attempt's terminal write: delete the ticket it was claimed by,
-        unless it was rewritten since (a rerun queued the invocation again)."""
-        key = self.keys.ticket(held.record.priority, held.record.id)
+    def drop_own_ticket(self, held: Claimed, until: float | None = None) -> None:
+        """After the held attempt's terminal write: delete its ticket. With ``until`` (a
+        store time), in the next batch of this process's background deletes, and skipped by
+        this process's claims until then (unless it changes)."""
+        key = self.ticket_key(held.record)
         self._forget(key)
-        etag = held.ticket_etag
-        if etag is None:  # claimed without a listing (tests, tools): read it first
-            try:
-                etag = self.store.get(key, max_bytes=MAX_RECORD_BYTES)[1]
-            except (NotFound, TooLarge):
-                return
-        with contextlib.suppress(Conflict):
-            self.store.delete(key, if_match=etag)
+        if until is None:
+            self.store.delete(key)
+            return
+        if held.ticket_etag is not None:
+            self._remember(ObjectInfo(key, held.ticket_etag, 0, 0.0), until)
+        self._tidier.delete(key)
 
     def tickets(self) -> Iterator[ObjectInfo]:
         return self.store.list(self.keys.tickets_prefix)
@@ -469,6 +470,18 @@ class QueueOps:
             # gc removes it with the finished invocations
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), math.inf)
             return None, moved
+        life = QueueKeys.reruns_of(info.key)
+        if life is None or rec.reruns > life:
+            self.drop_ticket(info)  # a ticket of an earlier life (or not one we write)
+            return None, moved
+        if rec.reruns < life:
+            # a rerun between its ticket and its record write, or a ticket nobody should
+            # have written: look again once it is older than a rerun takes
+            if info.last_modified > now - _RERUN_GRACE_S:
+                self._remember(info, info.last_modified + _RERUN_GRACE_S)
+            else:
+                self.drop_ticket(info)
+            return None, moved
         if rec.state == "running":
             expires = rec.lease.expires_at if rec.lease is not None else now
             if expires >= now:
@@ -487,13 +500,8 @@ class QueueOps:
                 return None, moved  # the holder renewed or someone else reaped
             self.settle(nxt)
             rec, moved = nxt, True
-        if rec.terminal:
-            if not moved and info.last_modified > now - _RERUN_GRACE_S:
-                # a young ticket next to a terminal record may be a rerun in flight (ticket
-                # written, record not yet queued): look again once it is older
-                self._remember(info, info.last_modified + _RERUN_GRACE_S)
-                return None, moved
-            self.drop_ticket(ObjectInfo(info.key, ticket_etag, info.size, info.last_modified))
+        if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
+            self.drop_ticket(info)
             return None, moved
         if lifecycle.past_deadline(rec, now):
             ended = lifecycle.time_out(rec, now)
@@ -503,7 +511,7 @@ class QueueOps:
                 self._lost_create(info.key, etag)
                 return None, moved
             self.settle(ended)
-            self.drop_ticket(ObjectInfo(info.key, ticket_etag, info.size, info.last_modified))
+            self.drop_ticket(info)
             return None, moved
         if rec.not_before > now:
             # backing off before a retry; the ticket stays
@@ -632,49 +640,24 @@ class QueueOps:
         Raises Conflict when the attempt was fenced out (the result is then dropped).
         """
         if final.state == "queued":
-            self._forget(self.keys.ticket(final.priority, final.id))
+            self._forget(self.ticket_key(final))
             self.put_marker(final)
         etag = self.cas(final, held.etag)
         if not final.terminal:
             self.settle(final)
         elif tidy_later:
-
-            def tidy() -> None:
-                self.drop_own_ticket(held)
-                self.settle(final)
-
-            self._later_do(tidy)
+            self.drop_own_ticket(held, until=(final.finished_at or 0.0) + ORPHAN_GRACE_S)
+            if final.slot is not None:
+                self._tidier.later(lambda: self.settle(final))
         else:
             self.drop_own_ticket(held)
             self.settle(final)
         return etag
 
-    def _later_do(self, fn: Callable[[], object]) -> None:
-        with self._tidy_cond:
-            if self._tidy is None:
-                self._tidy = queue.SimpleQueue()
-                threading.Thread(
-                    target=self._tidy_loop, args=(self._tidy,), name="lakeshore-tidy", daemon=True
-                ).start()
-            self._tidy_pending += 1
-            self._tidy.put(fn)
-
-    def _tidy_loop(self, jobs: queue.SimpleQueue[Callable[[], object]]) -> None:
-        while True:
-            fn = jobs.get()
-            try:
-                fn()
-            except LakeshoreError as e:  # a stale ticket stays: claimers drop it later
-                log.debug("tidying after a finished attempt failed: %s", e)
-            finally:
-                with self._tidy_cond:
-                    self._tidy_pending -= 1
-                    self._tidy_cond.notify_all()
-
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait for background tidying to finish; False if ``timeout`` passed first."""
-        with self._tidy_cond:
-            return self._tidy_cond.wait_for(lambda: self._tidy_pending == 0, timeout)
+        """Send the pending ticket deletes and wait for background tidying to finish; False
+        if ``timeout`` passed first."""
+        return self._tidier.flush(timeout)
 
     def reap(self, now: float) -> int:
         """One pass over the tickets: requeue (or fail) running invocations whose lease ran

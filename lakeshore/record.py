@@ -250,6 +250,7 @@ class Record:
     retry_backoff_s: float = 1.0
     lease_s: float = 30.0
     released: int = 0  # attempts handed back by a stopping worker: they do not count
+    reruns: int = 0  # times q.retry queued it again: names its ticket (see keys.ticket)
     slot: int | None = None  # admission slot held while live (queues with max_depth)
     slot_etag: str | None = None
     rev: int = 0
@@ -514,6 +515,7 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     _int(full, "attempt", 0, MAX_COUNT)
     _int(full, "max_attempts", 1, MAX_COUNT)
     _int(full, "released", 0, MAX_COUNT)
+    _int(full, "reruns", 0, MAX_COUNT)
     _int(full, "rev", 0)
     _int(full, "v", 1)
     if full["slot"] is not None:

@@ -155,7 +155,7 @@ def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(plane: Any) -> None:
     ops.put_marker(nxt)
     other = QueueOps(q.store, ops.keys)  # a claimer that reads the record right now
     assert other.claim("w2", q.store.now()) is None
-    assert [i.key for i in ops.tickets()] == [ops.keys.ticket(nxt.priority, inv)]  # kept
+    assert [i.key for i in ops.tickets()] == [ops.ticket_key(nxt)]  # kept
     ops.cas(nxt, etag)  # the retry completes
     again = QueueOps(q.store, ops.keys).claim("w3", q.store.now())
     assert again is not None and again.record.id == inv and again.record.attempt == 2
@@ -172,13 +172,13 @@ def test_retry_puts_back_a_ticket_dropped_while_it_ran(plane: Any) -> None:
     def put_then_lose(rec: Any) -> str:
         etag = real_put(rec)
         calls.append(rec.id)
-        if len(calls) == 1:  # a claimer judged this hint stale and deleted it
-            q.store.delete(ops.keys.ticket(rec.priority, rec.id))
+        if len(calls) == 1:  # a claimer judged this ticket stale and deleted it
+            q.store.delete(ops.ticket_key(rec))
         return etag
 
     ops.put_marker = put_then_lose  # type: ignore[method-assign]
     assert q.retry(inv) == 2
-    assert calls == [inv, inv]  # retry saw the hint gone and wrote it again
+    assert calls == [inv, inv]  # retry saw the ticket gone and wrote it again
     ops.put_marker = real_put  # type: ignore[method-assign]
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     assert q.result(inv) == 2

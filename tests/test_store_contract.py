@@ -68,6 +68,19 @@ def test_if_match(store: Store) -> None:
         store.get("missing")
 
 
+def test_delete_many_removes_every_key_in_batches_of_a_thousand(store: Store) -> None:
+    keys = [f"many/{i:05d}" for i in range(1003)]  # two S3 requests: 1000 and 3
+    for k in keys:
+        store.put(k, b"x")
+    store.put("many-kept", b"y")
+    store.delete_many([*keys, "many/never-existed"])  # absent keys are not an error
+    assert [i.key for i in store.list("many")] == ["many-kept"]
+    store.delete_many([])
+    with pytest.raises(InvalidArgument):
+        store.delete_many(["many-kept", "bad//key"])  # checked first: nothing is deleted
+    assert store.get("many-kept")[0] == b"y"
+
+
 def test_delete(store: Store) -> None:
     store.delete("never-existed")  # absent is not an error
     store.delete("never-existed", if_match='"abc"')

@@ -29,7 +29,7 @@ import abc
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -210,6 +210,20 @@ class Store(abc.ABC):
             InvalidArgument: the key is malformed.
             StoreError: the backend failed.
         """
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Delete every key in ``keys``, unconditionally; absent keys are not an error. One
+        request per 1000 keys where the backend has a batch delete (S3's ``DeleteObjects``),
+        else one ``delete`` each. Keys deleted before a failure stay deleted.
+
+        Raises:
+            InvalidArgument: a key is malformed (nothing is deleted).
+            StoreError: the backend failed.
+        """
+        for key in keys:
+            check_key(key, "delete")
+        for key in keys:
+            self.delete(key)
 
     @abc.abstractmethod
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:

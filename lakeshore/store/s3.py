@@ -35,7 +35,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
@@ -531,6 +531,35 @@ class S3Store(Store):
                 raise
             self._learn_no_conditional_delete(cause)
             self._delete_after_head(key, if_match)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """One ``DeleteObjects`` request per 1000 keys (unconditional, quiet mode).
+
+        Raises:
+            InvalidArgument: a key is malformed (nothing is deleted).
+            PermissionDenied: the server refused a key. StoreError: it failed another key.
+        """
+        for key in keys:
+            check_key(key, "delete")
+        for start in range(0, len(keys), 1000):
+            chunk = keys[start : start + 1000]
+            batch = {"Objects": [{"Key": self._k(k)} for k in chunk], "Quiet": True}
+
+            def send(batch: dict[str, Any] = batch) -> Any:
+                return self.client.delete_objects(Bucket=self.bucket, Delete=batch)
+
+            answer = self._retrying("delete", chunk[0], send)
+            failed = [e for e in answer.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if failed:
+                code, key = str(failed[0].get("Code", "")), str(failed[0].get("Key", ""))
+                kind = PermissionDenied if code == "AccessDenied" else StoreError
+                raise kind(
+                    f"delete {key}",
+                    f"the server refused {len(failed)} of {len(chunk)} keys of a batch delete "
+                    f"({code}: {failed[0].get('Message', '')})",
+                    "check the credentials and the bucket policy for this prefix",
+                    key=key,
+                )
 
     @property
     def conditional_delete(self) -> str:
