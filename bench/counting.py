@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from lakeshore.store import ObjectInfo, PutMode, Store
@@ -16,8 +16,8 @@ PRICE_CLASS_B = 0.0004 / 1000
 
 
 class Counting(Store):
-    """Counts the requests a store serves: ``PUT``, ``LIST`` (class A), ``GET`` (class B),
-    ``DELETE`` (free). A LIST is counted once per call (one page per 1000 keys). Also counts
+    """Counts the requests a store serves: ``PUT``, ``LIST``, ``BATCH_DELETE`` (class A: a
+    batch delete is a POST), ``GET`` (class B), ``DELETE`` (free). A LIST is counted once per call (one page per 1000 keys). Also counts
     the keys listings return (``keys``) and the bytes GETs return (``bytes``), and logs each
     GET's key and bound in ``gets``."""
 
@@ -46,6 +46,11 @@ class Counting(Store):
     def delete(self, key: str, if_match: str | None = None) -> None:
         self._count("DELETE")
         self.inner.delete(key, if_match)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        # as S3 serves it: one DeleteObjects POST (class A) per 1000 keys
+        self._count("BATCH_DELETE", -(-len(keys) // 1000))
+        self.inner.delete_many(keys)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         self._count("LIST")  # at the call, as a server counts it, not when first iterated
@@ -77,11 +82,12 @@ class Counting(Store):
 def classes(counts: Counter[str], per: int = 1) -> dict[str, float]:
     """Class A, class B and DELETE requests (per ``per`` units) and their dollar cost per
     million units at S3 Standard prices."""
-    a = (counts["PUT"] + counts["LIST"]) / per
+    a = (counts["PUT"] + counts["LIST"] + counts["BATCH_DELETE"]) / per
     b = counts["GET"] / per
     return {
         "class_a": a,
         "class_b": b,
         "delete": counts["DELETE"] / per,
+        "batch_delete": counts["BATCH_DELETE"] / per,
         "usd_per_million": 1e6 * (a * PRICE_CLASS_A + b * PRICE_CLASS_B),
     }

@@ -58,6 +58,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
                 ("PutObject", "PUT"),
                 ("GetObject", "GET"),
                 ("DeleteObject", "DELETE"),
+                ("DeleteObjects", "batch DELETE"),
                 ("ListObjectsV2", "LIST"),
                 ("HeadObject", "HEAD"),
             )
