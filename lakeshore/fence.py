@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from lakeshore.errors import Conflict, NotFound
+from lakeshore.errors import Conflict, NotFound, PermissionDenied
 from lakeshore.keys import QueueKeys
 from lakeshore.protocol import ABANDONED, QueueOps
 from lakeshore.record import Blob, Record, RecordError
@@ -69,7 +69,9 @@ def fence(ops: QueueOps, inv: str, now: float, why: str) -> bool:
         return True
     except RecordError:
         pass
-    with contextlib.suppress(Conflict):
+    # Best effort: a producer may not delete tickets. A tombstone left beside a record is
+    # harmless (readers take the record; claimers leave tombstones alone; gc removes it).
+    with contextlib.suppress(Conflict, PermissionDenied):
         ops.store.delete(where, if_match=etag)
     return False
 

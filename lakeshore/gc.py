@@ -243,8 +243,9 @@ def collect(
         gone: list[tuple[str, str | None]]
         if unclaimed(etag):  # the record is the ticket's content (a tombstone)
             gone = [(ops.ticket_key(rec), etag.removeprefix("ticket:"))]
-        else:  # stale tickets of any life of it, then the record
-            gone = [(t, None) for t in ticketed.get(inv, [])] + [(ops.keys.record(inv), etag)]
+        else:  # stale tickets of its lives so far (a later one is a rerun's), then the record
+            stale = [t for t in ticketed.get(inv, []) if _life(t) <= rec.reruns]
+            gone = [(t, None) for t in stale] + [(ops.keys.record(inv), etag)]
         if not _delete_in_order(ops, gone, report, dry_run):
             report.expired.pop()  # changed since we read it (a retry?): keep it
             continue
@@ -320,6 +321,11 @@ def _delete_in_order(
                 return False
         report.objects.append(key)
     return True
+
+
+def _life(ticket: str) -> int:
+    life = QueueKeys.reruns_of(ticket)
+    return -1 if life is None else life  # a malformed suffix: not a live ticket of anything
 
 
 def _is_id(name: str) -> bool:

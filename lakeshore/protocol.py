@@ -23,14 +23,15 @@ terminal. The orders below keep the invariant through any crash between two requ
 * **back to queued** (retry, release, expiry): rewrite the ticket to a marker (a new etag
   tells other workers to look again) → CAS record to queued.
 * **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
-  last write) → delete the ticket, if it is still the one claimed (``if_match``). A
+  last write) → delete the ticket, in the worker's next batch (``lakeshore.tidy``). A
   fenced-out attempt's result is dropped.
-* **stale tickets**: a ticket is deleted only when its record is terminal and the ticket is
-  older than ``_RERUN_GRACE_S`` (a younger one may be a rerun between its ticket and its
-  record write), or when it is a marker whose record is missing for longer than
-  ``ORPHAN_GRACE_S``; always with ``if_match`` on the etag that was listed, so a ticket
-  rewritten meanwhile survives. A ticket that holds a terminal record is a tombstone and is
-  left to gc.
+* **lives**: each rerun is a new life of the invocation with a ticket key of its own
+  (``<id>.<n>``, the record's ``reruns``), and a life that ended never comes back, so a
+  ticket whose life is over is deleted without a condition: when its record is terminal in
+  that life or has reached a later one. A ticket of a life the record has not reached is a
+  rerun between its ticket and its record write, left alone until ``_RERUN_GRACE_S`` old.
+  A marker whose record is missing is dropped once ``ORPHAN_GRACE_S`` old. A ticket that
+  holds a terminal record is a tombstone and is left to gc.
 * **expired leases**: a claimer that reads a running record whose lease has run out (in the
   store's clock) requeues or fails it by CAS; the holder's late writes are then fenced.
 

@@ -3,14 +3,16 @@
 The steps, in order: validate options and bind the call to the function's signature (the
 input hash), encode the arguments, upload the producer's pending files, look at the
 idempotency key, pass admission (slots and rate tokens), take the key (create-only), then
-publish: spilled arguments, id index, ready hint, record (create-only). Anything that fails
-after admission gives its slot and token back.
+publish: spilled arguments, id index, then the ticket, which holds the record (create-only,
+the one write that makes the invocation exist). Anything that fails after admission gives
+its slot and token back.
 
-A key whose first submitter died between the key object and the record is repaired by the
+A key whose first submitter died between the key object and the ticket is repaired by the
 next submit with that key, once the first had ``KEY_REPAIR_GRACE_S`` to finish: the old id
 is fenced with a tombstone (``lakeshore.fence``) and the key moves to a new invocation by
 compare-and-swap. Nothing is ever written under an id whose record was deleted or fenced,
-so gc, which deletes an expired record before its folder, hint and key, can never remove
+so gc, which deletes an expired invocation's tickets and record before its folder and key,
+can never remove
 a part of a live invocation. A submit that finds a tombstone at its own id (it was too slow
 and judged dead) never returns that id: it raises, or, with a key, starts over.
 """
