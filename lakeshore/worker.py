@@ -219,7 +219,7 @@ def run_worker(
                 log.warning("on_stop hook failed: %s", e)
         for q in ops:
             if not q.flush():
-                log.warning("hints of finished jobs on %s are still being tidied", q.keys.queue)
+                log.warning("tickets of finished jobs on %s are still being tidied", q.keys.queue)
         _announce(state, names, "stopped")
     if state.failure is not None:
         raise state.failure

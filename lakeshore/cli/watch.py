@@ -65,9 +65,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     now = q.store.now()
     found = []
     if args.state in ("queued", "running"):
-        # live states come from the ready hints: their cost does not grow with history
-        hints = q.store.list(ops.keys.tickets_prefix)
-        ids = sorted({QueueKeys.id_of(i.key) for i in hints}, reverse=True)
+        # live states come from the tickets: their cost does not grow with history
+        tickets = q.store.list(ops.keys.tickets_prefix)
+        ids = sorted({QueueKeys.id_of(i.key) for i in tickets}, reverse=True)
         ids = [i for i in ids if before is None or i < before]
         for start in range(0, len(ids), 64):
             found += [r for r in records(ops, ids[start : start + 64]) if r.state == args.state]
@@ -111,7 +111,7 @@ def register(sub: Any) -> None:
         "status",
         help="per queue: queued, running, recent outcomes, oldest queued age, workers",
         description="Counts per queue without reading finished history: queued and running "
-        "come from the live hints, recent outcomes from the newest --recent invocations, "
+        "come from the tickets of live jobs, recent outcomes from the newest --recent invocations, "
         "workers from their signs of life. Without QUEUE: the queues live workers serve, "
         "and default.",
     )
@@ -124,7 +124,8 @@ def register(sub: Any) -> None:
         "ls",
         help="list invocations of a queue, newest first",
         description="List invocations newest first, --limit per page; the last line gives "
-        "the --before cursor of the next page. --state queued|running reads only live hints.",
+        "the --before cursor of the next page. --state queued|running reads only the "
+        "tickets of live jobs.",
     )
     p.add_argument("queue", nargs="?", default="default", help="queue (default: default)")
     p.add_argument("--state", help=f"only this state ({', '.join(STATES)})")

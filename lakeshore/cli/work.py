@@ -326,8 +326,8 @@ def register(sub: Any) -> None:
         help="remove finished invocations older than a retention",
         description="Remove terminal invocations that finished more than --older-than ago "
         "(never sooner than the queue's result_retention_s), with their spilled data, "
-        "journals, logs, hints and keys. Shows what it will delete and asks first, unless "
-        "--yes. Finds the namespace's queues with one LIST per top-level folder (not by "
+        "journals, logs, stale tickets and keys. Shows what it will delete and asks first, "
+        "unless --yes. Finds the namespace's queues with one LIST per top-level folder (not by "
         "listing what they hold), then lists only ids older than the cutoff. A queue with "
         "no retention is skipped with a note; a queue that fails is reported and the others "
         "are still collected (exit 2 if any failed).",

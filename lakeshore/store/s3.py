@@ -502,9 +502,9 @@ class S3Store(Store):
 
         The emulation is **not atomic**: a write that lands in the narrow window between the
         ``HEAD`` and the ``DELETE`` is deleted with the object. lakeshore deletes
-        conditionally only stale hints, admission slots and rate tokens, and what
-        ``lakeshore gc`` expires, so it takes another writer rewriting that very key within
-        those milliseconds; rare, but a server that checks ``If-Match`` itself is safer.
+        conditionally only admission slots and rate tokens, a tombstone it takes back, and
+        what ``lakeshore gc`` expires, so it takes another writer rewriting that very key
+        within those milliseconds; rare, but a server that checks ``If-Match`` itself is safer.
         ``lakeshore doctor`` reports which of the two a store does.
         """
         check_key(key, "delete")
