@@ -164,7 +164,7 @@ class QueueStatus:
 def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
     """Counts for one queue (see the module docstring for what each costs)."""
     st = QueueStatus(ops.keys.queue)
-    # a set: a rerun's ticket and its earlier life's stale one may both be there for a moment
+    # one id per invocation: a rerun's ticket may sit beside an earlier life's stale one
     live = sorted({QueueKeys.id_of(info.key) for info in ops.store.list(ops.keys.tickets_prefix)})
     oldest = None
     if len(live) <= EXACT_UP_TO:

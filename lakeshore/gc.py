@@ -4,6 +4,9 @@ An invocation *expires* when it is terminal and finished more than the retention
 retention is ``older_than`` (``lakeshore gc --older-than 7d``), but never shorter than the
 queue's own ``result_retention_s``: a queue that promises to keep results a month keeps them.
 
+An invocation with a ticket of a later life than its record's (a rerun between its ticket
+and its record write) is left alone: the rerun may make it live at any moment.
+
 What goes, per expired invocation, in this order:
 
 1. its **ticket**, if a stale one is left (conditional on the etag read), before the
@@ -239,6 +242,9 @@ def collect(
             if older_than_s is not None and rec.finished_at < now - older_than_s:
                 report.kept_by_retention += 1
             continue
+        lives = (QueueKeys.reruns_of(t) for t in ticketed.get(inv, []))
+        if not unclaimed(etag) and any(n is not None and n > rec.reruns for n in lives):
+            continue  # a rerun between its ticket and its record write: live, or about to be
         report.expired.append(inv)
         gone: list[tuple[str, str | None]]
         if unclaimed(etag):  # the record is the ticket's content (a tombstone)

@@ -173,9 +173,14 @@ class QueueOps:
         try:
             data, etag = self._get_bounded(ticket)
         except NotFound:
-            raise NotFound(
-                f"read {self.keys.record(inv)}", "no record and no ticket", "check the id"
-            ) from None
+            # Between the two GETs the invocation may have been claimed, run and its ticket
+            # deleted: then its record exists now.
+            try:
+                return self.read_record(inv)
+            except NotFound:
+                raise NotFound(
+                    f"read {self.keys.record(inv)}", "no record and no ticket", "check the id"
+                ) from None
         if len(data) <= MARKER_MAX:  # a marker: the record was written meanwhile
             return self.read_record(inv)
         return _decode_ticket(data, self.keys, ticket), _UNCLAIMED + etag
@@ -258,12 +263,18 @@ class QueueOps:
         # The marker's bytes are the record write id: unique, so its etag is never reused (ABA).
         return self.store.put(self.ticket_key(rec), rec.wid.encode(), OVERWRITE)
 
-    def drop_ticket(self, info: ObjectInfo) -> None:
+    def drop_ticket(self, info: ObjectInfo, if_match: str | None = None) -> None:
         """Delete a stale ticket: one whose life has ended (its record is terminal in that
         life, or in a later one). Unconditional: that life never comes back, and a rerun
-        writes a ticket of its own."""
+        writes a ticket of its own. A ticket of a life the record has not reached (or one
+        that is not lakeshore's) may yet become a rerun's: that one is deleted only on the
+        etag it was judged by (``if_match``), so a rerun that rewrote it meanwhile keeps it."""
         self._forget(info.key)
-        self.store.delete(info.key)
+        if if_match is None:
+            self.store.delete(info.key)
+            return
+        with contextlib.suppress(Conflict):
+            self.store.delete(info.key, if_match=if_match)
 
     def drop_own_ticket(self, held: Claimed, until: float | None = None) -> None:
         """After the held attempt's terminal write: delete its ticket. With ``until`` (a
@@ -480,8 +491,8 @@ class QueueOps:
             # have written: look again once it is older than a rerun takes
             if info.last_modified > now - _RERUN_GRACE_S:
                 self._remember(info, info.last_modified + _RERUN_GRACE_S)
-            else:
-                self.drop_ticket(info)
+            else:  # unless a rerun rewrote it since it was read (its record may be queued now)
+                self.drop_ticket(info, if_match=ticket_etag)
             return None, moved
         if rec.state == "running":
             expires = rec.lease.expires_at if rec.lease is not None else now
@@ -539,8 +550,9 @@ class QueueOps:
                     raise
                 except RecordError as err:
                     if self.keys.ticket_of_id(inv) != info.key:
-                        # not where lakeshore puts this id's ticket: no invocation's
-                        self.drop_ticket(ObjectInfo(info.key, etag, info.size, 0.0))
+                        # not where lakeshore puts this id's ticket: no invocation's (yet:
+                        # a rerun may overwrite it with its ticket before this delete)
+                        self.drop_ticket(info, if_match=etag)
                         return None
                     try:  # a record that exists is the truth; its ticket is only a marker
                         rec, rec_etag = self.read_record(inv)
