@@ -12,8 +12,9 @@ next submit with that key, once the first had ``KEY_REPAIR_GRACE_S`` to finish: 
 is fenced with a tombstone (``lakeshore.fence``) and the key moves to a new invocation by
 compare-and-swap. Nothing is ever written under an id whose record was deleted or fenced,
 so gc, which deletes an expired invocation's tickets and record before its folder and key,
-can never remove a part of a live invocation. A submit that finds a tombstone at its own id (it was too slow
-and judged dead) never returns that id: it raises, or, with a key, starts over.
+can never remove a part of a live invocation. A submit that finds a tombstone at its own id
+(it was too slow and judged dead) never returns that id: it raises, or, with a key, starts
+over.
 """
 
 from __future__ import annotations
