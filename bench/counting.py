@@ -17,9 +17,9 @@ PRICE_CLASS_B = 0.0004 / 1000
 
 class Counting(Store):
     """Counts the requests a store serves: ``PUT``, ``LIST``, ``BATCH_DELETE`` (class A: a
-    batch delete is a POST), ``GET`` (class B), ``DELETE`` (free). A LIST is counted once per call (one page per 1000 keys). Also counts
-    the keys listings return (``keys``) and the bytes GETs return (``bytes``), and logs each
-    GET's key and bound in ``gets``."""
+    batch delete is a POST), ``GET`` (class B), ``DELETE`` (free). A LIST is counted once per
+    call (one page per 1000 keys). Also counts the keys listings return (``keys``) and the
+    bytes GETs return (``bytes``), and logs each GET's key and bound in ``gets``."""
 
     def __init__(self, inner: Store) -> None:
         self.inner, self.url = inner, inner.url
