@@ -9,9 +9,8 @@
   their submission time.
 * **Recent outcomes** read the records of the newest ``recent`` invocations. Invocation
   folders sort by id, so the newest are found by listing backwards in time windows that
-  double in length (LIST pages for those windows only, then one GET per record). An
-  invocation never claimed has no folder unless its arguments were spilled: the ids of the
-  tickets (listed once) fill those in.
+  double in length (LIST pages for those windows only, then one GET per record); the
+  invocations nothing has moved yet have no folder and come from the listing of tickets.
 * **Workers seen** are the sign-of-life objects workers write every ~30 s.
 
 Anything read here may have been written by someone else: a record that cannot be decoded
@@ -23,6 +22,7 @@ that is not an id is passed over. One bad object never stops a listing.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -90,18 +90,20 @@ def ids_between(store: Store, keys: QueueKeys, lo: str | None, hi: str) -> Itera
 def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) -> Iterator[str]:
     """Ids of the queue, newest first (older than ``before`` when given). Lists backwards
     in time windows of doubling length, so finding the newest N costs about what listing N
-    does, however long the history."""
+    does, however long the history. An invocation nothing has moved yet has no folder, only
+    its ticket: the tickets (one LIST page per 1000 live invocations) are merged in."""
     hi = before or _floor(int(now * 1000) + 60_000)
-    unclaimed = sorted(
-        {
-            inv
-            for inv in (QueueKeys.id_of(i.key) for i in store.list(keys.tickets_prefix))
-            if _is_id(inv) and inv < hi
-        }
-    )
+    ticketed = {QueueKeys.id_of(info.key) for info in store.list(keys.tickets_prefix)}
+    unmoved = sorted((i for i in ticketed if i < hi and _is_id(i)), reverse=True)
+    last = None
+    for inv in heapq.merge(_folders_newest(store, keys, hi), unmoved, reverse=True):
+        if inv != last:  # a moved invocation has both
+            last = inv
+            yield inv
+
+
+def _folders_newest(store: Store, keys: QueueKeys, hi: str) -> Iterator[str]:
     oldest = next(ids_between(store, keys, None, hi), None)
-    if unclaimed and (oldest is None or unclaimed[0] < oldest):
-        oldest = unclaimed[0]
     if oldest is None:
         return
     oldest_ms = ULID.from_str(oldest).milliseconds
@@ -109,9 +111,7 @@ def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) ->
     while True:
         lo_ms = max(hi_ms - window, oldest_ms)
         lo = _floor(lo_ms)
-        found = set(ids_between(store, keys, lo, hi))
-        found.update(inv for inv in unclaimed if lo <= inv < hi)
-        yield from sorted(found, reverse=True)
+        yield from reversed(list(ids_between(store, keys, lo, hi)))
         if lo_ms <= oldest_ms:
             return
         hi, hi_ms, window = lo, lo_ms, window * 2

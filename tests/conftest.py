@@ -301,6 +301,17 @@ def make_plane(store: Store, **options: Any) -> Any:
     return dls.Dispatch(store.url, store=store, **options)
 
 
+def record_key(ops: Any, inv: str) -> str:
+    """Where the record of ``inv`` lives now, for tests that read or rewrite it by hand:
+    ``<id>/record`` once anything has moved the invocation (a claim, a cancel, a timeout),
+    before that its ticket, which holds the record as submitted. ``ops`` is a ``QueueOps``."""
+    key = ops.keys.record(inv)
+    if any(info.key == key for info in ops.store.list(key)):
+        return str(key)
+    ticket = ops.keys.ticket_of_id(inv)
+    return str(key if ticket is None else ticket)
+
+
 @pytest.fixture
 def plane(store: Store) -> Any:
     """A Dispatch on every tier."""

@@ -19,7 +19,7 @@ from lakeshore.queueconf import parse_rate
 from lakeshore.record import Record
 from lakeshore.store import Store
 from tests import jobs
-from tests.conftest import make_plane
+from tests.conftest import make_plane, record_key
 
 QUEUE = "adm"
 
@@ -75,15 +75,20 @@ def _produce(store: Store, producers: int, n: int = 0, seconds: float = 0.0) -> 
 
 
 def _live(q: Any) -> int:
-    """Invocations of the queue that are queued or running, counted from their records."""
+    """Invocations of the queue that are queued or running, counted from their records
+    (``<id>/record``, or the ticket of one nothing has moved yet)."""
+    ops = q.ops(QUEUE)
+    ids = set()
+    for info in q.store.list(ops.keys.base + "/"):
+        if info.key.endswith("/record") or info.key.startswith(ops.keys.tickets_prefix):
+            ids.add(info.key.split("/")[-2 if info.key.endswith("/record") else -1])
     count = 0
-    for info in q.store.list(q.ops(QUEUE).keys.base + "/"):
-        if info.key.endswith("/record"):
-            try:
-                rec = Record.from_bytes(q.store.get(info.key)[0])
-            except dls.NotFound:
-                continue
-            count += rec.state in ("queued", "running")
+    for inv in ids:
+        try:
+            rec = Record.from_bytes(q.store.get(record_key(ops, inv))[0])
+        except dls.NotFound:
+            continue
+        count += rec.state in ("queued", "running")
     return count
 
 

@@ -209,8 +209,8 @@ def test_a_stop_that_comes_during_a_claim_starts_no_attempt() -> None:
 
     class StopsWhileReading(MemoryStore):
         def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
-            if key.endswith("/record"):
-                stop.set()  # SIGTERM arrives while the claim reads the record
+            if "/_tickets/" in key:
+                stop.set()  # SIGTERM arrives while the claim reads the ticket (its record)
             return super().get(key, max_bytes)
 
     q = make_plane(StopsWhileReading())

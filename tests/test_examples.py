@@ -17,6 +17,7 @@ from typing import IO, Any
 
 import lakeshore as dls
 from lakeshore.keys import QueueKeys
+from tests.conftest import record_key
 from tests.waiting import poll
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,8 +88,13 @@ def test_serverless_handler_gives_the_same_ids_for_a_redelivered_event(tmp_path:
     q = dls.Dispatch(url, ns="uploads")
     keys = QueueKeys("uploads", "ingest")
     ids = {*s3_ids, *sqs_ids}
-    stored = {o.key for o in q.store.list(keys.base + "/") if o.key.endswith("/record")}
-    assert stored == {keys.record(i) for i in ids}  # one invocation per key, nothing more
+    ops = q.ops("ingest")
+    stored = {
+        o.key
+        for o in q.store.list(keys.base + "/")
+        if o.key.endswith("/record") or o.key.startswith(keys.tickets_prefix)
+    }
+    assert stored == {record_key(ops, i) for i in ids}  # one invocation per key, nothing more
     assert {q.get(i).key for i in ids} == {
         "s3/example-uploads/photos/cat in a hat.jpg@9b2cf535f27731c974343645a3985328",
         "s3/example-uploads/docs/report-2026.pdf@d41d8cd98f00b204e9800998ecf8427e",

@@ -26,7 +26,7 @@ from bench.counting import Counting
 from lakeshore import codec
 from lakeshore.cli import build_parser, main
 from lakeshore.gc import collect, parse_age
-from lakeshore.keys import QueueKeys, id_index, topic_seq_key, worker_key
+from lakeshore.keys import QueueKeys, band, id_index, topic_seq_key, worker_key
 from lakeshore.protocol import ORPHAN_GRACE_S
 from lakeshore.queueconf import QueueConfig
 from lakeshore.store import LocalStore, MemoryStore, ObjectInfo, PutMode, Store
@@ -233,8 +233,8 @@ def test_gc_finds_the_queues_without_listing_a_long_topic(
 # -- item 10: a slow submit's spilled arguments are never collected -----------------------
 
 
-class GcBeforeRecord(Store):
-    """Runs gc right before the submit's record write: the submit has written its spilled
+class GcBeforeTicket(Store):
+    """Runs gc right before the submit's ticket write: the submit has written its spilled
     arguments and is about to publish."""
 
     def __init__(self, inner: Store, gc: Any) -> None:
@@ -245,7 +245,7 @@ class GcBeforeRecord(Store):
         return self.inner.get(key, max_bytes)
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        if key.endswith("/record") and not self.reports:
+        if "/_tickets/" in key and not self.reports:
             self.reports.append(self.gc())
         return self.inner.put(key, data, mode)
 
@@ -259,16 +259,16 @@ class GcBeforeRecord(Store):
         return self.inner.now()
 
 
-def _gc_before_each_record(inner: Store) -> tuple[Any, GcBeforeRecord]:
+def _gc_before_each_ticket(inner: Store) -> tuple[Any, GcBeforeTicket]:
     """A plane (spilling all but tiny arguments) whose store runs gc right before a submit
-    writes its record: the moment a folder exists without one."""
+    writes its ticket: the moment a folder exists without a ticket or a record."""
     holder: dict[str, Any] = {}
 
     def gc() -> Any:
         q = holder["q"]
         return collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1.0)
 
-    store = GcBeforeRecord(inner, gc)
+    store = GcBeforeTicket(inner, gc)
     holder["q"] = make_plane(store, spill_bytes=64)
     return holder["q"], store
 
@@ -277,10 +277,11 @@ def test_gc_leaves_alone_the_spilled_arguments_of_a_submit_whose_id_is_old(
     atomic_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the id was minted before an admission wait of two orphan graces (it can block 60 s)
-    old_id = str(ULID.from_timestamp(atomic_store.now() - 2 * ORPHAN_GRACE_S))
-    monkeypatch.setattr(sub, "new_id", lambda: old_id)
-    q, store = _gc_before_each_record(atomic_store)
-    inv = q.udf(jobs.size_of).submit(b"z" * 1000)  # spilled: its folder exists before its record
+    old = str(ULID.from_timestamp(atomic_store.now() - 2 * ORPHAN_GRACE_S))
+    old_id = old[:-1] + band(5)  # made for the default priority, as new_id(5) makes ids
+    monkeypatch.setattr(sub, "new_id", lambda priority: old_id)
+    q, store = _gc_before_each_ticket(atomic_store)
+    inv = q.udf(jobs.size_of).submit(b"z" * 1000)  # spilled: its folder exists before its ticket
     assert inv == old_id
     [report] = store.reports
     assert report.orphans == [] and report.objects == []
@@ -302,7 +303,7 @@ def test_gc_leaves_alone_a_submit_that_waited_in_admission_past_the_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     inner = FakeClockMemory()
-    q, store = _gc_before_each_record(inner)
+    q, store = _gc_before_each_ticket(inner)
     q.configure("default", max_depth=10)  # admission runs
     real_admit = sub.admit
 

@@ -22,7 +22,7 @@ from lakeshore.record import Blob, Record
 from lakeshore.store.base import Store, if_match
 from lakeshore.store.local import LocalStore
 from tests import jobs
-from tests.conftest import make_plane
+from tests.conftest import make_plane, record_key
 from tests.test_cli_ops import run
 from tests.test_hostile_bytes import deep_tuple, ext
 from tests.test_worker_cli import env_for, lakeshore_cmd
@@ -149,15 +149,29 @@ def test_deeply_nested_arguments_fail_cleanly_and_the_worker_keeps_serving(
         assert "100 levels deep" in rec.error["message"]
 
 
-def garbage_record(store: LocalStore, q: Any, inv: str, content: bytes) -> Path:
-    path = store.root / "objects" / q.ops("default").keys.record(inv)
-    path = path.with_name("record.obj")
+def garbage_file(store: LocalStore, key: str, content: bytes) -> Path:
+    """Overwrite the file of ``key`` with ``content``, no LocalStore header."""
+    path = store.root / "objects" / key
+    path = path.with_name(path.name + ".obj")
     assert path.exists()
     path.write_bytes(content)
     return path
 
 
+def garbage_record(store: LocalStore, q: Any, inv: str, content: bytes) -> Path:
+    """A queued invocation whose ``<id>/record`` file holds ``content``: its record is
+    written as the first move writes it (its ticket a marker), then garbled."""
+    ops = q.ops("default")
+    rec, _ = ops.read(inv)
+    ops.put_marker(rec)
+    store.put(ops.keys.record(inv), rec.to_bytes())
+    return garbage_file(store, ops.keys.record(inv), content)
+
+
 GARBAGE = [b"this is not a record at all, nor an object", b"LSO", b""]
+# A ticket's garbage must be larger than a marker to be read as a ticket: a smaller one is
+# taken for a marker whose record is missing (dropped once ORPHAN_GRACE_S old).
+GARBAGE_TICKETS = [b"this is not a ticket at all, nor a record, nor an object" * 2, b"LSO" * 30]
 
 
 def test_a_garbage_record_file_is_failed_and_good_work_runs(tmp_path: Path) -> None:
@@ -167,11 +181,15 @@ def test_a_garbage_record_file_is_failed_and_good_work_runs(tmp_path: Path) -> N
     doomed = [f.submit(0) for _ in GARBAGE]  # first: they head the queue
     for inv, content in zip(doomed, GARBAGE, strict=True):
         garbage_record(store, q, inv, content)
+    bad_tickets = [f.submit(0) for _ in GARBAGE_TICKETS]  # never moved: no record yet
+    for inv, content in zip(bad_tickets, GARBAGE_TICKETS, strict=True):
+        assert record_key(q.ops("default"), inv) == q.ops("default").keys.ticket(5, inv)
+        garbage_file(store, record_key(q.ops("default"), inv), content)
     good = [f.submit(i) for i in range(1, 4)]
     ran = dls.run_worker(q, isolation="thread", idle_exit=0.5, max_poll_s=0.05)
     assert ran == 3
     assert [q.result(i, timeout=5) for i in good] == [2, 3, 4]
-    for inv in doomed:
+    for inv in doomed + bad_tickets:
         rec = q.get(inv)
         assert rec.state == "failed" and rec.error is not None
         assert rec.error["type"] == "CorruptRecord"
@@ -324,7 +342,7 @@ def _odd_record(tmp_path: Path) -> tuple[Path, Any]:
         assert rec.state == "failed" and rec.error is not None
         return rec
 
-    return garbage_record(store, q, bad, b""), serve
+    return garbage_file(store, q.ops("default").keys.record(bad), b""), serve
 
 
 def test_a_record_that_is_a_link_to_an_endless_file_is_failed(tmp_path: Path) -> None:

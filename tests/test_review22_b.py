@@ -15,7 +15,6 @@ import lakeshore as dls
 from lakeshore.journal import MAX_FRAME_BYTES
 from lakeshore.run import RunContext, data_root
 from lakeshore.store import MemoryStore
-from lakeshore.store.base import if_match
 from tests import jobs
 from tests.conftest import make_plane
 
@@ -41,7 +40,9 @@ def _as_0_3_0_after_a_failed_attempt(q: Any, inv: str, message: str) -> None:
         attempt=1,
         error={"type": "ValueError", "message": message, "traceback": "Traceback...\n" + message},
     )
-    ops.store.put(ops.keys.record(inv), old.to_bytes(), if_match(etag))
+    ops.put_marker(old)  # queued again after a first attempt: the record exists
+    ops.cas(old, etag)
+    assert ops.read_record(inv)[0].attempt == 1
 
 
 def test_a_0_3_0_record_queued_again_after_a_long_error_is_retried_not_failed() -> None:
@@ -66,7 +67,9 @@ def test_a_0_3_0_failed_record_with_a_long_error_still_reads_as_failed() -> None
         finished_at=rec.submitted_at,
         error={"type": "ValueError", "message": "y" * 100_000, "traceback": ""},
     )
-    ops.store.put(ops.keys.record(inv), old.to_bytes(), if_match(etag))
+    ops.cas(old, etag)  # the first move creates the record
+    ops.drop_unclaimed(old, etag)  # a finished invocation has no ticket
+    assert list(ops.tickets()) == []
     with pytest.raises(dls.Failed) as err:
         q.result(inv, timeout=5)
     assert "yyyy" in err.value.remote_message

@@ -4,7 +4,7 @@ never lets a slow submit exceed ``max_depth``.
 
 Races are made deterministic with :class:`Gate`, a store wrapper that stops one named thread
 at an exact request until the test lets it go; time is moved with injected clocks (the
-claimer's and gc's ``now``, the submit's stopwatch), never by sleeping.
+claimer's and gc's ``now``, a store clock set ahead), never by sleeping.
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ import pytest
 
 import lakeshore as dls
 import lakeshore.admission as adm
-import lakeshore.protocol as protocol
 import lakeshore.submit as sub
-from lakeshore import codec
+from lakeshore import codec, lifecycle
 from lakeshore.admission import admit
+from lakeshore.fence import fence
 from lakeshore.gc import collect
+from lakeshore.keys import QueueKeys, new_id
 from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
-from lakeshore.record import Record
+from lakeshore.record import Blob, Record
 from lakeshore.store import MemoryStore, ObjectInfo, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
-from tests.conftest import make_plane
+from tests.conftest import make_plane, record_key
 
 WAIT_S = 60.0  # the longest a test waits for a thread to reach a trap (a bug, not a race)
 
@@ -139,17 +140,23 @@ def gate(atomic_store: Store) -> Gate:
 
 
 def _live(q: Any, queue: str = "default") -> list[Record]:
+    """The queue's live records: ``<id>/record``, or the ticket of one nothing moved yet."""
     ops = q.ops(queue)
-    out = []
+    ids = []
     for info in list(q.store.list(ops.keys.base + "/")):
         if info.key.endswith("/record"):
-            rec = Record.from_bytes(q.store.get(info.key)[0])
-            if not rec.terminal:
-                out.append(rec)
+            ids.append(info.key.rsplit("/", 2)[1])
+        elif info.key.startswith(ops.keys.tickets_prefix):
+            ids.append(info.key.rsplit("/", 1)[1])
+    out = []
+    for inv in sorted(set(ids)):
+        rec = Record.from_bytes(q.store.get(record_key(ops, inv))[0])
+        if not rec.terminal:
+            out.append(rec)
     return out
 
 
-def _hint(q: Any, rec: Record) -> bool:
+def _ticketed(q: Any, rec: Record) -> bool:
     ops = q.ops(rec.queue)
     try:
         ops.store.get(ops.keys.ticket(rec.priority, rec.id))
@@ -159,10 +166,10 @@ def _hint(q: Any, rec: Record) -> bool:
 
 
 def _runnable(q: Any, inv: str) -> Record:
-    """The invocation is live, has its ready hint and its arguments."""
+    """The invocation is live, has its ticket and its arguments."""
     rec = q.get(inv)
     assert rec.state == "queued", rec.state
-    assert _hint(q, rec), "a queued record without its ready hint: no worker will find it"
+    assert _ticketed(q, rec), "a queued record without its ticket: no worker will find it"
     q.ops(rec.queue).get_blob(rec.args, "arguments")  # raises if the spilled args are gone
     return rec
 
@@ -174,46 +181,49 @@ def _finish(q: Any, n: int = 1) -> None:
 # -- item 3: a slow submit loses its job --------------------------------------------------
 
 
-def test_slow_submit_whose_hint_a_claimer_dropped_still_runs(
-    gate: Gate, monkeypatch: pytest.MonkeyPatch
+def test_a_submit_stalled_before_its_ticket_longer_than_every_grace_still_runs(
+    gate: Gate,
 ) -> None:
+    # The submit's one write is its ticket: before it lands there is nothing for a claimer
+    # or gc to judge (inline arguments: no folder either), however long the stall.
     q = make_plane(gate)
     f = q.udf(jobs.add_one)
-    skipped = [0.0]  # seconds the submit "stalled", as its stopwatch sees them
-    real = protocol.time.monotonic
-    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0], raising=False)
-    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
+    stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")
     slow = Run("slow", lambda: f.submit(41))
-    stall.wait()  # hint written, record not yet
+    stall.wait()  # about to write its ticket
     ops = q.ops("default")
-    [hint] = list(ops.tickets())
-    # a claimer 61 s later (in the store's clock) finds no record: an orphan, it drops the hint
+    later = q.store.now() + 2 * ORPHAN_GRACE_S  # two minutes on, in the store's clock
     claimer = QueueOps(gate.inner, ops.keys)
-    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None
-    assert list(ops.tickets()) == []
-    skipped[0] = ORPHAN_GRACE_S + 1
+    assert claimer.claim("w", later) is None
+    report = collect(ops, q.settings, 0.0, later)
+    assert (report.orphans, report.expired, report.objects) == ([], [], [])
     stall.go.set()
     inv = slow.result()
     _runnable(q, inv)  # the id submit returned is a job some worker will run
+    [ticket] = list(ops.tickets())
+    # a claimer whose clock runs two graces ahead claims it: a fresh ticket is no orphan
+    held = claimer.claim("w", ticket.last_modified + 2 * ORPHAN_GRACE_S)
+    assert held is not None and held.record.id == inv
+    claimer.finish(held, lifecycle.release(held.record, held.token, q.store.now()))
     _finish(q)
     assert q.result(inv, timeout=30) == 42
 
 
-def test_a_fast_submit_costs_what_it_did(gate: Gate) -> None:
+def test_a_submit_is_one_put(gate: Gate) -> None:
     q = make_plane(gate)
     f = q.udf(jobs.add_one)
     f.submit(0)  # the queue settings are read once per producer
     gate.counts.clear()
     f.submit(1)
-    assert gate.counts == Counter(PUT=2)  # ready hint, record
+    assert gate.counts == Counter(PUT=1)  # the ticket, holding the record
     gate.counts.clear()
     f.submit(1, _key="k")
-    assert gate.counts == Counter(PUT=3)  # key, ready hint, record
+    assert gate.counts == Counter(PUT=2)  # key, ticket
     gate.counts.clear()
     f.submit(1, _key="k")
     # refused key create, key read, and the record it names (an id is returned only once
-    # its record exists)
-    assert gate.counts == Counter(PUT=1, GET=2)
+    # its ticket exists): <id>/record, missing before a claim, then the ticket
+    assert gate.counts == Counter(PUT=1, GET=3)
 
 
 # -- item 4: gc racing a keyed resubmit ---------------------------------------------------
@@ -289,9 +299,9 @@ def test_gc_finishing_while_a_keyed_resubmit_is_between_its_reads_and_writes(
 def test_gc_sweeping_the_folder_of_a_slow_submit_fences_it_out(gate: Gate) -> None:
     q = make_plane(gate, spill_bytes=64)
     f = q.udf(jobs.size_of)
-    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
+    stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")
     slow = Run("slow", lambda: f.submit(b"z" * 1000))
-    stall.wait()  # spilled arguments and hint written, no record
+    stall.wait()  # spilled arguments written, no ticket
     # gc, 2 minutes later in the store's clock: an orphaned folder
     report = collect(q.ops("default"), q.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S)
     [orphan] = report.orphans
@@ -469,73 +479,64 @@ def test_a_keyed_retry_during_a_stalled_submit_never_gets_an_id_that_will_not_ru
     assert [i.key.rsplit("/", 1)[1] for i in q.ops("default").tickets()].count(later) == 1
 
 
-def _stalled_until_its_hint_is_dropped(
-    gate: Gate, q: Any, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
-) -> tuple[Run, QueueOps]:
-    """Submit ``add_one(41)`` in a thread that stalls before its record create until a
-    claimer has dropped its hint as an orphan; then let it go on, 61 s later by its watch."""
-    skipped = [0.0]
-    real = protocol.time.monotonic
-    monkeypatch.setattr(protocol, "_monotonic", lambda: real() + skipped[0])
-    stall = gate.trap("PUT", lambda k: k.endswith("/record"), "slow")
-    f = q.udf(jobs.add_one)
-    slow = Run("slow", lambda: f.submit(41, **options))
-    stall.wait()
-    ops = q.ops("default")
-    [hint] = list(ops.tickets())
-    claimer = QueueOps(gate.inner, ops.keys)
-    assert claimer.claim("w", hint.last_modified + ORPHAN_GRACE_S + 1) is None  # dropped it
-    skipped[0] = ORPHAN_GRACE_S + 1
-    stall.go.set()
-    return slow, ops
-
-
 class RetriedCreate(Gate):
-    """The record's create lands, but its answer is lost and the store's retry meets the
+    """The ticket's create lands, but its answer is lost and the store's retry meets the
     object it wrote: Conflict (what S3 answers a retried If-None-Match PUT)."""
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        if key.endswith("/record") and mode.kind == "create" and self.counts["RECORD"] == 0:
-            self.counts["RECORD"] += 1
-            self._stop("PUT", key, False)
+        if "/_tickets/" in key and mode.kind == "create" and self.counts["TICKET"] == 0:
+            self.counts["TICKET"] += 1
             self.inner.put(key, data, mode)
             raise dls.Conflict("put", "exists", "retry")
         return super().put(key, data, mode)
 
 
-def test_a_slow_submit_whose_record_create_was_retried_still_has_its_hint(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("options", [{}, {"_key": "k"}], ids=["plain", "keyed"])
+def test_a_ticket_create_whose_answer_was_lost_still_returns_the_id(
+    options: dict[str, Any],
 ) -> None:
     gate = RetriedCreate(MemoryStore())
     q = make_plane(gate)
-    slow, ops = _stalled_until_its_hint_is_dropped(gate, q, monkeypatch, {})
-    inv = slow.result()
-    assert q.status(inv) == "queued"
-    assert list(ops.tickets()), "a queued record without its ready hint never runs"
+    inv = q.udf(jobs.add_one).submit(41, **options)
+    assert gate.counts["TICKET"] == 1  # the lost answer happened
+    _runnable(q, inv)
+    assert [QueueKeys.id_of(i.key) for i in q.ops("default").tickets()] == [inv]
+    _finish(q)
+    assert q.result(inv, timeout=30) == 42
 
 
-class FailingRewrite(Skewed):
-    """The slow submit's second write of its hint fails (a 503 after every retry)."""
+def test_a_ticket_create_that_meets_a_tombstone_is_refused() -> None:
+    # The same Conflict, but the object there is not the one this submit wrote: a tombstone.
+    q = make_plane(MemoryStore())
+    ops = q.ops("default")
+    inv = new_id(5)
+    assert fence(ops, inv, q.store.now(), "judged dead")
+    args = Blob(inline=codec.encode(((1,), {})))
+    rec = Record(id=inv, ns=q.ns, queue="default", fn="tests.jobs:add_one", args=args)
+    assert ops.submit(rec) is False
+    assert q.get(inv).error["type"] == "SubmitAbandoned"  # type: ignore[index]
 
-    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        if "/_tickets/" in key:
-            self.counts["HINT"] += 1
-            if self.counts["HINT"] == 2:
-                raise dls.StoreUnavailable("put", "503 SlowDown", "retry")
-        return super().put(key, data, mode)
 
-
-def test_a_slow_submit_whose_hint_rewrite_failed_leaves_no_hintless_record(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_stalled_keyed_submit_fenced_by_a_tombstone_at_its_ticket_starts_over(
+    gate: Gate,
 ) -> None:
-    gate = FailingRewrite(MemoryStore())
-    q = make_plane(gate)
-    slow, ops = _stalled_until_its_hint_is_dropped(gate, q, monkeypatch, {"_key": "k"})
-    with pytest.raises(dls.StoreUnavailable):
-        slow.result()  # the submit failed: its caller retries with the key
-    monkeypatch.setattr(protocol, "_monotonic", protocol.time.monotonic)
-    inv = q.udf(jobs.add_one).submit(
-        41, _key="k"
-    )  # the abandoned id is not returned: a new one runs
-    assert q.status(inv) == "queued"
-    assert [i.key.rsplit("/", 1)[1] for i in ops.tickets()] == [inv]
+    # gc judges the folder of a keyed submit stalled before its ticket an orphan and fences
+    # its id; the submit's ticket create then meets the tombstone, and the submit moves its
+    # key to a new id that runs (the caller gets that id, never the fenced one).
+    q = make_plane(gate, spill_bytes=64)
+    f = q.udf(jobs.size_of)
+    ops = q.ops("default")
+    stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")
+    slow = Run("slow", lambda: f.submit(b"k" * 1000, _key="k"))
+    stall.wait()  # key taken, arguments spilled, no ticket
+    report = collect(ops, q.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S)
+    [fenced] = report.orphans
+    assert q.get(fenced).error["type"] == "SubmitAbandoned"  # type: ignore[index]
+    stall.go.set()
+    inv = slow.result()
+    assert inv != fenced
+    _runnable(q, inv)
+    assert f.submit(b"k" * 1000, _key="k") == inv  # the key names the new id
+    assert [r.id for r in _live(q)] == [inv]
+    _finish(q)
+    assert q.result(inv, timeout=30) == 1000

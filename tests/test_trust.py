@@ -26,7 +26,7 @@ from lakeshore.record import Record
 from lakeshore.store import MemoryStore, Store
 from lakeshore.udf import Allow, load_body
 from tests import jobs
-from tests.conftest import make_plane
+from tests.conftest import make_plane, record_key
 from tests.waiting import poll
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,9 +52,10 @@ def canary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def _hand_written(producer: Any, fn: str, *args: Any) -> str:
     """An invocation whose record names ``fn``, as anyone who may write to the bucket can
-    make one: a submit of a harmless function, its record then rewritten (a plain put)."""
+    make one: a submit of a harmless function, its record (the ticket's content, before
+    any claim) then rewritten (a plain put)."""
     inv: str = producer.udf(jobs.echo).submit(*args)
-    key = producer.ops("default").keys.record(inv)
+    key = record_key(producer.ops("default"), inv)
     rec = Record.from_bytes(producer.store.get(key)[0])
     producer.store.put(key, dataclasses.replace(rec, fn=fn).to_bytes())
     return inv
