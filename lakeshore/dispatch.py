@@ -7,6 +7,7 @@ A process that never saw the submit reads the result just as well as the one tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
@@ -37,7 +38,7 @@ from lakeshore.keys import (
     probe_prefix,
 )
 from lakeshore.logs import follow_logs, read_logs
-from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
+from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps, unclaimed
 from lakeshore.queueconf import QueueConfig
 from lakeshore.queues import QueueSettings
 from lakeshore.record import Blob, Record
@@ -53,6 +54,9 @@ __all__ = ["DEFAULT_URL", "Dispatch", "KeyReused", "default_plane"]
 
 DEFAULT_URL = "file://~/.lakeshore"
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+_TICKET_RECHECK_S = 10.0  # a result() poll of a never-claimed job re-reads its ticket this often
 
 
 class Dispatch:
@@ -355,7 +359,8 @@ class Dispatch:
     def _wait(self, inv: str, timeout: float | None) -> tuple[QueueOps, Record]:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
-        ops, rec, _ = self._locate(inv)
+        ops, rec, etag = self._locate(inv)
+        looked = time.monotonic()
         while not rec.terminal:
             if deadline is not None and time.monotonic() >= deadline:
                 raise NotFinished(
@@ -368,7 +373,14 @@ class Dispatch:
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
             ops.store.pause(pause)  # polling is the only way to learn; backoff keeps it cheap
             delay = min(delay * 1.5, 1.0)
-            rec = ops.read(inv)[0]
+            if unclaimed(etag) and time.monotonic() - looked < _TICKET_RECHECK_S:
+                # still the ticket's: the record appears at the first move, so one GET a
+                # poll; the ticket itself is looked at again now and then (gone: NotFound)
+                with contextlib.suppress(NotFound):
+                    rec, etag = ops.read_record(inv)
+                continue
+            rec, etag = ops.read(inv)
+            looked = time.monotonic()
         return ops, rec
 
     def cancel(self, inv: str, reason: str = "cancelled") -> bool:

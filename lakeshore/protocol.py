@@ -541,7 +541,15 @@ class QueueOps:
             NotFound: a marker (or a ticket whose record existed) and no record.
             RecordError: neither the ticket nor the record can be used.
         """
-        if info.size > MARKER_MAX and info.key not in self._promoted:
+        full = info.size > MARKER_MAX and info.key not in self._promoted
+        if full and self._spread > 1:
+            # Other processes claim from this queue too (this one lost races lately): a full
+            # ticket at the head has most likely been claimed since the listing, and its
+            # record tells so for one GET, where trying to create it would be a lost write.
+            with contextlib.suppress(NotFound):
+                rec, rec_etag = self.read_record(inv)
+                return rec, rec_etag, info.etag
+        if full:
             data, etag = self._get_bounded(info.key)  # NotFound: gone since the listing
             if len(data) > MARKER_MAX:
                 try:
