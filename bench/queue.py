@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,14 +64,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def requests_per_job(keyed: bool, n: int = 1000) -> dict[str, float]:
+    return classes(job_requests(keyed, n), n)
+
+
+def job_requests(keyed: bool, n: int) -> Counter[str]:
+    """The requests of ``n`` no-op jobs, submitted, run by one worker and read back by a
+    plane that never submitted them, on a counting memory store."""
     store = Counting(MemoryStore())
     q = dls.Dispatch(":memory:", store=store)
     f = q.udf(noop)
     store.reset()
     ids = [f.submit(x=i, _key=f"k{i}") if keyed else f.submit(x=i) for i in range(n)]
     dls.run_worker(q, isolation="thread", max_jobs=n)
-    assert [q.result(i) for i in ids] == [i + 1 for i in range(n)]
-    return classes(store.reset(), n)
+    reader = dls.Dispatch(":memory:", store=store)
+    assert [reader.result(i) for i in ids] == [i + 1 for i in range(n)]
+    return store.reset()
 
 
 def _finished(store: Store, n: int) -> None:

@@ -18,11 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import lakeshore as dls
-from bench.bodies import noop
-from bench.counting import PRICE_CLASS_A, PRICE_CLASS_B, Counting
-from bench.queue import idle_cost
-from lakeshore.store import MemoryStore
+from bench.counting import PRICE_CLASS_A, PRICE_CLASS_B
+from bench.queue import idle_cost, job_requests
 
 WRITES_PER_PREFIX = 3500
 READS_PER_PREFIX = 5500
@@ -34,15 +31,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def per_job(keyed: bool, n: int = 500) -> dict[str, float]:
     """Requests per no-op job (submit, run, one result read by a plane that never submitted),
     split into writes and reads as S3 counts them for its per-prefix limits."""
-    store = Counting(MemoryStore())
-    q = dls.Dispatch(":memory:", store=store)
-    f = q.udf(noop)
-    store.reset()
-    ids = [f.submit(x=i, _key=f"k{i}") if keyed else f.submit(x=i) for i in range(n)]
-    dls.run_worker(q, isolation="thread", max_jobs=n)
-    reader = dls.Dispatch(":memory:", store=store)
-    assert [reader.result(i) for i in ids] == [i + 1 for i in range(n)]
-    c = store.reset()
+    c = job_requests(keyed, n)
     deleted_keys = n  # a batch delete removes one ticket per job; S3 may count each key
     return {
         "put": c["PUT"] / n,
