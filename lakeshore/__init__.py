@@ -43,7 +43,7 @@ from lakeshore.topic import Topic, TopicClosed
 from lakeshore.udf import Udf, UnknownFunction, udf
 from lakeshore.worker import run_worker
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "DEFAULT_URL",

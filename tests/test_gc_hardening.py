@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +28,11 @@ from lakeshore.gc import collect, parse_age
 from lakeshore.keys import QueueKeys, band, id_index, topic_seq_key, worker_key
 from lakeshore.protocol import ORPHAN_GRACE_S
 from lakeshore.queueconf import QueueConfig
-from lakeshore.store import LocalStore, MemoryStore, ObjectInfo, PutMode, Store
+from lakeshore.store import LocalStore, MemoryStore, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
 from tests.conftest import make_plane
+from tests.forwarding import Forwarding
 
 
 def finish(q: Any, ids: list[str], queues: list[str]) -> None:
@@ -233,30 +233,19 @@ def test_gc_finds_the_queues_without_listing_a_long_topic(
 # -- item 10: a slow submit's spilled arguments are never collected -----------------------
 
 
-class GcBeforeTicket(Store):
+class GcBeforeTicket(Forwarding):
     """Runs gc right before the submit's ticket write: the submit has written its spilled
     arguments and is about to publish."""
 
     def __init__(self, inner: Store, gc: Any) -> None:
-        self.inner, self.url, self.gc = inner, inner.url, gc
+        super().__init__(inner)
+        self.gc = gc
         self.reports: list[Any] = []
-
-    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
-        return self.inner.get(key, max_bytes)
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
         if "/_tickets/" in key and not self.reports:
             self.reports.append(self.gc())
         return self.inner.put(key, data, mode)
-
-    def delete(self, key: str, if_match: str | None = None) -> None:
-        self.inner.delete(key, if_match)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        return self.inner.list(prefix, start_after)
-
-    def now(self) -> float:
-        return self.inner.now()
 
 
 def _gc_before_each_ticket(inner: Store) -> tuple[Any, GcBeforeTicket]:

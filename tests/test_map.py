@@ -10,7 +10,6 @@ timing), so which call fails is fixed whatever order the pool's threads run in.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,10 +17,11 @@ import pytest
 import lakeshore as dls
 from lakeshore.batch import LOCAL_CONCURRENCY, REMOTE_CONCURRENCY, default_concurrency
 from lakeshore.errors import StoreUnavailable
-from lakeshore.store import LocalStore, MemoryStore, ObjectInfo, PutMode, Store
+from lakeshore.store import LocalStore, MemoryStore, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
 from tests.conftest import make_plane
+from tests.forwarding import Forwarding
 
 
 def _drain(q: Any, n: int) -> None:
@@ -32,17 +32,15 @@ def _objects(store: Store) -> list[str]:
     return sorted(i.key for i in store.list())
 
 
-class Poison(Store):
+class Poison(Forwarding):
     """Delegates to ``inner``, except that a PUT whose bytes contain ``marker`` raises
     ``StoreUnavailable`` (the record of the call whose argument holds the marker)."""
 
     def __init__(self, inner: Store, marker: bytes) -> None:
-        self.inner, self.url, self.marker = inner, inner.url, marker
+        super().__init__(inner)
+        self.marker = marker
         self.refused = 0
         self._lock = threading.Lock()
-
-    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
-        return self.inner.get(key, max_bytes)
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
         if self.marker in data:
@@ -50,18 +48,6 @@ class Poison(Store):
                 self.refused += 1
             raise StoreUnavailable(f"put {key}", "injected failure", "none: a test")
         return self.inner.put(key, data, mode)
-
-    def delete(self, key: str, if_match: str | None = None) -> None:
-        self.inner.delete(key, if_match)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        return self.inner.list(prefix, start_after)
-
-    def now(self) -> float:
-        return self.inner.now()
-
-    def files_location(self) -> tuple[str, dict[str, Any]]:
-        return self.inner.files_location()
 
 
 # -- order, running, keys ---------------------------------------------------------------------
