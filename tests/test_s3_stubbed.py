@@ -372,10 +372,11 @@ def test_a_server_without_conditional_deletes_end_to_end(
         assert r.safe, r.render()  # conditional PUTs are atomic here: still SAFE
         assert proxy.refused == 1  # one 501, then HEAD + DELETE for every later probe
 
-        # The queue keeps working; its conditional deletes (the finished job's ready hint)
-        # go through the emulation of a fresh store, which finds out on its own.
+        # The queue keeps working; its conditional deletes (the finished job's admission
+        # slot) go through the emulation of a fresh store, which finds out on its own.
         with S3Store(TEST_BUCKET, prefix, endpoint_url=proxy.endpoint, **FAKE_CREDS) as store:
             q = make_plane(store)
+            q.configure("default", max_depth=4)
             inv = q.udf(jobs.add_one).submit(41)
             assert dls.run_worker(q, once=True) == 1
             assert q.result(inv, timeout=30) == 42
