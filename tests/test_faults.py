@@ -32,11 +32,16 @@ pytestmark = pytest.mark.seaweedfs
 
 
 @pytest.fixture(autouse=True, params=["boto3", "obstore"])
-def s3_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def s3_client(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, report: list[str]
+) -> Iterator[str]:
     """Every fault test runs on both S3 clients: every store it opens (producers, workers,
-    checkers) takes the client from the environment, as a user's would."""
+    checkers) takes the client from the environment, as a user's would. The figures a test
+    reports are marked with the client they were measured on."""
     monkeypatch.setenv("LAKESHORE_S3_CLIENT", request.param)
-    return str(request.param)
+    before = len(report)
+    yield str(request.param)
+    report[before:] = [f"[{request.param}] {line}" for line in report[before:]]
 
 
 @pytest.fixture
