@@ -103,6 +103,18 @@ def once_marker(path: str) -> str:
     return path
 
 
+def once_marker_shared(path: str, until_s: float = 60.0) -> str:
+    """:func:`once_marker`, then wait (polling, with a deadline) until the markers in the
+    folder name two processes: the first process to start cannot drain the queue alone."""
+    once_marker(path)
+    folder, deadline = Path(path).parent, time.monotonic() + until_s
+    while time.monotonic() < deadline:
+        if len({m.read_text() for m in folder.iterdir() if m.stat().st_size}) >= 2:
+            break
+        time.sleep(0.01)
+    return path
+
+
 def slow_first_time(marker: str, seconds: float) -> int:
     """The first attempt marks itself and sleeps (to be killed); later attempts return."""
     p = Path(marker)

@@ -57,7 +57,9 @@ def test_many_workers_each_job_once(atomic_plane: Any, report: list[str]) -> Non
 def test_worker_processes_share_a_directory(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/plane"
     q = dls.Dispatch(url, retry_backoff_s=0.05)
-    f = q.udf(jobs.once_marker)
+    # each job marks its process; a job waits until two processes have marked (else the
+    # first process to start could drain the queue before the others are up)
+    f = q.udf(jobs.once_marker_shared)
     marks = tmp_path / "marks"
     marks.mkdir()
     ids = [f.submit(str(marks / f"{i}")) for i in range(60)]
