@@ -5,24 +5,24 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from lakeshore.store import ObjectInfo, PutMode, Store
 from lakeshore.store.base import OVERWRITE
+from tests.forwarding import Forwarding
 
 # S3 Standard, us-east-1: PUT, COPY, POST, LIST per 1000; GET, SELECT per 1000; DELETE free
 PRICE_CLASS_A = 0.005 / 1000
 PRICE_CLASS_B = 0.0004 / 1000
 
 
-class Counting(Store):
+class Counting(Forwarding):
     """Counts the requests a store serves: ``PUT``, ``LIST``, ``BATCH_DELETE`` (class A: a
     batch delete is a POST), ``GET`` (class B), ``DELETE`` (free). A LIST is counted once per
     call (one page per 1000 keys). Also counts the keys listings return (``keys``) and the
     bytes GETs return (``bytes``), and logs each GET's key and bound in ``gets``."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
+        super().__init__(inner)
         self.counts: Counter[str] = Counter()
         self.gets: list[tuple[str, int | None]] = []
         self._lock = threading.Lock()
@@ -60,18 +60,6 @@ class Counting(Store):
         for info in listing:
             self._count("keys")
             yield info
-
-    def now(self) -> float:
-        return self.inner.now()
-
-    def files_location(self) -> tuple[str, dict[str, Any]]:
-        return self.inner.files_location()
-
-    def probe_within(self, prefix: str) -> None:
-        self.inner.probe_within(prefix)
-
-    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
-        self.inner.pause(seconds, stop)
 
     def reset(self) -> Counter[str]:
         with self._lock:
