@@ -21,6 +21,9 @@ baseline measured in the same run.
 * **Idle cost**: requests per minute of one idle worker once its backoff settled.
 * **Contention**: lost compare-and-swap attempts per claimed job, 8 workers on one queue.
 * **Upstream**: the same throughput workload on ``dreamlake-lakeshore`` (``bench/upstream.py``).
+  The embedded planes and upstream's run ``--local-jobs`` jobs (2000, as issue 16 measured
+  them) in ``--rounds`` rounds, each plane in turn; each of their targets is the round with
+  the median ratio, shown with the range.
 
 Results go to ``bench/results/queue.json``; the tables (``bench/targets.py``) show each
 target with its measured value, its ratio to the baseline and ok / MISSED.
@@ -484,7 +487,19 @@ def contention(inner: Store, n: int = 400, workers: int = 8) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="lakeshore queue benchmarks")
-    parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run")
+    parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run on S3")
+    parser.add_argument(
+        "--local-jobs",
+        type=int,
+        default=2000,
+        help="jobs per throughput run of the embedded planes and upstream's (issue 16: 2000)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the embedded planes and upstream, in turn; each target is the median",
+    )
     parser.add_argument(
         "--only",
         choices=["local"],
@@ -501,13 +516,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     n = args.jobs
+    if args.rounds < 1 or args.rounds % 2 == 0:
+        parser.error("--rounds must be odd (its median is one of the rounds)")
     if args.only == "local":
-        local_only(n, with_upstream=not args.no_upstream)
+        local_only(args.local_jobs, args.rounds, with_upstream=not args.no_upstream)
         return
     os.environ.update({k.upper(): v for k, v in FAKE_CREDS.items()})
     # every plane of this run and its worker processes read it
     os.environ["LAKESHORE_S3_CLIENT"] = args.client
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
+    res["local_jobs"], res["rounds"] = args.local_jobs, args.rounds
     res["requests"] = {
         "no-op job": requests_per_job(False),
         "no-op job with _key": requests_per_job(True),
@@ -516,14 +534,13 @@ def main(argv: list[str] | None = None) -> None:
     }
     res["idle_requests_per_min"] = idle_cost()
     res["idle_requests_per_min_8_slots"] = idle_cost(concurrency=8)
-    tp: dict[str, Any] = {"memory, in-process": throughput(":memory:", MemoryStore(), n, 0, 1)}
+    res["local_rounds"] = local_rounds(args.local_jobs, args.rounds, not args.no_upstream)
+    tp: dict[str, Any] = dict(res["local_rounds"][0]["throughput"])
+    res["upstream"] = res["local_rounds"][0]["upstream"]
     with tempfile.TemporaryDirectory(prefix="lakeshore-bench-") as d:
-        tp["file, 1 process"] = throughput(f"file://{d}/p", None, n, 1, 1)
-        tp["file, 2 processes"] = throughput(f"file://{d}/p", None, n, 2, 1)
         res["latency_file"] = latency(f"file://{d}/p", None)
         res["contention_file"] = contention(LocalStore(f"{d}/c"))
     res["latency_memory"] = latency(":memory:", MemoryStore())
-    res["upstream"] = upstream(n) if not args.no_upstream else None
     with seaweed_server() as server:
         if server is not None:
             url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
@@ -549,8 +566,9 @@ def main(argv: list[str] | None = None) -> None:
     res["issue16"] = targets.issue16(res)
     res["held"] = targets.held(res)
     print(
-        f"\nlakeshore queue benchmarks, {n} jobs, {os.cpu_count()} cores, {res['date']}, "
-        f"S3 client {args.client}\n"
+        f"\nlakeshore queue benchmarks, {n} jobs on S3, {args.local_jobs} jobs x "
+        f"{args.rounds} rounds on the embedded planes (the first round shown), "
+        f"{os.cpu_count()} cores, {res['date']}, S3 client {args.client}\n"
     )
     _phases(tp)
     phases: dict[str, Any] = {}
@@ -568,22 +586,34 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nresults: {out.relative_to(ROOT)}")
 
 
-def local_only(n: int, with_upstream: bool = True) -> None:
+def local_rounds(n: int, rounds: int, with_upstream: bool) -> list[dict[str, Any]]:
+    """``rounds`` rounds of the embedded planes' throughput and upstream's, one after the
+    other within each round, so that a burst of load elsewhere on the machine hits one round
+    and not one side of every ratio."""
+    out: list[dict[str, Any]] = []
+    for _ in range(rounds):
+        tp: dict[str, Any] = {"memory, in-process": throughput(":memory:", MemoryStore(), n, 0, 1)}
+        with tempfile.TemporaryDirectory(prefix="lakeshore-bench-") as d:
+            tp["file, 1 process"] = throughput(f"file://{d}/p", None, n, 1, 1)
+            tp["file, 2 processes"] = throughput(f"file://{d}/p", None, n, 2, 1)
+        out.append({"throughput": tp, "upstream": upstream(n) if with_upstream else None})
+    return out
+
+
+def local_only(n: int, rounds: int, with_upstream: bool = True) -> None:
     """The embedded planes alone (no SeaweedFS, no request counts): their three targets.
     Results go to ``bench/results/queue-local.json``."""
-    tp: dict[str, Any] = {"memory, in-process": throughput(":memory:", MemoryStore(), n, 0, 1)}
-    with tempfile.TemporaryDirectory(prefix="lakeshore-bench-") as d:
-        tp["file, 1 process"] = throughput(f"file://{d}/p", None, n, 1, 1)
-        tp["file, 2 processes"] = throughput(f"file://{d}/p", None, n, 2, 1)
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
-    res["throughput"] = tp
-    res["upstream"] = upstream(n) if with_upstream else None
+    res["local_rounds"] = local_rounds(n, rounds, with_upstream)
+    res["throughput"] = res["local_rounds"][0]["throughput"]
+    res["upstream"] = res["local_rounds"][0]["upstream"]
     res["local"] = targets.local(res)
     print(f"\nlakeshore local planes, {n} jobs, {os.cpu_count()} cores, {res['date']}\n")
-    _phases(tp)
-    up = res["upstream"]
-    if up:
-        _phases({f"upstream {k}": up[k] for k in ("memory", "file_1", "file_2") if k in up})
+    for i, r in enumerate(res["local_rounds"], 1):
+        print(f"  round {i}")
+        _phases(r["throughput"])
+        if r["upstream"]:
+            _phases({f"upstream {k}": r["upstream"][k] for k in ("memory", "file_1", "file_2")})
     targets.show("Issue 16 targets, local planes", res["local"])
     out = ROOT / "bench" / "results" / "queue-local.json"
     out.parent.mkdir(exist_ok=True)

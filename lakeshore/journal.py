@@ -70,8 +70,7 @@ class CorruptSegment(LakeshoreError):
 
 def encode_segment(attempt: int, first: int, frames: list[tuple[int, bytes]]) -> bytes:
     obj = {"a": attempt, "s": first, "f": [[k, p] for k, p in frames]}
-    data: bytes = msgpack.packb(obj, use_bin_type=True)
-    return data
+    return codec.pack_plain(obj)
 
 
 def decode_segment(data: bytes, where: str) -> tuple[int, int, list[tuple[int, bytes]]]:

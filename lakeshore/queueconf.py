@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from lakeshore.codec import pack_plain
 from lakeshore.errors import InvalidArgument
 from lakeshore.record import RecordError
 
@@ -140,8 +141,7 @@ class QueueConfig:
         return d
 
     def to_bytes(self) -> bytes:
-        data: bytes = msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
-        return data
+        return pack_plain(dataclasses.asdict(self))
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "queue record") -> QueueConfig:

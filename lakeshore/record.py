@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from lakeshore.codec import pack_plain
 from lakeshore.errors import InvalidArgument, StoreError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
 
@@ -71,15 +72,16 @@ LIMITS: dict[str, int] = {
     "error.key": 64,
     "error.value": MAX_ERROR_TEXT,
 }
+_ERROR_KEY = LIMITS["error.key"]
 
 
-def _size(value: str | bytes) -> int:
-    """Bytes of a str (UTF-8) or bytes value; a short str is not encoded at all."""
-    if type(value) is bytes:
-        return len(value)
+def _size(value: str | bytes, cap: int) -> int:
+    """Bytes of a str (UTF-8) or bytes value, exact wherever it could be over ``cap``: a str
+    too short to exceed it (4 bytes a character at most) is not encoded at all."""
+    n = len(value)
+    if type(value) is bytes or n * 4 <= cap:
+        return n
     assert isinstance(value, str)
-    if len(value) * 4 <= 1024:  # no str this short can exceed any cap in LIMITS
-        return len(value)
     return len(value.encode("utf-8", "surrogatepass"))
 
 
@@ -95,7 +97,7 @@ def check_text(value: str | bytes, limit: str, op: str) -> None:
         InvalidArgument: the value is over the cap; the message names the limit.
     """
     cap = LIMITS[limit]
-    n = _size(value)
+    n = _size(value, cap)
     if n > cap:
         raise InvalidArgument(
             op,
@@ -145,7 +147,7 @@ def check_fields(rec: Record, op: str) -> None:
 def _clip(text: str, cap: int) -> str:
     """``text`` cut to at most ``cap`` bytes, keeping its head and its tail (the last lines
     of a traceback say the most) around a marker saying how much went."""
-    if _size(text) <= cap:
+    if _size(text, cap) <= cap:
         return text
     raw = text.encode("utf-8", "surrogatepass")
     keep = (cap - 64) // 2  # 64 bytes leave room for the marker
@@ -161,7 +163,8 @@ def clip_error(error: dict[str, str] | None) -> dict[str, str] | None:
     if error is None:
         return None
     if len(error) <= MAX_ERROR_ENTRIES and all(
-        _size(k) <= LIMITS["error.key"] and _size(v) <= MAX_ERROR_TEXT for k, v in error.items()
+        _size(k, _ERROR_KEY) <= _ERROR_KEY and _size(v, MAX_ERROR_TEXT) <= MAX_ERROR_TEXT
+        for k, v in error.items()
     ):
         return error
     out: dict[str, str] = {}
@@ -289,7 +292,7 @@ class Record:
             if lease
             else None
         )
-        return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+        return pack_plain(obj)
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "record") -> Record:
@@ -330,7 +333,11 @@ class Record:
                 "cancel or delete the invocation",
                 field=e.field,
             ) from None
-        return cls(**fields)
+        # every field is there and checked: the frozen dataclass's __init__ (a setattr per
+        # field) would cost as much as the checks
+        rec = object.__new__(cls)
+        rec.__dict__.update(fields)
+        return rec
 
 
 class _Bad(Exception):
@@ -411,7 +418,7 @@ def _capped(value: Any, name: str, limit: str | None = None) -> None:
     if value is None:
         return
     cap = LIMITS[limit or name]
-    n = _size(value)
+    n = _size(value, cap)
     if n > cap:
         raise _Bad(name, f"is {n} bytes, over the limit of {cap} bytes")
 
@@ -482,48 +489,57 @@ def _journal(v: Any) -> None:
 
 
 def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
-    """The constructor arguments of the record in ``obj``, every field checked.
+    """Every field of the record in ``obj``, checked; a field the writer left out has its
+    default. Each check is inline and cheap; the helpers only run to word a refusal.
 
     Raises:
         _Bad: a required field is missing, or a field has the wrong type or range.
     """
-    for name in ("id", "ns", "queue", "fn", "args"):
+    for name in _REQUIRED:
         if name not in obj:
             raise _Bad(name, "is missing")
-    fields = {k: v for k, v in obj.items() if k in _FIELD_SET}
-    full = {**_DEFAULTS, **fields}
-    _of_type(full, "id", str)
-    if not _ULID.match(full["id"]):
-        raise _Bad("id", f"must be a 26-character ULID, got {_show(full['id'])}")
+    full = {**_DEFAULTS, **{k: v for k, v in obj.items() if k in _FIELD_SET}}
+    if "wid" not in obj:
+        full["wid"] = write_id()  # as a record made without one would have
+    inv = full["id"]
+    if type(inv) is not str:
+        _of_type(full, "id", str)
+    if not _ULID.match(inv):
+        raise _Bad("id", f"must be a 26-character ULID, got {_show(inv)}")
     for name in ("ns", "queue"):
         _of_type(full, name, str)
         try:
             check_name(full[name], name)
         except InvalidArgument:
             raise _Bad(name, f"is not a valid name, got {_show(full[name])}") from None
-    for name in ("fn", "input_hash", "prefix", "wid"):
-        _of_type(full, name, str)
-    for name in ("key", "slot_etag"):
-        _of_type(full, name, str, optional=True)
-    _of_type(full, "fn_pickle", bytes, optional=True)
-    for name in ("fn", "fn_pickle", "key", "input_hash", "prefix", "wid", "slot_etag"):
-        _capped(full[name], name)
+    for name, cap in _TEXT:
+        v = full[name]
+        if type(v) is not str:
+            _of_type(full, name, str)
+        if len(v) * 4 > cap:
+            _capped(v, name)
+    for name, kind, cap in _OPTIONAL_TEXT:
+        v = full[name]
+        if v is not None:
+            if type(v) is not kind:
+                _of_type(full, name, kind, optional=True)
+            if len(v) * (1 if kind is bytes else 4) > cap:
+                _capped(v, name)
     if type(full["state"]) is not str or full["state"] not in STATES:
         raise _Bad("state", f"must be one of {', '.join(STATES)}, got {_show(full['state'])}")
-    _int(full, "priority", MIN_PRIORITY, MAX_PRIORITY)
-    # counters bounded far above any real use: arithmetic on them must stay cheap
-    _int(full, "attempt", 0, MAX_COUNT)
-    _int(full, "max_attempts", 1, MAX_COUNT)
-    _int(full, "released", 0, MAX_COUNT)
-    _int(full, "reruns", 0, MAX_COUNT)
-    _int(full, "rev", 0)
-    _int(full, "v", 1)
+    for name, low, high in _INTS:
+        v = full[name]
+        if type(v) is not int or v < low or v > high:
+            _int(full, name, low, None if high == _UNBOUNDED else high)
     if full["slot"] is not None:
         _int(full, "slot", 0)
-    for name in ("timeout_s", "deadline_at", "started_at", "finished_at"):
-        _number(full, name, optional=True)
+    for name in _OPTIONAL_NUMBERS:
+        v = full[name]
+        if v is not None and not _is_number(v):
+            _number(full, name, optional=True)
     for name in ("not_before", "submitted_at"):
-        _number(full, name)
+        if not _is_number(full[name]):
+            _number(full, name)
     _number(full, "retry_backoff_s", low=0)
     _number(full, "lease_s", positive=True)
     if full["timeout_s"] is not None and full["timeout_s"] <= 0:
@@ -531,13 +547,34 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
             "timeout_s", f"must be a positive number or None, got {_show(full['timeout_s'])}"
         )
     _error(full["error"])
-    if fields.get("error") is not None:
-        fields["error"] = clip_error(fields["error"])
+    full["error"] = clip_error(full["error"])
     _journal(full["journal"])
-    fields["args"] = _blob(full, "args")
-    fields["result"] = None if full["result"] is None else _blob(full, "result")
-    fields["lease"] = _lease(full["lease"])
-    return fields
+    full["args"] = _blob(full, "args")
+    full["result"] = None if full["result"] is None else _blob(full, "result")
+    full["lease"] = _lease(full["lease"])
+    return full
+
+
+_REQUIRED = ("id", "ns", "queue", "fn", "args")
+# (field, cap) of the str fields, and (field, type, cap) of those that may be None
+_TEXT = tuple((name, LIMITS[name]) for name in ("fn", "input_hash", "prefix", "wid"))
+_OPTIONAL_TEXT = (
+    ("key", str, LIMITS["key"]),
+    ("slot_etag", str, LIMITS["slot_etag"]),
+    ("fn_pickle", bytes, LIMITS["fn_pickle"]),
+)
+# counters are bounded far above any real use: arithmetic on them must stay cheap
+_UNBOUNDED = 2**63
+_INTS = (
+    ("priority", MIN_PRIORITY, MAX_PRIORITY),
+    ("attempt", 0, MAX_COUNT),
+    ("max_attempts", 1, MAX_COUNT),
+    ("released", 0, MAX_COUNT),
+    ("reruns", 0, MAX_COUNT),
+    ("rev", 0, _UNBOUNDED),
+    ("v", 1, _UNBOUNDED),
+)
+_OPTIONAL_NUMBERS = ("timeout_s", "deadline_at", "started_at", "finished_at")
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Record))

@@ -3,12 +3,15 @@ No store is involved."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgpack
 import pytest
 
 from lakeshore import codec, keys, lifecycle
 from lakeshore.codec import DecodeError
 from lakeshore.errors import InvalidArgument
-from lakeshore.record import SCHEMA_VERSION, Blob, Record, RecordError
+from lakeshore.record import SCHEMA_VERSION, Blob, Record, RecordError, check_text
 
 
 def rec(**kw: object) -> Record:
@@ -114,6 +117,29 @@ def test_corrupt_and_newer_records_are_refused() -> None:
         RecordError, match=f"newer than this lakeshore understands \\(v{SCHEMA_VERSION}\\)"
     ):
         Record.from_bytes(newer)
+
+
+def test_a_short_text_of_wide_characters_is_measured_in_bytes() -> None:
+    # 40 characters of 2 bytes: under the 64-byte cap of `wid` by length, over it in UTF-8
+    obj = msgpack.unpackb(rec().to_bytes())
+    obj["wid"] = "é" * 40
+    with pytest.raises(RecordError, match="wid is 80 bytes, over the limit of 64") as e:
+        Record.from_bytes(msgpack.packb(obj))
+    assert e.value.field == "wid"
+    obj["wid"] = "é" * 32  # 64 bytes: at the cap, accepted
+    assert Record.from_bytes(msgpack.packb(obj)).wid == "é" * 32
+    with pytest.raises(InvalidArgument, match=r"lease\.worker is 300 bytes"):
+        check_text("€" * 100, "lease.worker", "run_worker")  # a 256-byte cap
+
+
+def test_a_record_without_optional_fields_reads_with_their_defaults() -> None:
+    r = rec()
+    obj = msgpack.unpackb(r.to_bytes())
+    for name in ("wid", "rev", "state", "reruns", "lease", "error", "journal"):
+        del obj[name]
+    back = Record.from_bytes(msgpack.packb(obj))
+    assert (back.state, back.rev, back.reruns, back.lease) == ("queued", 0, 0, None)
+    assert len(back.wid) == 16 and back == dataclasses.replace(r, wid=back.wid)
 
 
 # -- transitions -----------------------------------------------------------------------------
