@@ -120,18 +120,28 @@ def requests_per_claim(history: int, n: int = 50) -> dict[str, float]:
 # -- throughput -------------------------------------------------------------------------------
 
 
-def throughput(url: str, store: Store | None, n: int, processes: int, slots: int) -> dict[str, Any]:
+def throughput(
+    url: str,
+    store: Store | None,
+    n: int,
+    processes: int,
+    slots: int,
+    server_pid: int | None = None,
+) -> dict[str, Any]:
     """Submit all, drain, read all: three phases, each timed, end to end = jobs / their sum.
     The worker processes start once all of them have imported everything and wait at a
     gate (process start-up is not queue throughput); the drain is timed from the gate.
     With ``slots`` > 1 the producer submits and reads with as many threads as there are
     slots in all, as the concurrent S3 floor does; otherwise one at a time, as the serial
-    floor does."""
+    floor does. With worker processes, ``busy`` is the share of the machine's cores that the
+    workers, the server (``server_pid``) and this process used from the gate to the last
+    outcome: near 1, the drain was short of CPU rather than waiting on anything."""
     q = dls.Dispatch(url, store=store, ns=f"tp{new_id().lower()[-8:]}")
     f = q.udf(noop)
     threads = max(1, processes) * slots if slots > 1 else 1
     procs: list[subprocess.Popen[str]] = []
     worker_cpu = float("nan")
+    busy = float("nan")
     gate = Path(tempfile.mkdtemp(prefix="lakeshore-gate-")) / "go"
     try:
         with ThreadPoolExecutor(threads) as pool:
@@ -147,10 +157,15 @@ def throughput(url: str, store: Store | None, n: int, processes: int, slots: int
                 procs = _workers_ns(url, q.ns, processes, slots, gate)
                 _until_ready(procs, gate)
                 worker_cpu = -sum(_cpu_s(p.pid) for p in procs)  # start-up not counted
+                others = -(_cpu_s(server_pid) if server_pid else 0.0) - time.process_time()
+                wall = -time.perf_counter()
                 started = q.store.now()
                 gate.touch()  # all of them start together
                 _until_done(q, ids)
                 worker_cpu += sum(_cpu_s(p.pid) for p in procs)
+                others += (_cpu_s(server_pid) if server_pid else 0.0) + time.process_time()
+                wall += time.perf_counter()
+                busy = (worker_cpu + others) / (wall * (os.cpu_count() or 1))
                 # from the gate to the last outcome, both in the store's clock (so the
                 # benchmark's own polling can be slow and stay out of the way)
                 drain_s = max(float(q.get(i).finished_at or 0.0) for i in ids) - started
@@ -179,6 +194,7 @@ def throughput(url: str, store: Store | None, n: int, processes: int, slots: int
         "producer_cpu_ms_per_job": 1000 * producer_cpu / n,
         "worker_cpu_ms_per_job": 1000 * worker_cpu / n,
         "client_cpu_ms_per_job": 1000 * (producer_cpu + worker_cpu) / n,
+        "busy": busy,
     }
 
 
@@ -555,9 +571,10 @@ def main(argv: list[str] | None = None) -> None:
             res["floor_concurrent"] = floor.concurrent(server.endpoint, n)
             res["floor_round_trip"] = floor.round_trip(server.endpoint)
             res["batch_submit"] = batch_submit(url, n)
-            tp["seaweedfs, 1 process"] = throughput(url, None, n, 1, 1)
-            tp["seaweedfs, 2 processes"] = throughput(url, None, n, 2, 1)
-            tp["seaweedfs, 2 processes x 8"] = throughput(url, None, n, 2, 8)
+            pid = server.process.pid
+            tp["seaweedfs, 1 process"] = throughput(url, None, n, 1, 1, pid)
+            tp["seaweedfs, 2 processes"] = throughput(url, None, n, 2, 1, pid)
+            tp["seaweedfs, 2 processes x 8"] = throughput(url, None, n, 2, 8, pid)
             res["latency_seaweedfs"] = latency(url, None)
             res["contention_seaweedfs"] = contention(dls.Dispatch(url).store)
             res["stream_seaweedfs"] = streaming(url)

@@ -326,6 +326,20 @@ def held(res: dict[str, Any]) -> list[Row]:
                 None,
             )
         )
+    tp = res["throughput"]
+    for name in ("seaweedfs, 1 process", "seaweedfs, 2 processes", "seaweedfs, 2 processes x 8"):
+        busy = tp.get(name, {}).get("busy")
+        if busy is not None and not math.isnan(busy):
+            rows.append(
+                _row(
+                    f"cores busy during the drain, {name}",
+                    f"{100 * busy:.0f}% (workers, server and benchmark)",
+                    None,
+                    "",
+                    "-",
+                    None,
+                )
+            )
     req = res["requests"]
     for name in ("no-op job", "no-op job with _key"):
         r = req[name]

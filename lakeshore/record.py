@@ -13,6 +13,7 @@ the record back and recognise its own write by its ``wid``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import random
 import re
@@ -146,10 +147,15 @@ def check_fields(rec: Record, op: str) -> None:
 
 def _clip(text: str, cap: int) -> str:
     """``text`` cut to at most ``cap`` bytes, keeping its head and its tail (the last lines
-    of a traceback say the most) around a marker saying how much went."""
+    of a traceback say the most) around a marker saying how much went. Under a small cap
+    (an error map's keys) the head is kept with a digest of the whole, so that two long
+    keys stay two entries."""
     if _size(text, cap) <= cap:
         return text
     raw = text.encode("utf-8", "surrogatepass")
+    if cap < 256:
+        digest = hashlib.blake2b(raw, digest_size=4).hexdigest()
+        return f"{raw[: cap - 9].decode('utf-8', 'ignore')}~{digest}"
     keep = (cap - 64) // 2  # 64 bytes leave room for the marker
     head = raw[:keep].decode("utf-8", "ignore")
     tail = raw[len(raw) - keep :].decode("utf-8", "ignore")

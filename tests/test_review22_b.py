@@ -147,3 +147,11 @@ def test_an_error_map_over_its_caps_is_clipped_when_read() -> None:
     assert back.error is not None and len(back.error) <= MAX_ERROR_ENTRIES
     for k, v in back.error.items():
         assert len(k.encode()) <= LIMITS["error.key"] and len(v.encode()) <= MAX_ERROR_TEXT
+    # clipped keys keep their head and stay apart (a digest of the whole key ends each)
+    assert len(back.error) == MAX_ERROR_ENTRIES
+    assert all(k.startswith("k" * 40) for k in back.error)
+    wide = Record.from_bytes(
+        dataclasses.replace(rec, error={"é" * 40: "a", "ü" * 40: "b", "type": "X"}).to_bytes()
+    )
+    assert wide.error is not None and len(wide.error) == 3
+    assert sorted(wide.error.values()) == ["X", "a", "b"]
