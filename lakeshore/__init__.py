@@ -16,31 +16,42 @@ assert q.result(inv) == 2
 from __future__ import annotations
 
 from lakeshore import run
-from lakeshore.admission import QueueFull
-from lakeshore.batch import MapFailed
-from lakeshore.dispatch import DEFAULT_URL, Dispatch, KeyReused, default_plane
+from lakeshore.dispatch import DEFAULT_URL, Dispatch, default_plane
 from lakeshore.errors import (
     Conflict,
+    CorruptSegment,
+    DecodeError,
     Failed,
+    Fenced,
+    HookFailed,
+    IllegalTransition,
     InvalidArgument,
     JobError,
+    KeyReused,
     Killed,
     LakeshoreError,
+    MapFailed,
+    NewerRecord,
     NotFinished,
     NotFound,
     PermissionDenied,
+    QueueFull,
+    RecordError,
     StoreError,
     StoreUnavailable,
     TimedOut,
     TooLarge,
+    TopicClosed,
+    UnknownFunction,
+    UnreturnedWrite,
 )
 from lakeshore.journal import Frame
 from lakeshore.queueconf import QueueConfig
 from lakeshore.record import Record
-from lakeshore.run import DataRoot, UnreturnedWrite, scope
+from lakeshore.run import DataRoot, scope
 from lakeshore.store import open_store
-from lakeshore.topic import Topic, TopicClosed
-from lakeshore.udf import Udf, UnknownFunction, udf
+from lakeshore.topic import Topic
+from lakeshore.udf import Udf, udf
 from lakeshore.worker import run_worker
 
 __version__ = "0.4.0"
@@ -48,22 +59,29 @@ __version__ = "0.4.0"
 __all__ = [
     "DEFAULT_URL",
     "Conflict",
+    "CorruptSegment",
     "DataRoot",
+    "DecodeError",
     "Dispatch",
     "Failed",
+    "Fenced",
     "Frame",
+    "HookFailed",
+    "IllegalTransition",
     "InvalidArgument",
     "JobError",
     "KeyReused",
     "Killed",
     "LakeshoreError",
     "MapFailed",
+    "NewerRecord",
     "NotFinished",
     "NotFound",
     "PermissionDenied",
     "QueueConfig",
     "QueueFull",
     "Record",
+    "RecordError",
     "StoreError",
     "StoreUnavailable",
     "TimedOut",

@@ -41,16 +41,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
+from lakeshore.errors import (
+    Conflict,
+    InvalidArgument,
+    LakeshoreError,
+    NotFound,
+    QueueFull,
+    RecordError,
+    TooLarge,
+)
 from lakeshore.fence import fence
 from lakeshore.keys import QueueKeys, check_id
 from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
-from lakeshore.record import RecordError
 from lakeshore.store.base import CREATE, ObjectInfo
 
 __all__ = [
     "SLOT_REPAIR_AGE_S",
-    "QueueFull",
     "Slot",
     "acquire_rate",
     "acquire_slot",
@@ -64,14 +70,6 @@ __all__ = [
 SLOT_REPAIR_AGE_S = 30.0  # younger slots are not checked for leaks (their submit may be running)
 _REPAIR_SAMPLE = 4
 _TRIES = 8
-
-
-class QueueFull(LakeshoreError):
-    """Admission refused a submit: the queue is at ``max_depth`` or past its ``rate_limit``.
-
-    Attributes: ``queue``, ``reason`` ("max_depth" or "rate_limit"), ``limit`` (the depth, or
-    the count per period) and ``limit_text`` (the setting as written: ``"100"``, ``"5/s"``).
-    """
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,20 @@ from lakeshore import codec, lifecycle
 from lakeshore.child import ChildProcess, Hooks, Job
 from lakeshore.errors import (
     Conflict,
+    IllegalTransition,
     LakeshoreError,
     NotFound,
+    RecordError,
     StoreError,
     StoreUnavailable,
+    UnknownFunction,
 )
 from lakeshore.journal import END, ERROR, JournalWriter
 from lakeshore.logs import log_writer, text_sink
 from lakeshore.protocol import Claimed, QueueOps
-from lakeshore.record import Record, RecordError, clip_error
+from lakeshore.record import Record, clip_error
 from lakeshore.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
-from lakeshore.udf import Allow, Udf, UnknownFunction, body_kind, load_body
+from lakeshore.udf import Allow, Udf, body_kind, load_body
 
 if TYPE_CHECKING:
     from lakeshore.dispatch import Dispatch
@@ -158,7 +161,7 @@ class Attempt:
                 return sent + rec.lease_s / 3  # the new lease counts from the send
             except Conflict:
                 self._recheck()
-            except (StoreError, lifecycle.IllegalTransition) as e:
+            except (StoreError, IllegalTransition) as e:
                 log.warning("heartbeat of %s failed: %s", rec.id, e)
             if not self.stop.is_set() and self.lease_left() < fence_margin(rec.lease_s):
                 # self-fence while the lease still holds: once it runs out, another worker
@@ -211,7 +214,7 @@ class Attempt:
                 except Conflict:
                     self._recheck()
                     continue
-                except lifecycle.IllegalTransition:
+                except IllegalTransition:
                     break
                 return True
             self.halt("lost")
@@ -372,7 +375,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
             _quietly(journal.close)
             try:
                 ops.finish(held, lifecycle.release(rec, token, now))
-            except (Conflict, lifecycle.IllegalTransition):
+            except (Conflict, IllegalTransition):
                 return "fenced (record changed while releasing)"
             return "released (queued again, attempt not counted)"
         if outcome.kind == "stopped" or att.why in ("killed", "lost"):
@@ -433,7 +436,7 @@ def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
     final = lifecycle.fail(current, held.token, error, now)
     try:
         ops.finish(Claimed(current, etag, held.token, held.ticket_etag), final, tidy_later=True)
-    except (Conflict, lifecycle.IllegalTransition):
+    except (Conflict, IllegalTransition):
         return fenced
     except LakeshoreError:
         return fenced  # the store is still away: the lease runs out as after a crash

@@ -23,15 +23,15 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import InvalidArgument, KeyReused, LakeshoreError, MapFailed
 from lakeshore.run import flush
 from lakeshore.store import LocalStore, MemoryStore, Store
-from lakeshore.submit import KeyReused, Prepared, prepare_call, publish_prepared
+from lakeshore.submit import OPTIONS, Prepared, check_options, prepare_call, publish_prepared
 
 if TYPE_CHECKING:
     from lakeshore.udf import Udf
 
-__all__ = ["MapFailed", "default_concurrency", "submit_many"]
+__all__ = ["default_concurrency", "submit_many"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -43,16 +43,6 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 REMOTE_CONCURRENCY = 32
 LOCAL_CONCURRENCY = 4
 _PROGRESS_EVERY_S = 0.2  # the progress line is redrawn at most this often
-
-
-class MapFailed(LakeshoreError):
-    """Some calls of a batch (``f.map`` / ``f.starmap``) were not submitted; the others were.
-
-    Attributes (besides ``op``/``what``/``todo``): ``ids``, one entry per input in input
-    order, the invocation id or None where that call was not submitted; ``errors``, a dict
-    from the index of each failed call to the exception it raised; ``submitted``, how many
-    calls were submitted.
-    """
 
 
 def default_concurrency(store: Store) -> int:
@@ -136,14 +126,7 @@ def submit_many(
             "one invocation",
             "pass one key per call: _keys=[...] or _keys=lambda *args: ... (nothing was submitted)",
         )
-    unknown = sorted(f"_{k}" for k in options if k not in _OPTIONS)
-    if unknown:
-        raise InvalidArgument(
-            op,
-            f"unknown option(s) {', '.join(unknown)}",
-            f"use the options of f.submit ({', '.join(sorted(f'_{k}' for k in _OPTIONS))}), "
-            "plus _keys, concurrency and progress",
-        )
+    check_options(options, op, _OPTIONS, ", _keys, concurrency and progress")
     plane = udf.plane
     workers = default_concurrency(plane.store) if concurrency is None else concurrency
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -228,14 +211,7 @@ def _prepare(
         ) from e
 
 
-_OPTIONS = {
-    "priority",
-    "max_attempts",
-    "timeout_s",
-    "deadline_s",
-    "strict_key",
-    "submit_timeout",
-}
+_OPTIONS = OPTIONS - {"key"}  # one key for every call would make them one invocation
 
 
 def _first_of_key(jobs: list[Prepared], op: str) -> list[int]:

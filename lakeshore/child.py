@@ -34,27 +34,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.errors import InvalidArgument, LakeshoreError, StoreUnavailable
+from lakeshore.errors import (
+    HookFailed,
+    InvalidArgument,
+    LakeshoreError,
+    Stopped,
+    StoreUnavailable,
+    Unsendable,
+)
 from lakeshore.logs import Sink, capture
 from lakeshore.record import Record
 from lakeshore.run import discard_staging
-from lakeshore.runner import (
-    POLL_S,
-    Outcome,
-    RunSpec,
-    Stopped,
-    Unsendable,
-    call_body,
-    error_of,
-    fatal_error,
-    unpickle,
-)
+from lakeshore.runner import POLL_S, Outcome, RunSpec, call_body, error_of, fatal_error, unpickle
 
-__all__ = ["ChildProcess", "HookFailed", "Hooks", "Job"]
-
-
-class HookFailed(LakeshoreError):
-    """A worker lifecycle hook raised: the worker cannot serve jobs."""
+__all__ = ["ChildProcess", "Hooks", "Job"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +68,8 @@ class Hooks:
         Raises:
             InvalidArgument: a reference cannot be imported, or a hook is not callable.
         """
-        from lakeshore.udf import UnknownFunction, import_ref
+        from lakeshore.errors import UnknownFunction
+        from lakeshore.udf import import_ref
 
         def load(hook: Any, name: str) -> Any:
             if hook is None or callable(hook):
@@ -110,7 +104,8 @@ class Job:
 
 def _serve(conn: Any, hooks: Hooks) -> None:
     """The child's main loop."""
-    from lakeshore.udf import Udf, UnknownFunction, import_ref
+    from lakeshore.errors import UnknownFunction
+    from lakeshore.udf import Udf, import_ref
 
     # Ctrl-C and a cluster's SIGTERM reach the whole process group; stopping a body is the
     # worker's decision (finish within the grace, else release), so the child ignores them.

@@ -32,9 +32,9 @@ from typing import Any
 
 import msgpack
 
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import DecodeError, InvalidArgument
 
-__all__ = ["MAX_DEPTH", "DecodeError", "decode", "encode", "pack_plain"]
+__all__ = ["MAX_DEPTH", "decode", "encode", "pack_plain"]
 
 MAX_DEPTH = 100  # containers inside containers; real data stays far below it
 # msgpack's first buffer. Its default, 1 MiB, is allocated on every call: packing a tuple
@@ -55,10 +55,6 @@ _DTYPE = re.compile(
     r"[<>|=]?(?:b1|[iu][1248]|f(?:2|4|8|12|16)|c(?:8|16|24|32)|[SUV][1-9]\d{0,9}"
     r"|[Mm]8(?:\[\d{0,6}[A-Za-z]{1,2}\])?)\Z"
 )
-
-
-class DecodeError(LakeshoreError):
-    """Bytes that should hold a lakeshore value do not (corrupt or foreign data)."""
 
 
 class _Deferred:

@@ -22,6 +22,7 @@ from lakeshore.errors import (
     Failed,
     InvalidArgument,
     JobError,
+    KeyReused,
     Killed,
     NotFinished,
     NotFound,
@@ -46,7 +47,7 @@ from lakeshore.run import DataRoot, data_root
 from lakeshore.run import scope as run_scope
 from lakeshore.store import Store, open_store
 from lakeshore.stream import follow
-from lakeshore.submit import KeyReused, submit_call
+from lakeshore.submit import submit_call
 from lakeshore.topic import Topic
 from lakeshore.udf import Udf
 

@@ -1,4 +1,4 @@
-"""The one error tree of lakeshore.
+"""The one error tree of lakeshore: every error class it defines lives here.
 
 Every error raised by lakeshore derives from :class:`LakeshoreError`. Kinds are coarse on
 purpose: callers branch on *what they can do about it* (retry after a re-read, fix the input,
@@ -8,6 +8,40 @@ programs never have to parse the text.
 
 Store backends translate their native failures (``botocore`` errors, ``OSError``) into this
 tree once, at the store boundary; nothing above the store layer sees a backend exception.
+
+The tree (``*``: never reaches a caller; the worker turns it into a job's outcome)::
+
+    LakeshoreError
+    ├── NotFound (also KeyError)
+    ├── Conflict                     a conditional write lost: re-read, decide again
+    │   └── Fenced                   a body's files, after its attempt lost its lease
+    ├── InvalidArgument (also ValueError)
+    │   └── UnreturnedWrite          a body wrote a key it did not return or yield
+    ├── PermissionDenied
+    ├── StoreError
+    │   ├── TooLarge
+    │   ├── StoreUnavailable
+    │   └── RecordError              a record that cannot be used
+    │       └── NewerRecord
+    ├── DecodeError                  a value's bytes are corrupt or foreign
+    ├── CorruptSegment               a journal segment (stream, logs, topic post)
+    ├── IllegalTransition            a record's state does not allow the move
+    ├── JobError                     an invocation ended other than succeeded
+    │   ├── Failed
+    │   ├── Killed
+    │   └── TimedOut
+    ├── NotFinished (also TimeoutError)
+    ├── QueueFull                    admission refused a submit
+    ├── KeyReused                    a strict ``_key`` named other arguments
+    ├── MapFailed                    some calls of ``f.map`` were not submitted
+    ├── UnknownFunction              a worker cannot (or may not) load a body
+    ├── TopicClosed
+    ├── HookFailed                   a worker's lifecycle hook raised
+    └── Unsendable *                 a body's value or file cannot be sent: fails for good
+
+:class:`Stopped` is not an error and stands outside the tree on purpose: it unwinds a body
+that was stopped (cancelled, timed out, released), and a body's ``except LakeshoreError``
+must not swallow it.
 """
 
 from __future__ import annotations
@@ -16,18 +50,33 @@ from typing import Any
 
 __all__ = [
     "Conflict",
+    "CorruptSegment",
+    "DecodeError",
     "Failed",
+    "Fenced",
+    "HookFailed",
+    "IllegalTransition",
     "InvalidArgument",
     "JobError",
+    "KeyReused",
     "Killed",
     "LakeshoreError",
+    "MapFailed",
+    "NewerRecord",
     "NotFinished",
     "NotFound",
     "PermissionDenied",
+    "QueueFull",
+    "RecordError",
+    "Stopped",
     "StoreError",
     "StoreUnavailable",
     "TimedOut",
     "TooLarge",
+    "TopicClosed",
+    "UnknownFunction",
+    "UnreturnedWrite",
+    "Unsendable",
 ]
 
 
@@ -81,8 +130,17 @@ class Conflict(LakeshoreError):
     """
 
 
+class Fenced(Conflict):
+    """The attempt lost its lease (cancelled, or taken over) before its files were published:
+    none of them was uploaded."""
+
+
 class InvalidArgument(LakeshoreError, ValueError):
     """Bad input from the caller: a malformed key, URL, name or setting."""
+
+
+class UnreturnedWrite(InvalidArgument):
+    """A body wrote a key and did not return or yield it."""
 
 
 class PermissionDenied(LakeshoreError):
@@ -101,6 +159,26 @@ class TooLarge(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store could not be reached or kept failing transiently after every retry."""
+
+
+class RecordError(StoreError):
+    """A record object that cannot be used: corrupt, truncated, or of a newer schema."""
+
+
+class NewerRecord(RecordError):
+    """A record written by a newer lakeshore: left alone, never overwritten."""
+
+
+class DecodeError(LakeshoreError):
+    """Bytes that should hold a lakeshore value do not (corrupt or foreign data)."""
+
+
+class CorruptSegment(LakeshoreError):
+    """A journal segment that cannot be decoded."""
+
+
+class IllegalTransition(LakeshoreError):
+    """The record is not in a state that allows this move (someone else moved it first)."""
 
 
 class JobError(LakeshoreError):
@@ -125,3 +203,48 @@ class TimedOut(JobError):
 
 class NotFinished(LakeshoreError, TimeoutError):
     """``result(timeout=…)`` gave up waiting; the invocation is still queued or running."""
+
+
+class QueueFull(LakeshoreError):
+    """Admission refused a submit: the queue is at ``max_depth`` or past its ``rate_limit``.
+
+    Attributes: ``queue``, ``reason`` ("max_depth" or "rate_limit"), ``limit`` (the depth, or
+    the count per period) and ``limit_text`` (the setting as written: ``"100"``, ``"5/s"``).
+    """
+
+
+class KeyReused(LakeshoreError):
+    """An idempotency key was used before with different arguments (strict mode)."""
+
+
+class MapFailed(LakeshoreError):
+    """Some calls of a batch (``f.map`` / ``f.starmap``) were not submitted; the others were.
+
+    Attributes (besides ``op``/``what``/``todo``): ``ids``, one entry per input in input
+    order, the invocation id or None where that call was not submitted; ``errors``, a dict
+    from the index of each failed call to the exception it raised; ``submitted``, how many
+    calls were submitted.
+    """
+
+
+class UnknownFunction(LakeshoreError):
+    """A worker cannot find the function an invocation names."""
+
+
+class TopicClosed(LakeshoreError):
+    """The topic ended with ``close()``; it takes no more posts."""
+
+
+class HookFailed(LakeshoreError):
+    """A worker lifecycle hook raised: the worker cannot serve jobs."""
+
+
+class Unsendable(LakeshoreError):
+    """A body's result, yielded value or file cannot be sent: an error that would repeat on
+    every attempt, so the invocation fails without retries. ``kind`` names it in the job's
+    error (``UnsendableValue`` unless the cause said otherwise)."""
+
+
+class Stopped(Exception):
+    """The run was stopped (cancelled, timed out, released, or its lease lost): it reports
+    no outcome of its own and publishes nothing more."""

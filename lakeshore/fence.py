@@ -17,10 +17,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from lakeshore.errors import Conflict, NotFound, PermissionDenied
+from lakeshore.errors import Conflict, NotFound, PermissionDenied, RecordError
 from lakeshore.keys import QueueKeys
 from lakeshore.protocol import ABANDONED, QueueOps
-from lakeshore.record import Blob, Record, RecordError
+from lakeshore.record import Blob, Record
 from lakeshore.store.base import CREATE
 
 __all__ = ["ABANDONED", "abandoned", "fence"]

@@ -62,7 +62,14 @@ from ulid import ULID
 
 from lakeshore.admission import sweep_slots
 from lakeshore.census import ids_between, read_sign_of_life
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
+from lakeshore.errors import (
+    Conflict,
+    InvalidArgument,
+    LakeshoreError,
+    NotFound,
+    RecordError,
+    TooLarge,
+)
 from lakeshore.fence import fence
 from lakeshore.keys import QueueKeys, check_id, id_index, namespace_prefix, workers_prefix
 from lakeshore.protocol import (
@@ -73,7 +80,6 @@ from lakeshore.protocol import (
     unclaimed,
 )
 from lakeshore.queues import QueueSettings
-from lakeshore.record import RecordError
 from lakeshore.store.base import Store
 from lakeshore.submit import parse_key
 

@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 
 from lakeshore import codec
-from lakeshore.errors import InvalidArgument, LakeshoreError, TooLarge
+from lakeshore.errors import CorruptSegment, InvalidArgument, TooLarge
 from lakeshore.store.base import CREATE, Store
 
 __all__ = [
@@ -62,10 +62,6 @@ class Frame:
     value: Any
     attempt: int = 0
     kind: str = "value"
-
-
-class CorruptSegment(LakeshoreError):
-    """A journal segment that cannot be decoded."""
 
 
 def encode_segment(attempt: int, first: int, frames: list[tuple[int, bytes]]) -> bytes:

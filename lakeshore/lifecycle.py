@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lakeshore.errors import LakeshoreError
+from lakeshore.errors import IllegalTransition
 from lakeshore.record import Lease, Record
 
 __all__ = [
     "MAX_BACKOFF_S",
-    "IllegalTransition",
     "backoff_s",
     "cancel",
     "claim",
@@ -37,10 +36,6 @@ __all__ = [
 ]
 
 MAX_BACKOFF_S = 300.0
-
-
-class IllegalTransition(LakeshoreError):
-    """The record is not in a state that allows this move (someone else moved it first)."""
 
 
 def _illegal(rec: Record, move: str) -> IllegalTransition:

@@ -56,21 +56,17 @@ from dataclasses import dataclass
 from lakeshore import lifecycle
 from lakeshore.errors import (
     Conflict,
+    IllegalTransition,
     InvalidArgument,
+    NewerRecord,
     NotFound,
     PermissionDenied,
+    RecordError,
     StoreError,
     TooLarge,
 )
 from lakeshore.keys import QueueKeys
-from lakeshore.record import (
-    MAX_INLINE_BYTES,
-    Blob,
-    NewerRecord,
-    Record,
-    RecordError,
-    write_id,
-)
+from lakeshore.record import MAX_INLINE_BYTES, Blob, Record, write_id
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 from lakeshore.tidy import Tidier
 
@@ -595,7 +591,7 @@ class QueueOps:
         now = max(now, self.store.now())
         try:
             running = lifecycle.claim(rec, worker, token, now, lease_s)
-        except lifecycle.IllegalTransition:
+        except IllegalTransition:
             return None  # its start deadline passed meanwhile: the next claim ends it
         try:
             new_etag = self.cas(running, etag)

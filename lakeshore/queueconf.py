@@ -17,8 +17,7 @@ from typing import Any
 import msgpack
 
 from lakeshore.codec import pack_plain
-from lakeshore.errors import InvalidArgument
-from lakeshore.record import RecordError
+from lakeshore.errors import InvalidArgument, RecordError
 
 __all__ = ["ON_FULL", "QueueConfig", "parse_rate"]
 

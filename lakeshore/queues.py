@@ -11,11 +11,10 @@ import threading
 import time
 from typing import Any
 
-from lakeshore.errors import Conflict, NotFound, TooLarge
+from lakeshore.errors import Conflict, NotFound, RecordError, TooLarge
 from lakeshore.keys import QueueKeys
 from lakeshore.protocol import MAX_SMALL_BYTES
 from lakeshore.queueconf import QueueConfig
-from lakeshore.record import RecordError
 from lakeshore.store.base import CREATE, Store, if_match
 
 __all__ = ["CACHE_S", "QueueSettings"]

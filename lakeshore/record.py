@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 
 from lakeshore.codec import pack_plain
-from lakeshore.errors import InvalidArgument, StoreError
+from lakeshore.errors import InvalidArgument, NewerRecord, RecordError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
 
 __all__ = [
@@ -36,9 +36,7 @@ __all__ = [
     "TERMINAL",
     "Blob",
     "Lease",
-    "NewerRecord",
     "Record",
-    "RecordError",
     "check_fields",
     "check_key_arg",
     "check_text",
@@ -177,14 +175,6 @@ def clip_error(error: dict[str, str] | None) -> dict[str, str] | None:
     for k, v in list(error.items())[:MAX_ERROR_ENTRIES]:
         out[_clip(k, LIMITS["error.key"])] = _clip(v, MAX_ERROR_TEXT)
     return out
-
-
-class RecordError(StoreError):
-    """A record object that cannot be used: corrupt, truncated, or of a newer schema."""
-
-
-class NewerRecord(RecordError):
-    """A record written by a newer lakeshore: left alone, never overwritten."""
 
 
 def write_id() -> str:

@@ -46,21 +46,20 @@ from pathlib import Path
 from typing import Any
 
 from lakeshore.errors import (
-    Conflict,
+    Fenced,
     InvalidArgument,
     LakeshoreError,
     NotFound,
     PermissionDenied,
     StoreUnavailable,
+    UnreturnedWrite,
 )
 from lakeshore.scope import at, current_prefix, keys_in, mirror, prefixed, resolve
 
 __all__ = [
     "DataRoot",
     "Fence",
-    "Fenced",
     "RunContext",
-    "UnreturnedWrite",
     "active",
     "call_local",
     "data_root",
@@ -81,15 +80,6 @@ Fence = Callable[[], bool]
 """Asked right before a batch of a body's files is published: True when the attempt still
 holds its lease (and has a whole lease ahead), False when it lost it (nothing may be
 published); raises a ``LakeshoreError`` (``StoreError``) when the store cannot tell."""
-
-
-class UnreturnedWrite(InvalidArgument):
-    """A body wrote a key and did not return or yield it."""
-
-
-class Fenced(Conflict):
-    """The attempt lost its lease (cancelled, or taken over) before its files were published:
-    none of them was uploaded."""
 
 
 @dataclass(frozen=True)

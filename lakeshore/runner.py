@@ -33,18 +33,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import Fenced, InvalidArgument, LakeshoreError, Stopped, Unsendable
 from lakeshore.journal import check_frame
 from lakeshore.logs import Sink, capture
-from lakeshore.run import DataRoot, Fence, Fenced, RunContext
+from lakeshore.run import DataRoot, Fence, RunContext
 from lakeshore.scope import at
 
 __all__ = [
     "BodyThread",
     "Outcome",
     "RunSpec",
-    "Stopped",
-    "Unsendable",
     "call_body",
     "error_of",
     "fatal_error",
@@ -88,24 +86,12 @@ def result_bytes(kind: str, value: Any) -> bytes | None:
     try:
         return codec.encode(value, "result")
     except LakeshoreError as e:
-        raise Unsendable(str(e)) from None
-
-
-class Unsendable(Exception):
-    """An error that would repeat on every attempt: the invocation fails without retries."""
-
-    def __init__(self, message: str, kind: str = "UnsendableValue") -> None:
-        super().__init__(message)
-        self.kind = kind
+        raise Unsendable(e.op, e.what, e.todo, kind="UnsendableValue") from None
 
 
 def fatal_error(e: Unsendable) -> dict[str, str]:
+    """The job's error for ``e``: named by its cause, and final (no retry)."""
     return {**error_of(e), "type": e.kind, "fatal": "1"}
-
-
-class Stopped(Exception):
-    """The run was stopped (cancelled, timed out, released, or its lease lost): it reports
-    no outcome of its own and publishes nothing more."""
 
 
 Emit = Callable[[bytes], None]  # takes an encoded frame
@@ -117,7 +103,7 @@ def _frame(item: Any) -> bytes:
         check_frame(data, "stream a value")
         return data
     except InvalidArgument as e:  # refused as it is: a retry would yield it again
-        raise Unsendable(str(e)) from None
+        raise Unsendable(e.op, e.what, e.todo, kind="UnsendableValue") from None
 
 
 @dataclass(frozen=True)
@@ -136,7 +122,7 @@ def _files(step: Callable[[Any], None], value: Any) -> None:
     try:
         step(value)
     except InvalidArgument as e:
-        raise Unsendable(str(e), type(e).__name__) from None
+        raise Unsendable(e.op, e.what, e.todo, kind=type(e).__name__) from None
     except Fenced:
         raise Stopped from None
 

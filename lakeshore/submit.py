@@ -28,18 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec
 from lakeshore.admission import admit, give_back_rate
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, StoreError
+from lakeshore.errors import (
+    Conflict,
+    InvalidArgument,
+    KeyReused,
+    LakeshoreError,
+    NotFound,
+    RecordError,
+    StoreError,
+)
 from lakeshore.fence import abandoned, fence
 from lakeshore.keys import DEFAULT_QUEUE, band, check_id, id_index, new_id
 from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
-from lakeshore.record import (
-    MAX_COUNT,
-    Blob,
-    Record,
-    RecordError,
-    check_fields,
-    check_key_arg,
-)
+from lakeshore.record import MAX_COUNT, Blob, Record, check_fields, check_key_arg
 from lakeshore.run import flush
 from lakeshore.scope import current_prefix
 from lakeshore.store.base import CREATE, if_match
@@ -51,8 +52,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KEY_REPAIR_GRACE_S",
-    "KeyReused",
+    "OPTIONS",
     "Prepared",
+    "check_options",
     "parse_key",
     "prepare_call",
     "publish_prepared",
@@ -62,10 +64,27 @@ __all__ = [
 # A key whose record is missing is repaired only once its first submitter had this long to
 # finish: a younger one is probably still being written by a concurrent submit.
 KEY_REPAIR_GRACE_S = 30.0
+# the options of a submit (``Udf.submit`` spells them with a leading underscore)
+OPTIONS = frozenset(
+    {"key", "priority", "max_attempts", "timeout_s", "deadline_s", "strict_key", "submit_timeout"}
+)
 
 
-class KeyReused(LakeshoreError):
-    """An idempotency key was used before with different arguments (strict mode)."""
+def check_options(
+    options: dict[str, Any], op: str, allowed: frozenset[str] = OPTIONS, also: str = ""
+) -> None:
+    """Refuse options not in ``allowed``, naming the valid ones (a mistyped ``_prio=``
+    must not pass as an argument of the function, nor fail as a bare TypeError).
+
+    Raises:
+        InvalidArgument: an unknown option.
+    """
+    unknown = sorted(f"_{k}" for k in options if k not in allowed)
+    if unknown:
+        valid = ", ".join(sorted(f"_{k}" for k in allowed))
+        raise InvalidArgument(
+            op, f"unknown option(s) {', '.join(unknown)}", f"the options are {valid}{also}"
+        )
 
 
 def submit_call(
@@ -87,6 +106,7 @@ def submit_call(
         StoreError: the key's object in the store is not one lakeshore wrote, or the
             store failed.
     """
+    check_options(options, f"submit {udf.ref}")
     job = prepare_call(plane, udf, args, kwargs, **options)
     flush()  # uploads first: a slot or key held through slow uploads would look abandoned
     return publish_prepared(job)

@@ -28,11 +28,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound, TooLarge
+from lakeshore.errors import (
+    Conflict,
+    CorruptSegment,
+    InvalidArgument,
+    NotFound,
+    TooLarge,
+    TopicClosed,
+)
 from lakeshore.journal import (
     END,
     VALUE,
-    CorruptSegment,
     Frame,
     check_frame,
     decode_segment,
@@ -44,14 +50,10 @@ from lakeshore.journal import (
 from lakeshore.keys import seq_name, topic_prefix
 from lakeshore.store.base import CREATE, Store
 
-__all__ = ["Topic", "TopicClosed", "decode_post"]
+__all__ = ["Topic", "decode_post"]
 
 _PAGE = 1000  # keys of one LIST page (S3's): a topic this short is located by one LIST
 _MAX_SEQ = 10**12 - 1
-
-
-class TopicClosed(LakeshoreError):
-    """The topic ended with ``close()``; it takes no more posts."""
 
 
 def decode_post(data: bytes, where: str) -> tuple[int, bytes]:

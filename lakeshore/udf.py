@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import InvalidArgument, UnknownFunction
 from lakeshore.run import call_local
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ __all__ = [
     "Allow",
     "BodyKind",
     "Udf",
-    "UnknownFunction",
     "body_kind",
     "function_ref",
     "import_ref",
@@ -47,10 +46,6 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 BodyKind = str  # "sync" | "generator" | "async" | "asyncgen"
-
-
-class UnknownFunction(LakeshoreError):
-    """A worker cannot find the function an invocation names."""
 
 
 def body_kind(fn: Callable[..., Any]) -> BodyKind:

@@ -31,8 +31,15 @@ from typing import TYPE_CHECKING, Any
 from lakeshore import codec, lifecycle
 from lakeshore.admission import sweep_rate
 from lakeshore.attempt import Attempt, Slot, run_attempt
-from lakeshore.child import HookFailed, Hooks
-from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, StoreError
+from lakeshore.child import Hooks
+from lakeshore.errors import (
+    Conflict,
+    HookFailed,
+    IllegalTransition,
+    InvalidArgument,
+    LakeshoreError,
+    StoreError,
+)
 from lakeshore.keys import worker_key
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import check_text
@@ -483,7 +490,7 @@ def _hand_back(q: QueueOps, held: Claimed) -> None:
     try:
         q.finish(held, lifecycle.release(rec, held.token, q.store.now()))
         log.info("%s %s attempt %d -> released before it started", rec.fn, rec.id, rec.attempt)
-    except (Conflict, lifecycle.IllegalTransition):
+    except (Conflict, IllegalTransition):
         log.info("%s %s moved meanwhile (a cancel): nothing to hand back", rec.fn, rec.id)
     except LakeshoreError as e:
         log.warning("handing back %s failed (its lease will expire): %s", rec.id, e)

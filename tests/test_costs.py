@@ -14,8 +14,9 @@ import pytest
 import lakeshore as dls
 from bench.counting import Counting
 from lakeshore import codec, journal, keys, lifecycle, topic
-from lakeshore.journal import VALUE, CorruptSegment, encode_segment, read_segments
-from lakeshore.record import LIMITS, MAX_ERROR_TEXT, Blob, Record, RecordError
+from lakeshore.errors import CorruptSegment, RecordError
+from lakeshore.journal import VALUE, encode_segment, read_segments
+from lakeshore.record import LIMITS, MAX_ERROR_TEXT, Blob, Record
 from lakeshore.store import MemoryStore, Store
 from lakeshore.topic import Topic
 from tests import jobs

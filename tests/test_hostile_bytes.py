@@ -26,9 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakeshore import codec, keys
-from lakeshore.codec import DecodeError
-from lakeshore.errors import InvalidArgument
-from lakeshore.record import Blob, Record, RecordError
+from lakeshore.errors import DecodeError, InvalidArgument, RecordError
+from lakeshore.record import Blob, Record
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_DEPTH: int = getattr(codec, "MAX_DEPTH", 100)  # the limit the codec enforces

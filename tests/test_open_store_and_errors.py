@@ -90,10 +90,59 @@ def test_error_shape_and_pickling() -> None:
     assert str(NotFound("get k", "absent", "create it")) == "get k: absent — create it"
 
 
+PUBLIC = {
+    # the facade and its helpers
+    "DEFAULT_URL", "DataRoot", "Dispatch", "Frame", "QueueConfig", "Record", "Topic", "Udf",
+    "__version__", "default_plane", "open_store", "run", "run_worker", "scope", "udf",
+    # every error a caller can meet (the tree in lakeshore/errors.py)
+    "LakeshoreError", "NotFound", "Conflict", "Fenced", "InvalidArgument", "UnreturnedWrite",
+    "PermissionDenied", "StoreError", "TooLarge", "StoreUnavailable", "RecordError",
+    "NewerRecord", "DecodeError", "CorruptSegment", "IllegalTransition", "JobError", "Failed",
+    "Killed", "TimedOut", "NotFinished", "QueueFull", "KeyReused", "MapFailed",
+    "UnknownFunction", "TopicClosed", "HookFailed",
+}  # fmt: skip
+# in the tree, never raised to a caller: the worker turns them into a job's outcome
+INTERNAL_ERRORS = {"Unsendable", "Stopped"}
+
+
 def test_public_surface() -> None:
-    assert set(lakeshore.__all__) >= {"LakeshoreError", "Conflict", "NotFound", "open_store"}
+    assert set(lakeshore.__all__) == PUBLIC
+    assert len(lakeshore.__all__) == len(PUBLIC)  # no name twice
     for name in lakeshore.__all__:
         assert hasattr(lakeshore, name)
+
+
+def test_every_error_class_lives_in_errors_and_is_exported() -> None:
+    """One home for the error tree: no module defines an exception class of its own (a
+    private one that never leaves its module aside), and every class of the tree is in
+    ``errors.__all__`` and, unless internal, in ``lakeshore.__all__``."""
+    import ast
+
+    from lakeshore import errors
+
+    defined = {
+        name
+        for name, obj in vars(errors).items()
+        if isinstance(obj, type)
+        and issubclass(obj, BaseException)
+        and obj.__module__ == errors.__name__
+    }
+    assert set(errors.__all__) == defined
+    assert defined - INTERNAL_ERRORS <= set(lakeshore.__all__)
+    assert defined >= INTERNAL_ERRORS and not INTERNAL_ERRORS & set(lakeshore.__all__)
+    for name in defined - {"Stopped"}:
+        assert issubclass(getattr(errors, name), errors.LakeshoreError), name
+    root = Path(lakeshore.__file__).parent
+    elsewhere = []
+    for path in root.rglob("*.py"):
+        if path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases = {ast.unparse(b) for b in node.bases}
+                if any(b.endswith(("Error", "Exception")) or b in defined for b in bases):
+                    elsewhere.append(f"{path.relative_to(root)}:{node.name}")
+    assert elsewhere == []
 
 
 def test_layers_import_only_what_they_own() -> None:

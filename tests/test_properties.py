@@ -11,9 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakeshore import codec, keys, lifecycle
-from lakeshore.codec import DecodeError
-from lakeshore.errors import InvalidArgument
-from lakeshore.record import STATES, TERMINAL, Blob, Record, RecordError
+from lakeshore.errors import DecodeError, IllegalTransition, InvalidArgument, RecordError
+from lakeshore.record import STATES, TERMINAL, Blob, Record
 from lakeshore.scope import join
 
 scalars = (
@@ -121,7 +120,7 @@ def test_state_machine_invariants(steps: list[tuple[str, float, bool]]) -> None:
                 rec = lifecycle.release(rec, tok, now)
             else:
                 rec = lifecycle.rerun(rec, now)
-        except lifecycle.IllegalTransition:
+        except IllegalTransition:
             assert rec is before
             continue
         assert rec.rev == before.rev + 1 and rec.wid != before.wid

@@ -9,9 +9,8 @@ import msgpack
 import pytest
 
 from lakeshore import codec, keys, lifecycle
-from lakeshore.codec import DecodeError
-from lakeshore.errors import InvalidArgument
-from lakeshore.record import SCHEMA_VERSION, Blob, Record, RecordError, check_text
+from lakeshore.errors import DecodeError, IllegalTransition, InvalidArgument, RecordError
+from lakeshore.record import SCHEMA_VERSION, Blob, Record, check_text
 
 
 def rec(**kw: object) -> Record:
@@ -151,11 +150,11 @@ def test_claim_heartbeat_succeed() -> None:
     assert (running.state, running.attempt, running.lease.expires_at) == ("running", 1, 110.0)  # type: ignore[union-attr]
     beat = lifecycle.heartbeat(running, "tok", now=105.0)
     assert beat.lease.expires_at == 115.0  # type: ignore[union-attr]
-    with pytest.raises(lifecycle.IllegalTransition):
+    with pytest.raises(IllegalTransition):
         lifecycle.heartbeat(running, "other-token", now=105.0)
     done = lifecycle.succeed(beat, "tok", Blob(inline=b"\x01"), now=106.0)
     assert (done.state, done.lease, done.finished_at) == ("succeeded", None, 106.0)
-    with pytest.raises(lifecycle.IllegalTransition):
+    with pytest.raises(IllegalTransition):
         lifecycle.succeed(done, "tok", Blob(inline=b"\x01"), now=107.0)  # no second terminal
 
 
@@ -165,7 +164,7 @@ def test_failures_retry_with_backoff_then_fail() -> None:
     a1 = lifecycle.claim(r, "w", "t1", now=0.0)
     back = lifecycle.fail(a1, "t1", err, now=5.0)
     assert (back.state, back.not_before, back.error) == ("queued", 6.0, err)
-    with pytest.raises(lifecycle.IllegalTransition):
+    with pytest.raises(IllegalTransition):
         lifecycle.claim(back, "w", "t2", now=5.5)  # still backing off
     a2 = lifecycle.claim(back, "w", "t2", now=6.0)
     final = lifecycle.fail(a2, "t2", err, now=7.0)
@@ -181,7 +180,7 @@ def test_non_retryable_failure_ends_at_once() -> None:
 
 def test_expiry_only_after_the_lease() -> None:
     a1 = lifecycle.claim(rec(lease_s=10.0), "w", "t", now=0.0)
-    with pytest.raises(lifecycle.IllegalTransition):
+    with pytest.raises(IllegalTransition):
         lifecycle.expire(a1, now=9.0)
     again = lifecycle.expire(a1, now=11.0)
     assert again.state == "queued" and again.error["type"] == "LeaseExpired"  # type: ignore[index]
@@ -192,11 +191,11 @@ def test_cancel_and_timeouts() -> None:
     running = lifecycle.claim(rec(timeout_s=1.0), "w", "t", now=0.0)
     assert lifecycle.cancel(running, now=1.0).state == "killed"
     assert lifecycle.time_out(running, now=2.0, token="t").state == "timeout"
-    with pytest.raises(lifecycle.IllegalTransition):
+    with pytest.raises(IllegalTransition):
         lifecycle.time_out(running, now=2.0, token="stale")
     late = rec(deadline_at=10.0)
-    with pytest.raises(lifecycle.IllegalTransition):
+    with pytest.raises(IllegalTransition):
         lifecycle.claim(late, "w", "t", now=11.0)
     assert lifecycle.time_out(late, now=11.0).state == "timeout"
-    with pytest.raises(lifecycle.IllegalTransition):
+    with pytest.raises(IllegalTransition):
         lifecycle.cancel(lifecycle.cancel(rec(), now=1.0), now=2.0)

@@ -412,6 +412,20 @@ def test_a_refused_submit_names_max_depth(plane: Any) -> None:
     assert (err.value.reason, err.value.limit, err.value.limit_text) == ("max_depth", 1, "1")
 
 
+def test_an_unknown_submit_option_is_refused_naming_the_valid_ones() -> None:
+    store = MemoryStore()
+    q = make_plane(store)
+    f = q.udf(jobs.add_one)
+    with pytest.raises(dls.InvalidArgument, match="unknown option\\(s\\) _prio — the options") as e:
+        f.submit(1, _prio=3)
+    for name in ("_priority", "_key", "_max_attempts", "_timeout_s", "_deadline_s"):
+        assert name in e.value.todo
+    with pytest.raises(dls.InvalidArgument, match="_keys, concurrency and progress"):
+        f.map([1, 2], _retries=3)
+    assert list(store.list("")) == []  # nothing was written
+    assert q.get(f.submit(1, _priority=3)).priority == 3  # the spelled-right one still works
+
+
 # -- hostile idempotency key objects ------------------------------------------------------
 
 HOSTILE_KEYS = {
