@@ -22,7 +22,6 @@ from lakeshore.errors import (
     Failed,
     InvalidArgument,
     JobError,
-    KeyReused,
     Killed,
     NotFinished,
     NotFound,
@@ -51,7 +50,7 @@ from lakeshore.submit import submit_call
 from lakeshore.topic import Topic
 from lakeshore.udf import Udf
 
-__all__ = ["DEFAULT_URL", "Dispatch", "KeyReused", "default_plane"]
+__all__ = ["DEFAULT_URL", "Dispatch", "default_plane"]
 
 DEFAULT_URL = "file://~/.lakeshore"
 F = TypeVar("F", bound=Callable[..., Any])

@@ -91,7 +91,7 @@ def result_bytes(kind: str, value: Any) -> bytes | None:
 
 def fatal_error(e: Unsendable) -> dict[str, str]:
     """The job's error for ``e``: named by its cause, and final (no retry)."""
-    return {**error_of(e), "type": e.kind, "fatal": "1"}
+    return {**error_of(e), "type": e.details.get("kind", "UnsendableValue"), "fatal": "1"}
 
 
 Emit = Callable[[bytes], None]  # takes an encoded frame

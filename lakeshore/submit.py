@@ -83,7 +83,10 @@ def check_options(
     if unknown:
         valid = ", ".join(sorted(f"_{k}" for k in allowed))
         raise InvalidArgument(
-            op, f"unknown option(s) {', '.join(unknown)}", f"the options are {valid}{also}"
+            op,
+            f"unknown option(s) {', '.join(unknown)}",
+            f"the options are {valid}{also} (a parameter of the function whose name starts "
+            "with _ is passed by position)",
         )
 
 

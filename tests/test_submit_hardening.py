@@ -424,6 +424,17 @@ def test_an_unknown_submit_option_is_refused_naming_the_valid_ones() -> None:
         f.map([1, 2], _retries=3)
     assert list(store.list("")) == []  # nothing was written
     assert q.get(f.submit(1, _priority=3)).priority == 3  # the spelled-right one still works
+    g = q.udf(underscored)  # a parameter named like an option goes by position
+    with pytest.raises(dls.InvalidArgument, match="passed by position"):
+        g.submit(1, _x=2)
+    assert codec.decode(q.ops("default").get_blob(q.get(g.submit(1, 2)).args, "args")) == (
+        (1, 2),
+        {},
+    )
+
+
+def underscored(a: int, _x: int = 0) -> int:
+    return a + _x
 
 
 # -- hostile idempotency key objects ------------------------------------------------------
