@@ -319,6 +319,12 @@ def plane(store: Store) -> Any:
 
 
 @pytest.fixture
+def q(plane: Any) -> Any:
+    """The plane on every tier, under the name the docs give a Dispatch."""
+    return plane
+
+
+@pytest.fixture
 def atomic_plane(atomic_store: Store) -> Any:
     """A Dispatch on the tiers whose conditional writes are atomic under races."""
     return make_plane(atomic_store)

@@ -150,8 +150,7 @@ def test_rate_limit_holds_across_producers(atomic_plane: Any, report: list[str])
     assert 40 <= accepted <= 20 * (3 + 1)  # 60 within one window either way, never beyond
 
 
-def test_deadline_cutoff_means_the_body_never_runs(plane: Any, tmp_path: Path) -> None:
-    q = plane
+def test_deadline_cutoff_means_the_body_never_runs(q: Any, tmp_path: Path) -> None:
     q.configure(QUEUE, deadline_cutoff_s=0.2)
     marker = tmp_path / "ran"
     inv = q.udf(queue=QUEUE)(jobs.once_marker).submit(str(marker))
@@ -169,8 +168,7 @@ def test_deadline_cutoff_means_the_body_never_runs(plane: Any, tmp_path: Path) -
     assert q.result(override) == 2  # a per-submit deadline overrides the queue's
 
 
-def test_keyed_resubmit_is_never_rejected(plane: Any) -> None:
-    q = plane
+def test_keyed_resubmit_is_never_rejected(q: Any) -> None:
     q.configure(QUEUE, max_depth=1, on_full="reject")
     f = q.udf(queue=QUEUE)(jobs.add_one)
     first = f.submit(1, _key="only")

@@ -31,8 +31,7 @@ def worker(plane: Any) -> Iterator[threading.Event]:
     t.join(10)
 
 
-def test_ids_not_futures_snippet(plane: Any, worker: threading.Event) -> None:
-    q = plane
+def test_ids_not_futures_snippet(q: Any, worker: threading.Event) -> None:
     f = q.udf(jobs.add_one)  # the one binding line
     # -- the snippet, as written in the spec ------------------------------------------------
     inv = f.submit(x=1)  # -> "01JD2K7Q...": a string, persist it anywhere
@@ -42,8 +41,7 @@ def test_ids_not_futures_snippet(plane: Any, worker: threading.Event) -> None:
     assert result == 2
 
 
-def test_idempotent_snippet(plane: Any) -> None:
-    q = plane
+def test_idempotent_snippet(q: Any) -> None:
     f = q.udf(jobs.add_one)
     inv = f.submit(x=1, _key="nightly-2026-08-06")
     assert f.submit(x=1, _key="nightly-2026-08-06") == inv
@@ -64,8 +62,7 @@ def test_running_a_worker_snippet() -> None:
     assert q.result(inv) == 42
 
 
-def test_four_body_kinds(plane: Any) -> None:
-    q = plane
+def test_four_body_kinds(q: Any) -> None:
     fs = [
         q.udf(jobs.add_one),
         q.udf(jobs.squares),
@@ -79,8 +76,7 @@ def test_four_body_kinds(plane: Any) -> None:
     assert fs[0](5) == 6  # a plain call runs locally
 
 
-def test_values_survive_the_trip(plane: Any) -> None:
-    q = plane
+def test_values_survive_the_trip(q: Any) -> None:
     e = q.udf(jobs.echo)
     inv = e.submit((1, 2), b"\x00\xff", key=None, nested={"t": (3, [4])})
     dls.run_worker(q, once=True)
@@ -97,8 +93,7 @@ def test_unsendable_argument_fails_at_submit(plane: Any) -> None:
     assert list(plane.ops("default").tickets()) == []  # nothing was enqueued
 
 
-def test_failure_retries_then_reports_remote_error(plane: Any) -> None:
-    q = plane
+def test_failure_retries_then_reports_remote_error(q: Any) -> None:
     bad = q.udf(jobs.fail_always, max_attempts=2)
     inv = bad.submit("boom 7")
     assert dls.run_worker(q, max_jobs=2, idle_exit=5) == 2
@@ -112,8 +107,7 @@ def test_failure_retries_then_reports_remote_error(plane: Any) -> None:
     assert q.status(inv) == "failed"
 
 
-def test_retry_succeeds_and_per_submit_attempts(plane: Any, tmp_path: Path) -> None:
-    q = plane
+def test_retry_succeeds_and_per_submit_attempts(q: Any, tmp_path: Path) -> None:
     flaky = q.udf(jobs.fail_until)
     inv = flaky.submit(str(tmp_path / "n"), 1)
     dls.run_worker(q, max_jobs=2, idle_exit=5)
@@ -131,8 +125,7 @@ def test_result_timeout_is_a_timeout_error(plane: Any) -> None:
     assert isinstance(err.value, TimeoutError) and err.value.state == "queued"
 
 
-def test_cancel_queued(plane: Any) -> None:
-    q = plane
+def test_cancel_queued(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     assert q.cancel(inv) is True
     assert q.cancel(inv) is False
@@ -141,8 +134,7 @@ def test_cancel_queued(plane: Any) -> None:
         q.result(inv)
 
 
-def test_unknown_function_and_lookup_errors(plane: Any) -> None:
-    q = plane
+def test_unknown_function_and_lookup_errors(q: Any) -> None:
     with pytest.raises(dls.NotFound):
         q.result(dls.keys_new_id() if hasattr(dls, "keys_new_id") else "01ARZ3NDEKTSV4RRFFQ69G5FAV")
     with pytest.raises(dls.InvalidArgument):
@@ -168,8 +160,7 @@ def test_unknown_function_and_lookup_errors(plane: Any) -> None:
     assert q.get(again).attempt == 1
 
 
-def test_corrupt_record_is_failed_and_skipped(plane: Any) -> None:
-    q = plane
+def test_corrupt_record_is_failed_and_skipped(q: Any) -> None:
     f = q.udf(jobs.add_one)
     bad, good = f.submit(1), f.submit(2)
     q.store.put(QueueKeys(q.ns, "default").record(bad), b"\xc1 not a record")
@@ -179,8 +170,7 @@ def test_corrupt_record_is_failed_and_skipped(plane: Any) -> None:
         q.result(bad)
 
 
-def test_spill_large_arguments_and_results(plane: Any) -> None:
-    q = plane
+def test_spill_large_arguments_and_results(q: Any) -> None:
     n = 20 * 1024 * 1024
     measure, make = q.udf(jobs.size_of), q.udf(jobs.big)
     a, b = measure.submit(b"a" * n), make.submit(n)
@@ -192,8 +182,7 @@ def test_spill_large_arguments_and_results(plane: Any) -> None:
     assert q.get(b).result.ref.endswith("/result-0001")  # type: ignore[union-attr]
 
 
-def test_tampered_spill_is_refused(plane: Any) -> None:
-    q = plane
+def test_tampered_spill_is_refused(q: Any) -> None:
     inv = q.udf(jobs.big).submit(200_000)
     dls.run_worker(q, once=True)
     ref = q.get(inv).result.ref  # type: ignore[union-attr]
@@ -202,8 +191,7 @@ def test_tampered_spill_is_refused(plane: Any) -> None:
         q.result(inv)
 
 
-def test_key_repair_after_a_crash_between_key_and_record(plane: Any) -> None:
-    q = plane
+def test_key_repair_after_a_crash_between_key_and_record(q: Any) -> None:
     f = q.udf(jobs.add_one)
     ops = q.ops("default")
     orphan = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -216,8 +204,7 @@ def test_key_repair_after_a_crash_between_key_and_record(plane: Any) -> None:
     assert q.result(repaired) == 2
 
 
-def test_deadline_passes_while_queued(plane: Any) -> None:
-    q = plane
+def test_deadline_passes_while_queued(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1, _deadline_s=0.05)
     ops = q.ops("default")
     deadline = time.monotonic() + 10

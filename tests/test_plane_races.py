@@ -31,9 +31,15 @@ def test_many_workers_each_job_once(atomic_plane: Any, report: list[str]) -> Non
     tag = f"w{id(q)}-"
     ids = [f.submit(f"{tag}{i}") for i in range(m)]
     t0 = time.monotonic()
+    # each worker with a plane of its own, like separate processes: their claims race (one
+    # plane would share one claim scheduler, whose slots never pick the same ticket)
+    done: list[int] = []
     workers = [
         threading.Thread(
-            target=dls.run_worker, args=(q,), kwargs={"concurrency": 2, "idle_exit": 1.0}
+            target=lambda p: done.append(
+                dls.run_worker(p, concurrency=2, idle_exit=1.0, allow=["tests.jobs:*"])
+            ),
+            args=(make_plane(q.store),),
         )
         for _ in range(3)
     ]
@@ -47,6 +53,7 @@ def test_many_workers_each_job_once(atomic_plane: Any, report: list[str]) -> Non
     assert all(q.get(i).attempt == 1 for i in ids)
     runs = [jobs.RUNS[f"{tag}{i}"] for i in range(m)]
     assert runs == [1] * m, "some job ran twice or never"
+    assert len(done) == 3 and sum(done) == m  # the workers' own counts agree: none ran one twice
     assert max(jobs.MAX_LIVE[f"{tag}{i}"] for i in range(m)) == 1
     report.append(
         f"plane race {q.store.url[:40]:<40} 3 workers x 2 slots, {m} jobs: each once "

@@ -17,8 +17,7 @@ from tests import jobs
 from tests.conftest import make_plane
 
 
-def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(plane: Any) -> None:
-    q = plane
+def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
     held = ops.claim("w1", q.store.now())
@@ -35,8 +34,7 @@ def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(plane: Any) -> Non
     assert again is not None and again.record.attempt == 2
 
 
-def test_ready_hint_of_a_running_job_survives_claimers_and_reapers(plane: Any) -> None:
-    q = plane
+def test_ready_hint_of_a_running_job_survives_claimers_and_reapers(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
     held = ops.claim("w1", q.store.now())
@@ -51,8 +49,7 @@ def test_ready_hint_of_a_running_job_survives_claimers_and_reapers(plane: Any) -
     assert list(ops.tickets()) == []  # terminal: the claimed hint is gone
 
 
-def test_newer_records_are_left_alone(plane: Any) -> None:
-    q = plane
+def test_newer_records_are_left_alone(q: Any) -> None:
     f = q.udf(jobs.add_one)
     future, ok = f.submit(1), f.submit(2)
     ops = q.ops("default")
@@ -69,8 +66,7 @@ def test_newer_records_are_left_alone(plane: Any) -> None:
     assert ops.reap(q.store.now() + 3600) == 0
 
 
-def test_a_young_key_without_record_is_waited_for_then_repaired(plane: Any) -> None:
-    q = plane
+def test_a_young_key_without_record_is_waited_for_then_repaired(q: Any) -> None:
     f = q.udf(jobs.add_one)
     ops = q.ops("default")
     first = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -84,8 +80,7 @@ def test_a_young_key_without_record_is_waited_for_then_repaired(plane: Any) -> N
     assert dls.run_worker(q, once=True) == 1 and q.result(inv, timeout=5) == 6
 
 
-def test_retries_at_the_head_do_not_hide_work_behind_them(plane: Any) -> None:
-    q = plane
+def test_retries_at_the_head_do_not_hide_work_behind_them(q: Any) -> None:
     f = q.udf(jobs.add_one)
     ops = q.ops("default")
     for i in range(20):
@@ -143,8 +138,7 @@ def test_payloads_over_the_cap_are_refused(plane: Any) -> None:
         roomy.result(inv, timeout=30)
 
 
-def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(plane: Any) -> None:
-    q = plane
+def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     ops = q.ops("default")
@@ -161,8 +155,7 @@ def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(plane: Any) -> None:
     assert again is not None and again.record.id == inv and again.record.attempt == 2
 
 
-def test_retry_puts_back_a_ticket_dropped_while_it_ran(plane: Any) -> None:
-    q = plane
+def test_retry_puts_back_a_ticket_dropped_while_it_ran(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     ops = q.ops("default")

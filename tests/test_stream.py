@@ -22,8 +22,7 @@ def _serve(q: Any, **kw: Any) -> threading.Thread:
     return t
 
 
-def test_stream_snippet(plane: Any) -> None:
-    q = plane
+def test_stream_snippet(q: Any) -> None:
     gen = q.udf(jobs.count_to)  # the one binding line
     inv = gen.submit(5)
     cursor = 2
@@ -38,10 +37,9 @@ def test_stream_snippet(plane: Any) -> None:
     assert q.result(inv) == [0, 1, 2, 3, 4]  # result and stream agree
 
 
-def test_live_frames_before_the_body_ends(plane: Any, tmp_path: Path) -> None:
+def test_live_frames_before_the_body_ends(q: Any, tmp_path: Path) -> None:
     """The first yield is visible while the body still runs (age-based flush), without
     timing anything: the body waits until the reader has seen it."""
-    q = plane
     flag = tmp_path / "seen"
     inv = q.udf(jobs.hold_after_first).submit(str(flag))
     worker = _serve(q, once=True)
@@ -70,8 +68,7 @@ def test_fast_generator_batches_frames(atomic_plane: Any, report: list[str]) -> 
     assert q.get(inv).journal == {"attempt": 1, "frames": n + 1, "ended": True}  # + END
 
 
-def test_resume_after_disconnect(plane: Any) -> None:
-    q = plane
+def test_resume_after_disconnect(q: Any) -> None:
     n = 1_000
     inv = q.udf(jobs.count_to).submit(n)
     dls.run_worker(q, once=True)
@@ -102,8 +99,7 @@ def test_two_live_readers_both_get_everything(atomic_plane: Any) -> None:
     assert outs[0] == outs[1] == list(range(n))
 
 
-def test_retry_replaces_a_failed_attempts_frames(plane: Any, tmp_path: Path) -> None:
-    q = plane
+def test_retry_replaces_a_failed_attempts_frames(q: Any, tmp_path: Path) -> None:
     inv = q.udf(jobs.flaky_stream).submit(str(tmp_path / "m"), 40)
     frames: list[Any] = []
     reader = threading.Thread(target=lambda: frames.extend(q.stream(inv, timeout=60)))
@@ -118,8 +114,7 @@ def test_retry_replaces_a_failed_attempts_frames(plane: Any, tmp_path: Path) -> 
     assert q.result(inv) == list(range(40))
 
 
-def test_failed_stream_raises_after_its_frames(plane: Any) -> None:
-    q = plane
+def test_failed_stream_raises_after_its_frames(q: Any) -> None:
     inv = q.udf(jobs.bad_stream, max_attempts=1).submit(3)
     dls.run_worker(q, once=True)
     got = []
@@ -131,8 +126,7 @@ def test_failed_stream_raises_after_its_frames(plane: Any) -> None:
         q.result(inv)
 
 
-def test_stream_waits_with_a_timeout_and_of_plain_bodies(plane: Any) -> None:
-    q = plane
+def test_stream_waits_with_a_timeout_and_of_plain_bodies(q: Any) -> None:
     inv = q.udf(jobs.count_to).submit(3)
     with pytest.raises(dls.NotFinished) as err:
         list(q.stream(inv, timeout=0.05))
@@ -192,8 +186,7 @@ def test_async_stream(plane: Any) -> None:
     assert asyncio.run(read()) == [1, 2, 3]
 
 
-def test_resume_with_a_cursor_of_a_replaced_attempt(plane: Any, tmp_path: Path) -> None:
-    q = plane
+def test_resume_with_a_cursor_of_a_replaced_attempt(q: Any, tmp_path: Path) -> None:
     inv = q.udf(jobs.flaky_stream).submit(str(tmp_path / "m"), 10)
     dls.run_worker(q, max_jobs=2, idle_exit=10)
     assert q.get(inv).attempt == 2

@@ -359,9 +359,8 @@ def test_slow_submit_whose_slot_was_repaired_never_exceeds_max_depth(
 
 
 def test_a_slot_with_garbage_in_it_does_not_block_the_queue_forever(
-    plane: Any, monkeypatch: pytest.MonkeyPatch
+    q: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q = plane
     q.configure("adm", max_depth=1)
     ops = q.ops("adm")
     q.store.put(ops.keys.slot(0), b"\xff\xfe not a slot")
@@ -370,9 +369,8 @@ def test_a_slot_with_garbage_in_it_does_not_block_the_queue_forever(
 
 
 def test_a_leaked_slot_of_a_missing_record_is_fenced_then_freed(
-    plane: Any, monkeypatch: pytest.MonkeyPatch
+    q: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q = plane
     q.configure("adm", max_depth=1)
     ops = q.ops("adm")
     dead = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -402,8 +400,7 @@ def test_a_refused_submit_names_the_rate_limit_with_its_period(plane: Any) -> No
             admit(ops, f"m{i}", None, (600, 60), "reject", 0.0, lambda: at)
 
 
-def test_a_refused_submit_names_max_depth(plane: Any) -> None:
-    q = plane
+def test_a_refused_submit_names_max_depth(q: Any) -> None:
     q.configure("adm", max_depth=1)
     f = q.udf(queue="adm")(jobs.add_one)
     f.submit(1)
@@ -452,8 +449,7 @@ HOSTILE_KEYS = {
 
 @pytest.mark.parametrize("body", list(HOSTILE_KEYS))
 @pytest.mark.parametrize("strict", [False, True], ids=["lax", "strict"])
-def test_a_hostile_key_object_gives_a_clear_error(plane: Any, body: str, strict: bool) -> None:
-    q = plane
+def test_a_hostile_key_object_gives_a_clear_error(q: Any, body: str, strict: bool) -> None:
     ops = q.ops("default")
     q.store.put(ops.keys.idem("k"), HOSTILE_KEYS[body])
     with pytest.raises(dls.StoreError, match="not one lakeshore wrote"):
@@ -462,8 +458,7 @@ def test_a_hostile_key_object_gives_a_clear_error(plane: Any, body: str, strict:
 
 
 @pytest.mark.parametrize("body", list(HOSTILE_KEYS))
-def test_gc_keeps_going_past_a_hostile_key_object(plane: Any, body: str) -> None:
-    q = plane
+def test_gc_keeps_going_past_a_hostile_key_object(q: Any, body: str) -> None:
     f = q.udf(jobs.add_one)
     first = f.submit(1, _key="k")
     _finish(q)

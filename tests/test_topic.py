@@ -14,8 +14,7 @@ from lakeshore.store import Store
 from tests.conftest import FAKE_CREDS
 
 
-def test_design_snippet(plane: Any) -> None:
-    q = plane
+def test_design_snippet(q: Any) -> None:
     t = q.topic("progress")
     t.post({"step": 1})
     frames = list(t.stream(since=0))
