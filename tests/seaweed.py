@@ -101,10 +101,15 @@ def start_seaweed(weed: str, timeout: float = 90.0) -> Seaweed:
     ]
     (workdir / "data").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "S3_BUCKET"}
-    log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(
-        args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
-    )
+    with open(workdir / "weed.log", "wb") as log:  # the server keeps its own descriptor
+        proc = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
+            start_new_session=True,
+        )
     version = subprocess.run([weed, "version"], capture_output=True, text=True).stdout.strip()
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
     server = Seaweed(endpoint, proc, workdir, version)
