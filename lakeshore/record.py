@@ -373,10 +373,10 @@ _ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")  # canonical (upper case) C
 MAX_COUNT = 2**31 - 1  # attempts, max_attempts, released
 
 
-def _int(obj: dict[str, Any], name: str, low: int, high: int | None = None) -> None:
+def _int(obj: dict[str, Any], name: str, low: int, high: float = math.inf) -> None:
     v = obj[name]
-    if not _is_int(v) or v < low or (high is not None and v > high):
-        span = f"from {low} to {high}" if high is not None else f">= {low}"
+    if not _is_int(v) or v < low or v > high:
+        span = f"from {low} to {high}" if high != math.inf else f">= {low}"
         raise _Bad(name, f"must be an integer {span}, got {_show(v)}")
 
 
@@ -519,14 +519,14 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
         if v is not None:
             if type(v) is not kind:
                 _of_type(full, name, kind, optional=True)
-            if len(v) * (1 if kind is bytes else 4) > cap:
+            if len(v) * 4 > cap:  # possibly over: _capped measures it exactly
                 _capped(v, name)
     if type(full["state"]) is not str or full["state"] not in STATES:
         raise _Bad("state", f"must be one of {', '.join(STATES)}, got {_show(full['state'])}")
     for name, low, high in _INTS:
         v = full[name]
         if type(v) is not int or v < low or v > high:
-            _int(full, name, low, None if high == _UNBOUNDED else high)
+            _int(full, name, low, high)
     if full["slot"] is not None:
         _int(full, "slot", 0)
     for name in _OPTIONAL_NUMBERS:
@@ -560,15 +560,14 @@ _OPTIONAL_TEXT = (
     ("fn_pickle", bytes, LIMITS["fn_pickle"]),
 )
 # counters are bounded far above any real use: arithmetic on them must stay cheap
-_UNBOUNDED = 2**63
-_INTS = (
+_INTS: tuple[tuple[str, int, float], ...] = (
     ("priority", MIN_PRIORITY, MAX_PRIORITY),
     ("attempt", 0, MAX_COUNT),
     ("max_attempts", 1, MAX_COUNT),
     ("released", 0, MAX_COUNT),
     ("reruns", 0, MAX_COUNT),
-    ("rev", 0, _UNBOUNDED),
-    ("v", 1, _UNBOUNDED),
+    ("rev", 0, math.inf),
+    ("v", 1, math.inf),
 )
 _OPTIONAL_NUMBERS = ("timeout_s", "deadline_at", "started_at", "finished_at")
 
