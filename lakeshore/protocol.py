@@ -141,6 +141,9 @@ class QueueOps:
         # without a GET until then or until the ticket changes, so long-running jobs and
         # retries backing off at the head of the queue never hide the work behind them
         self._later: dict[str, tuple[str, float]] = {}
+        # when the last retry this process read backing off comes due (store time): a worker
+        # draining the queue does not leave before it has polled once after that
+        self._retry_due = 0.0
         self._listing: list[ObjectInfo] = []
         self._listed_at = -1e9  # time.monotonic() of the listing
         self._trying: set[str] = set()  # ticket keys a slot of this process is reading now
@@ -297,6 +300,12 @@ class QueueOps:
             self._later.pop(key, None)
             self._misses.pop(key, None)
             self._promoted.discard(key)
+
+    def retry_due(self) -> float:
+        """When the last retry this process has read backing off comes due (store time; 0
+        when none). A record claiming a time past the longest backoff does not count."""
+        with self._lock:
+            return self._retry_due
 
     def _skipped(self, info: ObjectInfo, now: float) -> bool:
         seen = self._later.get(info.key)
@@ -524,6 +533,9 @@ class QueueOps:
         if rec.not_before > now:
             # backing off before a retry; the ticket stays
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), rec.not_before)
+            if rec.not_before <= now + lifecycle.MAX_BACKOFF_S:  # no later than a real backoff
+                with self._lock:
+                    self._retry_due = max(self._retry_due, rec.not_before)
             return None, moved
         return (rec, etag, ticket_etag), moved
 

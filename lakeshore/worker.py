@@ -72,6 +72,7 @@ class _State:
     hooks: Hooks = field(default_factory=Hooks)
     allow: Allow = field(default_factory=Allow)
     lease_s: float | None = None
+    wait_retries: bool = False  # an idle exit waits for retries backing off (draining)
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle_turn: threading.Lock = field(default_factory=threading.Lock)
     idle_delay: float = 0.005  # the idle slots' shared poll backoff
@@ -130,6 +131,8 @@ def run_worker(
             ``"auto"`` (a child when the invocation has a ``timeout_s``, else a thread).
         max_jobs: return after this many attempts.
         idle_exit: return after this many seconds without work (array jobs that drain).
+            A retry the worker has seen backing off is work to come: unless ``once``, a
+            positive ``idle_exit`` does not end the worker before it is due and claimed.
         max_poll_s: longest pause between polls of an idle queue.
         worker_id: name in leases and logs; default ``host:pid``.
         stop: set it to stop claiming; running attempts get ``grace_s`` to finish, then are
@@ -186,6 +189,7 @@ def run_worker(
         hooks=hooks,
         allow=allowed,
         lease_s=lease_s,
+        wait_retries=bool(idle_exit) and not once,
     )
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
@@ -408,10 +412,11 @@ def _serve(
 ) -> None:
     delay = 0.005
     idle_since = time.monotonic()
+    polled = 0.0  # store time of this slot's last claim pass
     turn = 0
     idle = False
     while not state.stop.is_set():
-        if idle and idle_exit is not None and time.monotonic() - idle_since >= idle_exit:
+        if idle and idle_exit is not None and _drained(state, ops, idle_exit, idle_since, polled):
             return
         # While idle, the slots of a worker poll one at a time (each holds the turn through
         # its pause), so an idle worker costs the same however many slots it has.
@@ -421,6 +426,7 @@ def _serve(
         try:
             if not state.take_slot():
                 return
+            polled = state.plane.store.now()
             held, q, turn = _claim(state, ops, turn)
             if held is None:
                 state.give_back()
@@ -462,6 +468,20 @@ def _serve(
             state.done += 1
         idle_since = time.monotonic()
         _maybe_sweep(state, ops)
+
+
+def _drained(
+    state: _State, ops: list[QueueOps], idle_exit: float, idle_since: float, polled: float
+) -> bool:
+    """Idle for ``idle_exit`` seconds, and (when draining) no retry this worker has seen
+    backing off is still to come: it is work, so the slot polls once after it comes due.
+    A store clock stepped back cannot hold the worker past the longest backoff."""
+    idle_for = time.monotonic() - idle_since
+    if idle_for < idle_exit:
+        return False
+    if not state.wait_retries or idle_for >= idle_exit + lifecycle.MAX_BACKOFF_S:
+        return True
+    return all(q.retry_due() < polled for q in ops)
 
 
 def _claim(state: _State, ops: list[QueueOps], turn: int) -> tuple[Claimed | None, QueueOps, int]:

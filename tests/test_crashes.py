@@ -64,7 +64,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, report: list[str
         os.killpg(w.pid, signal.SIGKILL)
         w.wait(30)
         kills += 1
-    final = worker(url, "--concurrency", "3", "--isolation", "process", "--idle-exit", "3")
+    final = worker(url, "--concurrency", "3", "--isolation", "process", "--idle-exit", "5")
     try:
         final.wait(240)
     finally:
@@ -72,8 +72,8 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, report: list[str
             os.killpg(final.pid, signal.SIGKILL)
     elapsed = time.monotonic() - t0
     recs = [q.get(i) for i in ids]
-    lost = [r.id for r in recs if r.state != "succeeded"]
-    assert not lost, lost
+    lost = [(r.id, r.state, r.attempt, r.error) for r in recs if r.state != "succeeded"]
+    assert not lost, (lost, final.returncode)
     assert [q.result(i) for i in ids] == names
     overlaps = 0
     reruns = 0

@@ -4,6 +4,7 @@ concurrent keyed submits, head-of-line retries, and inputs that must fail fast."
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,3 +176,22 @@ def test_retry_puts_back_a_ticket_dropped_while_it_ran(q: Any) -> None:
     ops.put_marker = real_put  # type: ignore[method-assign]
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     assert q.result(inv) == 2
+
+
+def test_an_idle_exit_waits_for_a_retry_backing_off(q: Any, tmp_path: Path) -> None:
+    # A worker draining the queue must not leave a retry it has seen behind: the job would
+    # stay queued with nobody to run it (SIGKILL test, CI run of 2026-12-01).
+    slow = make_plane(q.store, retry_backoff_s=0.8)
+    inv = slow.udf(jobs.fail_until).submit(str(tmp_path / "n"), 1)
+    # a record claiming a retry far past the longest backoff is not waited for
+    hostile = slow.udf(jobs.add_one).submit(1)
+    ops = slow.ops("default")
+    rec, etag = ops.read(hostile)
+    ops.cas(rec.next_write(not_before=slow.store.now() + 3600), etag)
+    ran = dls.run_worker(slow, isolation="thread", idle_exit=0.2, max_poll_s=0.05)
+    assert ran == 2 and slow.result(inv, timeout=1) == "ok after 2"
+    assert slow.get(hostile).state == "queued"
+    # one pass (``once``) never waits for a retry
+    again = slow.udf(jobs.fail_until).submit(str(tmp_path / "m"), 1)
+    assert dls.run_worker(slow, once=True, isolation="thread", idle_exit=0.2) == 1
+    assert slow.get(again).state == "queued" and slow.get(again).attempt == 1

@@ -276,7 +276,8 @@ def register(sub: Any) -> None:
         "--idle-exit",
         type=finite,
         metavar="SECONDS",
-        help="exit (code 0) after this long without work: array jobs that drain",
+        help="exit (code 0) after this long without work: array jobs that drain (a retry "
+        "the worker has seen backing off is work to come: it stays to run it)",
     )
     p.add_argument(
         "--lease",
