@@ -16,7 +16,7 @@ assert q.result(inv) == 2
 from __future__ import annotations
 
 from lakeshore import run
-from lakeshore.dispatch import DEFAULT_URL, Dispatch, default_plane
+from lakeshore.dispatch import DEFAULT_URL, Dispatch, default_plane, scope, udf
 from lakeshore.errors import (
     Conflict,
     CorruptSegment,
@@ -48,10 +48,10 @@ from lakeshore.errors import (
 from lakeshore.journal import Frame
 from lakeshore.queueconf import QueueConfig
 from lakeshore.record import Record
-from lakeshore.run import DataRoot, scope
+from lakeshore.run import DataRoot
 from lakeshore.store import open_store
 from lakeshore.topic import Topic
-from lakeshore.udf import Udf, udf
+from lakeshore.udf import Udf
 from lakeshore.worker import run_worker
 
 __version__ = "0.4.0"

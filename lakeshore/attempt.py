@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lakeshore import codec, lifecycle
+from lakeshore.bodies import Allow, Declared, body_kind, load_body
 from lakeshore.child import ChildProcess, Hooks, Job
 from lakeshore.errors import (
     Conflict,
@@ -37,10 +38,9 @@ from lakeshore.logs import log_writer, text_sink
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import Record, clip_error
 from lakeshore.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
-from lakeshore.udf import Allow, Udf, body_kind, load_body
 
 if TYPE_CHECKING:
-    from lakeshore.dispatch import Dispatch
+    from lakeshore.plane import Plane
 
 __all__ = ["Attempt", "Running", "Slot", "run_attempt"]
 
@@ -115,7 +115,7 @@ class Slot:
     """What one worker slot keeps between attempts: its child process (process isolation),
     its body thread (thread isolation) and its heartbeat thread."""
 
-    plane: Dispatch
+    plane: Plane
     isolation: str
     hooks: Hooks
     allow: Allow = field(default_factory=Allow)  # the operator's allow-list (run_worker)
@@ -316,8 +316,8 @@ def _execute(
         return Outcome("error", error=error_of(e))
     except LakeshoreError as e:  # missing, tampered or undecodable input; unknown function
         return _fatal(e)
-    fn = target.fn if isinstance(target, Udf) else target
-    kind = target.kind if isinstance(target, Udf) else body_kind(fn)
+    fn = target.fn if isinstance(target, Declared) else target
+    kind = target.kind if isinstance(target, Declared) else body_kind(fn)
     isolation = slot.isolation
     if isolation == "auto":
         isolation = "process" if rec.timeout_s is not None else "thread"
@@ -338,7 +338,7 @@ def _execute(
     )
 
 
-def _load(rec: Record, plane: Dispatch, allow: Allow) -> Any:
+def _load(rec: Record, plane: Plane, allow: Allow) -> Any:
     """The callable an invocation names, if this worker declared it as a body (see
     :func:`lakeshore.udf.load_body`); pickled ones only where the worker opted in. This is
     the one place a worker decides what it runs: a child process runs only what passed here.

@@ -29,7 +29,8 @@ from lakeshore.store import LocalStore, MemoryStore, Store
 from lakeshore.submit import OPTIONS, Prepared, check_options, prepare_call, publish_prepared
 
 if TYPE_CHECKING:
-    from lakeshore.udf import Udf
+    from lakeshore.bodies import Declared
+    from lakeshore.plane import Plane
 
 __all__ = ["default_concurrency", "submit_many"]
 
@@ -102,7 +103,8 @@ def starmap_calls(items: Iterable[Any], kwargs: dict[str, Any] | None, op: str) 
 
 
 def submit_many(
-    udf: Udf[Any, Any],
+    plane: Plane,
+    udf: Declared,
     calls: list[Call],
     *,
     keys: Iterable[str | None] | Callable[..., str | None] | None = None,
@@ -110,7 +112,8 @@ def submit_many(
     progress: bool = False,
     **options: Any,
 ) -> list[str]:
-    """Submit ``calls`` of ``udf`` and return their ids in order; see :meth:`Udf.map`.
+    """Submit ``calls`` of ``udf`` to ``plane`` and return their ids in order; see
+    :meth:`lakeshore.udf.Udf.map`.
 
     Raises:
         InvalidArgument: a bad option, key or call (nothing was written).
@@ -127,7 +130,6 @@ def submit_many(
             "pass one key per call: _keys=[...] or _keys=lambda *args: ... (nothing was submitted)",
         )
     check_options(options, op, _OPTIONS, ", _keys, concurrency and progress")
-    plane = udf.plane
     workers = default_concurrency(plane.store) if concurrency is None else concurrency
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InvalidArgument(
@@ -136,7 +138,7 @@ def submit_many(
     if not isinstance(progress, bool):
         raise InvalidArgument(op, f"progress={progress!r}", "pass True or False")
     per_call = _keys(keys, calls, op)
-    jobs = [_prepare(udf, op, i, call, per_call[i], options) for i, call in enumerate(calls)]
+    jobs = [_prepare(plane, udf, op, i, call, per_call[i], options) for i, call in enumerate(calls)]
     first = _first_of_key(jobs, op)
     flush()  # the producer's files, once for the batch, before any record names them
     return _publish_all(udf.ref, jobs, first, workers, progress)
@@ -199,11 +201,17 @@ def _keys(
 
 
 def _prepare(
-    udf: Udf[Any, Any], op: str, i: int, call: Call, key: str | None, options: dict[str, Any]
+    plane: Plane,
+    udf: Declared,
+    op: str,
+    i: int,
+    call: Call,
+    key: str | None,
+    options: dict[str, Any],
 ) -> Prepared:
     args, kwargs = call
     try:
-        return prepare_call(udf.plane, udf, args, kwargs, key=key, **options)
+        return prepare_call(plane, udf, args, kwargs, key=key, **options)
     except LakeshoreError as e:
         # the same kind, naming the call: a batch of thousands needs to say which one
         raise type(e)(

@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshore import codec
+from lakeshore.bodies import Declared, import_ref
 from lakeshore.errors import (
     HookFailed,
     InvalidArgument,
     LakeshoreError,
     Stopped,
     StoreUnavailable,
+    UnknownFunction,
     Unsendable,
 )
 from lakeshore.logs import Sink, capture
@@ -68,8 +70,6 @@ class Hooks:
         Raises:
             InvalidArgument: a reference cannot be imported, or a hook is not callable.
         """
-        from lakeshore.errors import UnknownFunction
-        from lakeshore.udf import import_ref
 
         def load(hook: Any, name: str) -> Any:
             if hook is None or callable(hook):
@@ -104,9 +104,6 @@ class Job:
 
 def _serve(conn: Any, hooks: Hooks) -> None:
     """The child's main loop."""
-    from lakeshore.errors import UnknownFunction
-    from lakeshore.udf import Udf, import_ref
-
     # Ctrl-C and a cluster's SIGTERM reach the whole process group; stopping a body is the
     # worker's decision (finish within the grace, else release), so the child ignores them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -164,7 +161,7 @@ def _serve(conn: Any, hooks: Hooks) -> None:
                         if job.fn_pickle is not None
                         else import_ref(job.ref)  # approved by the worker process
                     )
-                    fn = target.fn if isinstance(target, Udf) else target
+                    fn = target.fn if isinstance(target, Declared) else target
                     args, kwargs = codec.decode(job.payload, "arguments")
 
                     def emit(data: bytes) -> None:

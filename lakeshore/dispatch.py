@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,35 +29,28 @@ from lakeshore.fence import abandoned
 from lakeshore.journal import Frame
 from lakeshore.keys import (
     DEFAULT_QUEUE,
-    QueueKeys,
-    check_id,
     check_name,
-    id_index,
-    probe_prefix,
 )
 from lakeshore.logs import follow_logs, read_logs
+from lakeshore.plane import DEFAULT_URL, Plane
 from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps, unclaimed
 from lakeshore.queueconf import QueueConfig
-from lakeshore.queues import QueueSettings
 from lakeshore.record import Blob, Record
-from lakeshore.run import DataRoot, data_root
 from lakeshore.run import scope as run_scope
-from lakeshore.store import Store, open_store
 from lakeshore.stream import follow
 from lakeshore.submit import submit_call
 from lakeshore.topic import Topic
 from lakeshore.udf import Udf
 
-__all__ = ["DEFAULT_URL", "Dispatch", "default_plane"]
+__all__ = ["DEFAULT_URL", "Dispatch", "default_plane", "scope", "udf"]
 
-DEFAULT_URL = "file://~/.lakeshore"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 _TICKET_RECHECK_S = 10.0  # a result() poll of a never-claimed job re-reads its ticket this often
 
 
-class Dispatch:
+class Dispatch(Plane):
     """A lakeshore plane on one store.
 
     Args:
@@ -89,80 +80,8 @@ class Dispatch:
         InvalidArgument: bad URL, namespace or setting.
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        ns: str = "default",
-        *,
-        store: Store | None = None,
-        spill_bytes: int = 64 * 1024,
-        max_attempts: int = 3,
-        lease_s: float = 30.0,
-        retry_backoff_s: float = 1.0,
-        allow_pickle: bool = False,
-        data: str | None = None,
-        data_options: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-        max_payload_bytes: int = 256 * 1024 * 1024,
-    ) -> None:
-        self.url = url or os.environ.get("LAKESHORE_URL") or DEFAULT_URL
-        self.ns = check_name(ns, "namespace")
-        if (
-            spill_bytes < 0
-            or max_attempts < 1
-            or not (math.isfinite(lease_s) and lease_s > 0)
-            or not (math.isfinite(retry_backoff_s) and retry_backoff_s >= 0)
-            or max_payload_bytes < 1
-        ):
-            raise InvalidArgument(
-                "Dispatch",
-                "spill_bytes, max_attempts, lease_s, retry_backoff_s or max_payload_bytes out "
-                "of range",
-                "use spill_bytes >= 0, max_attempts >= 1, finite lease_s > 0 and "
-                "retry_backoff_s >= 0, max_payload_bytes >= 1",
-            )
-        self.store = store if store is not None else open_store(self.url)
-        self.store.probe_within(probe_prefix(self.ns))  # inside what every role may list
-        self.spill_bytes = spill_bytes
-        self.max_attempts = max_attempts
-        self.lease_s = lease_s
-        self.retry_backoff_s = retry_backoff_s
-        self.allow_pickle = allow_pickle
-        self.max_payload_bytes = max_payload_bytes
-        self.registry: dict[str, Udf[Any, Any]] = {}
-        self._ops: dict[str, QueueOps] = {}
-        self.settings = QueueSettings(self.store, self.ns)
-        self._data = (data or os.environ.get("LAKESHORE_DATA") or "", data_options, cache_dir)
-        self._data_root: DataRoot | None = None
-        self._where: dict[str, str] = {}  # id -> queue; ids never move, so this never goes stale
-        self._topics: dict[str, Topic] = {}  # one handle per name: it knows the tail
-        self._lock = threading.Lock()
-
     def __repr__(self) -> str:
         return f"Dispatch({self.url!r}, ns={self.ns!r})"
-
-    @property
-    def data_root(self) -> DataRoot:
-        """Where this plane's bodies read and write files (see ``data`` above).
-
-        Raises:
-            InvalidArgument: the data root URL is unusable or its fsspec driver is missing.
-        """
-        if self._data_root is None:
-            url, options, cache = self._data
-            if not url or (options is None and url.startswith("s3://")):
-                try:
-                    base, store_options = self.store.files_location()
-                except InvalidArgument as e:
-                    base, store_options = "", {"why": e.what}
-                if not url:
-                    url, options = (f"{base}/data/{self.ns}" if base else ""), store_options
-                elif base.startswith("s3://"):  # same endpoint and credentials
-                    options = store_options
-            self._data_root = (
-                data_root(url, options, cache or "") if url else DataRoot("", options or {})
-            )
-        return self._data_root
 
     def scope(self, prefix: str = "") -> AbstractContextManager[str]:
         """``dls.scope`` bound to this plane's data root: inside the block, ``dls.run.read``
@@ -219,17 +138,6 @@ class Dispatch:
 
         return wrap(fn) if fn is not None else wrap
 
-    def queues(self) -> list[str]:
-        """Queues this plane knows in this process (declared by ``@udf`` or used)."""
-        names = {u.queue for u in self.registry.values()} | set(self._ops)
-        return sorted(names or {DEFAULT_QUEUE})
-
-    def ops(self, queue: str) -> QueueOps:
-        with self._lock:
-            if queue not in self._ops:
-                self._ops[queue] = QueueOps(self.store, QueueKeys(self.ns, queue))
-            return self._ops[queue]
-
     # -- submit ---------------------------------------------------------------------------------
 
     def submit_call(
@@ -251,49 +159,13 @@ class Dispatch:
 
     # -- lookups --------------------------------------------------------------------------------
 
-    def _locate(self, inv: str) -> tuple[QueueOps, Record, str]:
-        inv = check_id(inv)
-        tried: list[str] = []
-        cached = self._where.get(inv)
-        candidates = list(
-            dict.fromkeys([*([cached] if cached else []), DEFAULT_QUEUE, *self.queues()])
-        )
-        for queue in candidates:
-            ops = self.ops(queue)
-            try:
-                rec, etag = ops.read(inv)
-            except NotFound:
-                tried.append(queue)
-                continue
-            self._where[inv] = queue
-            return ops, rec, etag
-        try:
-            raw = self.store.get(id_index(self.ns, inv), max_bytes=MAX_SMALL_BYTES)[0]
-            queue = raw.decode("utf-8", "replace")
-        except NotFound:
-            queue = ""
-        if queue and queue not in tried:
-            ops = self.ops(queue)
-            try:
-                rec, etag = ops.read(inv)
-                self._where[inv] = queue
-                return ops, rec, etag
-            except NotFound:
-                pass
-        raise NotFound(
-            f"lookup {inv}",
-            f"no invocation with this id in namespace {self.ns!r} of {self.store.url}",
-            "check the id, the namespace and the store URL",
-            id=inv,
-        )
-
     def get(self, inv: str) -> Record:
         """The invocation's record (a snapshot).
 
         Raises:
             InvalidArgument: ``inv`` is not an id. NotFound: no such invocation.
         """
-        return self._locate(inv)[1]
+        return self.locate(inv)[1]
 
     def status(self, inv: str) -> str:
         """The invocation's state: queued, running, succeeded, failed, killed or timeout.
@@ -341,7 +213,7 @@ class Dispatch:
         """
         if not isinstance(since, int) or since < 0:
             raise InvalidArgument(f"stream {inv}", f"since={since!r}", "pass an int >= 0")
-        ops, rec, _ = self._locate(inv)
+        ops, rec, _ = self.locate(inv)
         return follow(ops, rec.id, since, timeout, _job_error, since_attempt=attempt)
 
     async def astream(
@@ -359,7 +231,7 @@ class Dispatch:
     def _wait(self, inv: str, timeout: float | None) -> tuple[QueueOps, Record]:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
-        ops, rec, etag = self._locate(inv)
+        ops, rec, etag = self.locate(inv)
         looked = time.monotonic()
         while not rec.terminal:
             if deadline is not None and time.monotonic() >= deadline:
@@ -390,7 +262,7 @@ class Dispatch:
         Raises:
             NotFound: no such invocation.
         """
-        ops, rec, etag = self._locate(inv)
+        ops, rec, etag = self.locate(inv)
         while not rec.terminal:
             killed = lifecycle.cancel(rec, self.store.now(), reason)
             try:
@@ -411,7 +283,7 @@ class Dispatch:
             NotFound: no such invocation.
             Conflict: it is still queued or running.
         """
-        ops, rec, etag = self._locate(inv)
+        ops, rec, etag = self.locate(inv)
         while True:
             if abandoned(rec):
                 raise Conflict(
@@ -449,7 +321,7 @@ class Dispatch:
         Raises:
             NotFound: no such invocation. InvalidArgument: a bad id.
         """
-        ops, rec, _ = self._locate(inv)
+        ops, rec, _ = self.locate(inv)
         return "".join(text for _k, _a, text in read_logs(self.store, ops.keys, rec.id, attempt))
 
     def follow_logs(
@@ -461,7 +333,7 @@ class Dispatch:
         Raises:
             NotFound: no such invocation. InvalidArgument: a bad id.
         """
-        ops, rec, _ = self._locate(inv)
+        ops, rec, _ = self.locate(inv)
 
         def finished() -> bool:
             return ops.read(rec.id)[0].terminal
@@ -557,3 +429,42 @@ def default_plane() -> Dispatch:
         if _default is None:
             _default = Dispatch()
         return _default
+
+
+def scope(prefix: str = "") -> AbstractContextManager[str]:
+    """``dls.scope``: resolve data keys under ``prefix`` inside the block, on the data root
+    of the enclosing block, else of the default plane (see :func:`lakeshore.run.scope`).
+
+    Raises:
+        InvalidArgument: ``prefix`` is absolute, a URL, or climbs out of the data root.
+    """
+    return run_scope(prefix, default_root=lambda: default_plane().data_root)
+
+
+def udf(
+    fn: Callable[..., Any] | None = None,
+    *,
+    queue: str = "default",
+    max_attempts: int | None = None,
+    timeout_s: float | None = None,
+    priority: int | None = None,
+) -> Any:
+    """``@dls.udf``: like ``@q.udf`` but bound to the default plane (``Dispatch()``), which
+    is created on the first submit.
+
+    Raises:
+        InvalidArgument: bad queue name, or a function workers could not import.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:
+        return Udf(
+            f,
+            None,
+            queue=queue,
+            max_attempts=max_attempts,
+            timeout_s=timeout_s,
+            priority=priority,
+            default=default_plane,
+        )
+
+    return wrap(fn) if fn is not None else wrap

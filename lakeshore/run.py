@@ -859,7 +859,12 @@ def flush() -> None:
 
 
 @contextlib.contextmanager
-def scope(prefix: str = "", *, root: DataRoot | None = None) -> Iterator[str]:
+def scope(
+    prefix: str = "",
+    *,
+    root: DataRoot | None = None,
+    default_root: Callable[[], DataRoot] | None = None,
+) -> Iterator[str]:
     """Resolve data keys under ``prefix`` inside the block; yields the full prefix.
 
     Scopes nest (prefixes join) and ``..`` climbs to a parent scope, never out of the data
@@ -867,18 +872,30 @@ def scope(prefix: str = "", *, root: DataRoot | None = None) -> Iterator[str]:
     around the body, so a key names the same object in both places. Outside a body, the
     outermost block also collects the files ``run.write`` hands out and uploads them before
     each ``submit`` inside it and when it ends (an exception discards them). ``q.scope``
-    binds the block to plane ``q``'s data root; ``dls.scope`` to the enclosing block's, else
-    the default plane's.
+    binds the block to plane ``q``'s data root; without ``root``, the block uses the
+    enclosing block's, else ``default_root()`` (``dls.scope`` passes the default plane's).
 
     Raises:
-        InvalidArgument: ``prefix`` is absolute, a URL, or climbs out of the data root.
+        InvalidArgument: ``prefix`` is absolute, a URL, or climbs out of the data root; or
+            neither ``root`` nor ``default_root`` is given outside any block.
     """
     with prefixed(prefix) as full:
         ctx = _CTX.get()
         if ctx is not None and (root is None or ctx.same_root(root)):
             yield full
             return
-        fresh = RunContext(root or _default_root, "producer", prefix=full)
+        source: DataRoot | Callable[[], DataRoot]
+        if root is not None:
+            source = root
+        elif default_root is not None:
+            source = default_root
+        else:
+            raise InvalidArgument(
+                "scope",
+                "no data root: not inside a body or scope block, and none given",
+                "use `with q.scope(prefix):` (or `with dls.scope(prefix):` for the default plane)",
+            )
+        fresh = RunContext(source, "producer", prefix=full)
         try:
             with fresh.activate():
                 yield full
@@ -962,9 +979,3 @@ async def _local_coro(ctx: RunContext, coro: Any) -> Any:
         return value
     finally:
         ctx.close()
-
-
-def _default_root() -> DataRoot:
-    from lakeshore.dispatch import default_plane
-
-    return default_plane().data_root

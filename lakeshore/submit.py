@@ -19,7 +19,6 @@ over.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import math
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec
 from lakeshore.admission import admit, give_back_rate
+from lakeshore.bodies import Declared
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
@@ -38,16 +38,15 @@ from lakeshore.errors import (
     StoreError,
 )
 from lakeshore.fence import abandoned, fence
-from lakeshore.keys import DEFAULT_QUEUE, band, check_id, id_index, new_id
+from lakeshore.keys import DEFAULT_QUEUE, band, check_id, new_id
 from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
 from lakeshore.record import MAX_COUNT, Blob, Record, check_fields, check_key_arg
 from lakeshore.run import flush
 from lakeshore.scope import current_prefix
 from lakeshore.store.base import CREATE, if_match
-from lakeshore.udf import Udf
 
 if TYPE_CHECKING:
-    from lakeshore.dispatch import Dispatch
+    from lakeshore.plane import Plane
     from lakeshore.queueconf import QueueConfig
 
 __all__ = [
@@ -91,8 +90,8 @@ def check_options(
 
 
 def submit_call(
-    plane: Dispatch,
-    udf: Udf[Any, Any],
+    plane: Plane,
+    udf: Declared,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     **options: Any,
@@ -116,8 +115,8 @@ def submit_call(
 
 
 def prepare_call(
-    plane: Dispatch,
-    udf: Udf[Any, Any],
+    plane: Plane,
+    udf: Declared,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
@@ -213,7 +212,7 @@ def publish_prepared(job: Prepared) -> str:
 class _Job:
     """One submit's settled inputs."""
 
-    plane: Dispatch
+    plane: Plane
     ops: QueueOps
     conf: QueueConfig
     draft: Record
@@ -465,23 +464,18 @@ def _publish(job: _Job, inv: str, draft: Record) -> bool:
         submitted_at=now,
     )
     if rec.queue != DEFAULT_QUEUE:
-        _index(plane, inv, rec.queue)
+        plane.index(inv, rec.queue)
     if not ops.submit(rec):
         return False
-    plane._where[inv] = rec.queue
+    plane.remember(inv, rec.queue)
     return True
-
-
-def _index(plane: Dispatch, inv: str, queue: str) -> None:
-    with contextlib.suppress(Conflict):
-        plane.store.put(id_index(plane.ns, inv), queue.encode(), CREATE)
 
 
 VAR_KEYWORD = Parameter.VAR_KEYWORD
 
 
 def _input_hash(
-    udf: Udf[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], prefix: str = ""
+    udf: Declared, args: tuple[Any, ...], kwargs: dict[str, Any], prefix: str = ""
 ) -> str:
     """A digest of the call that does not depend on how it was spelled: arguments are bound to
     the function's signature (positional or keyword, any order, defaults filled in). The

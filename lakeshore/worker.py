@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from lakeshore import codec, lifecycle
 from lakeshore.admission import sweep_rate
 from lakeshore.attempt import Attempt, Slot, run_attempt
+from lakeshore.bodies import Allow
 from lakeshore.child import Hooks
 from lakeshore.errors import (
     Conflict,
@@ -44,10 +45,9 @@ from lakeshore.keys import worker_key
 from lakeshore.protocol import Claimed, QueueOps
 from lakeshore.record import check_text
 from lakeshore.store.base import OVERWRITE
-from lakeshore.udf import Allow
 
 if TYPE_CHECKING:
-    from lakeshore.dispatch import Dispatch
+    from lakeshore.plane import Plane
 
 __all__ = ["run_worker"]
 
@@ -64,7 +64,7 @@ _SIGNAL_WAIT_S = 2.0  # how long a slot waits to learn whether a signal reached 
 class _State:
     """What the slots of one worker share."""
 
-    plane: Dispatch
+    plane: Plane
     worker_id: str
     isolation: str
     max_jobs: int | None
@@ -99,7 +99,7 @@ class _State:
 
 
 def run_worker(
-    plane: Dispatch,
+    plane: Plane,
     *,
     once: bool = False,
     queues: list[str] | None = None,

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
+from lakeshore.bodies import Allow, load_body
 from lakeshore.record import Record
 from lakeshore.store import MemoryStore, Store
-from lakeshore.udf import Allow, load_body
 from tests import jobs
 from tests.conftest import make_plane, record_key
 from tests.waiting import poll

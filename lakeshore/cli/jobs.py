@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from lakeshore.bodies import Declared, import_ref
 from lakeshore.cli.common import (
     add_common,
     ago,
@@ -23,7 +24,6 @@ from lakeshore.cli.common import (
 from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound
 from lakeshore.keys import check_id
 from lakeshore.record import TERMINAL, Record
-from lakeshore.udf import Udf, import_ref
 
 __all__ = ["register"]
 
@@ -53,12 +53,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         )
     q = plane(args, create=True)  # a first submit is how a store comes to be
     target = import_ref(args.function)  # the user names it here, on their own authority
-    fn = target.fn if isinstance(target, Udf) else target
-    queue = args.queue or (target.queue if isinstance(target, Udf) else "default")
+    fn = target.fn if isinstance(target, Declared) else target
+    queue = args.queue or (target.queue if isinstance(target, Declared) else "default")
     options: dict[str, Any] = {"_key": args.key} if args.key else {}
     if args.priority is not None:
         options["_priority"] = args.priority
-    decorated = target if isinstance(target, Udf) else None  # keeps its @udf settings
+    decorated = target if isinstance(target, Declared) else None  # keeps its @udf settings
     inv = q.udf(
         queue=queue,
         max_attempts=decorated.max_attempts if decorated else None,

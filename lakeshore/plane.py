@@ -1,0 +1,172 @@
+"""``Plane``: what the queue code needs of a plane — its store, namespace, limits, the
+functions declared on it, one ``QueueOps`` per queue, the id lookup and the data root.
+
+``Dispatch`` (the public facade) is a ``Plane`` with the user's methods on top. The submit,
+worker and attempt code take a ``Plane`` and never import the facade, so the layering runs
+one way: store → protocol → plane → submit/worker → facade → CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from typing import Any
+
+from lakeshore.bodies import Declared
+from lakeshore.errors import Conflict, InvalidArgument, NotFound
+from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, id_index, probe_prefix
+from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
+from lakeshore.queues import QueueSettings
+from lakeshore.record import Record
+from lakeshore.run import DataRoot, data_root
+from lakeshore.store import Store, open_store
+from lakeshore.store.base import CREATE
+from lakeshore.topic import Topic
+
+__all__ = ["DEFAULT_URL", "Plane"]
+
+DEFAULT_URL = "file://~/.lakeshore"
+
+
+class Plane:
+    """A plane on one store: the state the queue code shares (see ``Dispatch`` for the
+    arguments)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        ns: str = "default",
+        *,
+        store: Store | None = None,
+        spill_bytes: int = 64 * 1024,
+        max_attempts: int = 3,
+        lease_s: float = 30.0,
+        retry_backoff_s: float = 1.0,
+        allow_pickle: bool = False,
+        data: str | None = None,
+        data_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        max_payload_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.url = url or os.environ.get("LAKESHORE_URL") or DEFAULT_URL
+        self.ns = check_name(ns, "namespace")
+        if (
+            spill_bytes < 0
+            or max_attempts < 1
+            or not (math.isfinite(lease_s) and lease_s > 0)
+            or not (math.isfinite(retry_backoff_s) and retry_backoff_s >= 0)
+            or max_payload_bytes < 1
+        ):
+            raise InvalidArgument(
+                "Dispatch",
+                "spill_bytes, max_attempts, lease_s, retry_backoff_s or max_payload_bytes out "
+                "of range",
+                "use spill_bytes >= 0, max_attempts >= 1, finite lease_s > 0 and "
+                "retry_backoff_s >= 0, max_payload_bytes >= 1",
+            )
+        self.store = store if store is not None else open_store(self.url)
+        self.store.probe_within(probe_prefix(self.ns))  # inside what every role may list
+        self.spill_bytes = spill_bytes
+        self.max_attempts = max_attempts
+        self.lease_s = lease_s
+        self.retry_backoff_s = retry_backoff_s
+        self.allow_pickle = allow_pickle
+        self.max_payload_bytes = max_payload_bytes
+        self.registry: dict[str, Declared] = {}
+        self._ops: dict[str, QueueOps] = {}
+        self.settings = QueueSettings(self.store, self.ns)
+        self._data = (data or os.environ.get("LAKESHORE_DATA") or "", data_options, cache_dir)
+        self._data_root: DataRoot | None = None
+        self._topics: dict[str, Topic] = {}  # one handle per name: it knows the tail
+        self._where: dict[str, str] = {}  # id -> queue; ids never move, so this never goes stale
+        self._lock = threading.Lock()
+
+    @property
+    def data_root(self) -> DataRoot:
+        """Where this plane's bodies read and write files (see ``data`` above).
+
+        Raises:
+            InvalidArgument: the data root URL is unusable or its fsspec driver is missing.
+        """
+        if self._data_root is None:
+            url, options, cache = self._data
+            if not url or (options is None and url.startswith("s3://")):
+                try:
+                    base, store_options = self.store.files_location()
+                except InvalidArgument as e:
+                    base, store_options = "", {"why": e.what}
+                if not url:
+                    url, options = (f"{base}/data/{self.ns}" if base else ""), store_options
+                elif base.startswith("s3://"):  # same endpoint and credentials
+                    options = store_options
+            self._data_root = (
+                data_root(url, options, cache or "") if url else DataRoot("", options or {})
+            )
+        return self._data_root
+
+    def queues(self) -> list[str]:
+        """Queues this plane knows in this process (declared by ``@udf`` or used)."""
+        names = {u.queue for u in self.registry.values()} | set(self._ops)
+        return sorted(names or {DEFAULT_QUEUE})
+
+    def ops(self, queue: str) -> QueueOps:
+        """The protocol steps of ``queue`` (one object per queue per plane: its claim
+        scheduler is shared by the worker's slots)."""
+        with self._lock:
+            if queue not in self._ops:
+                self._ops[queue] = QueueOps(self.store, QueueKeys(self.ns, queue))
+            return self._ops[queue]
+
+    def locate(self, inv: str) -> tuple[QueueOps, Record, str]:
+        """The queue's steps, the record and its etag of invocation ``inv``: the queue this
+        process saw it in, the default queue, the queues it knows, then the id index.
+
+        Raises:
+            InvalidArgument: ``inv`` is not an id. NotFound: no such invocation.
+        """
+        inv = check_id(inv)
+        tried: list[str] = []
+        cached = self._where.get(inv)
+        candidates = list(
+            dict.fromkeys([*([cached] if cached else []), DEFAULT_QUEUE, *self.queues()])
+        )
+        for queue in candidates:
+            ops = self.ops(queue)
+            try:
+                rec, etag = ops.read(inv)
+            except NotFound:
+                tried.append(queue)
+                continue
+            self._where[inv] = queue
+            return ops, rec, etag
+        try:
+            raw = self.store.get(id_index(self.ns, inv), max_bytes=MAX_SMALL_BYTES)[0]
+            queue = raw.decode("utf-8", "replace")
+        except NotFound:
+            queue = ""
+        if queue and queue not in tried:
+            ops = self.ops(queue)
+            try:
+                rec, etag = ops.read(inv)
+                self._where[inv] = queue
+                return ops, rec, etag
+            except NotFound:
+                pass
+        raise NotFound(
+            f"lookup {inv}",
+            f"no invocation with this id in namespace {self.ns!r} of {self.store.url}",
+            "check the id, the namespace and the store URL",
+            id=inv,
+        )
+
+    def index(self, inv: str, queue: str) -> None:
+        """Write the id index of an invocation outside the default queue (create-only: ids
+        never move), so a process that does not know its queue finds it."""
+        with contextlib.suppress(Conflict):
+            self.store.put(id_index(self.ns, inv), queue.encode(), CREATE)
+
+    def remember(self, inv: str, queue: str) -> None:
+        """This process knows where ``inv`` lives (ids never move: it never goes stale)."""
+        self._where[inv] = queue

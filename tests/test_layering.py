@@ -1,0 +1,165 @@
+"""The package's layering, read from the source (no import): each module imports only its
+own layer and those below, the import graph has no cycle, and nothing reaches into another
+module's private names. The layers are the ones docs/architecture.md draws."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "lakeshore"
+
+# lowest first; a module may import its own layer and the ones below it
+LAYERS: list[tuple[str, set[str]]] = [
+    ("errors", {"errors"}),
+    (
+        "codec, keys and the stores",
+        {"codec", "keys", "scope", "store", "store.base", "store.clock", "store.local"}
+        | {"store.memory", "store.url", "store.s3", "store.s3_obstore"},
+    ),
+    ("pure records and transitions", {"record", "lifecycle", "queueconf", "journal"}),
+    (
+        "protocol steps",
+        {"protocol", "tidy", "fence", "admission", "queues", "census", "stream", "logs"}
+        | {"topic", "doctor"},
+    ),
+    ("running bodies", {"run", "runner", "child", "bodies"}),
+    ("the plane and what takes it", {"plane", "submit", "batch", "attempt", "gc"}),
+    ("worker and declared functions", {"worker", "udf"}),
+    ("the facade", {"dispatch", "__init__", "demo"}),
+    (
+        "the command line",
+        {"__main__", "cli", "cli.common", "cli.admin", "cli.jobs", "cli.watch", "cli.work"},
+    ),
+]
+LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
+
+# third-party clients, each owned by one module
+OWNERS = {
+    "boto3": {"store.s3"},
+    "botocore": {"store.s3"},
+    "obstore": {"store.s3_obstore"},
+    "fsspec": {"run"},
+}
+
+# private names of other objects the code may touch: the interpreter's and fsspec's
+PRIVATE_OK = {"os._exit", "self._fs._strip_protocol", "outer._root"}
+
+
+def _name(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"] or ["__init__"]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PKG.rglob("*.py"))}
+
+
+def _imports(mod: str, tree: ast.Module) -> set[str]:
+    """Every module of the package ``mod`` imports, at any depth (function-level and
+    ``TYPE_CHECKING`` imports count: a type is a dependency too)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.level:
+                continue  # the package uses absolute imports only (checked below)
+            if node.module == "lakeshore" or node.module.startswith("lakeshore."):
+                base = node.module.removeprefix("lakeshore").lstrip(".")
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}" if base else alias.name
+                    found.add(sub if sub in LAYER else (base or "__init__"))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "lakeshore":
+                    found.add("__init__")
+                elif alias.name.startswith("lakeshore."):
+                    found.add(alias.name.removeprefix("lakeshore."))
+    found.discard(mod)
+    return found
+
+
+def _third_party(tree: ast.Module) -> set[str]:
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+MODULES = _modules()
+
+
+def test_every_module_has_a_layer() -> None:
+    assert set(MODULES) == set(LAYER), "add the module to a layer here and in the docs"
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_imports_go_down_or_across(mod: str) -> None:
+    up = sorted(
+        f"{dep} ({LAYERS[LAYER[dep]][0]})"
+        for dep in _imports(mod, MODULES[mod])
+        if LAYER[dep] > LAYER[mod]
+    )
+    assert not up, f"{mod} ({LAYERS[LAYER[mod]][0]}) imports from a layer above it: {up}"
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = {m: _imports(m, t) for m, t in MODULES.items()}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for dep in sorted(graph[m]):
+            if state.get(dep) == 1:
+                cycle = [*path[path.index(dep) :], dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_clients_are_imported_by_their_one_module() -> None:
+    wrong = {
+        (mod, lib)
+        for mod, tree in MODULES.items()
+        for lib in _third_party(tree) & set(OWNERS)
+        if mod not in OWNERS[lib]
+    }
+    assert not wrong
+
+
+def test_no_relative_imports_and_no_private_names_of_other_modules() -> None:
+    bad: list[str] = []
+    for mod, tree in MODULES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    bad.append(f"{mod}: relative import")
+                elif (node.module or "").startswith("lakeshore"):
+                    bad += [
+                        f"{mod}: imports {node.module}.{a.name}"
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                    ]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                text = ast.unparse(node)
+                owner = node.value
+                if node.attr.startswith("__") or (
+                    isinstance(owner, ast.Name) and owner.id in ("self", "cls")
+                ):
+                    continue
+                if text not in PRIVATE_OK:
+                    bad.append(f"{mod}:{node.lineno}: {text}")
+    assert not bad, bad
