@@ -54,6 +54,7 @@ from bench.counting import Counting, classes
 from bench.seaweed_env import BUCKET, seaweed_server
 from lakeshore import codec
 from lakeshore.batch import default_concurrency
+from lakeshore.claims import Claimer
 from lakeshore.keys import QueueKeys, new_id
 from lakeshore.record import Blob, Record
 from lakeshore.store import LocalStore, MemoryStore, Store
@@ -109,10 +110,10 @@ def requests_per_claim(history: int, n: int = 50) -> dict[str, float]:
     f = q.udf(noop)
     for i in range(n):
         f.submit(x=i)
-    ops = q.ops("default")
+    claimer = Claimer(q.ops("default"), "bench")
     store.reset()
     for _ in range(n):
-        held = ops.claim("bench", store.now())
+        held = claimer.claim(store.now())
         assert held is not None
     return classes(store.reset(), n)
 

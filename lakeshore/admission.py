@@ -50,7 +50,6 @@ from lakeshore.errors import (
     RecordError,
     TooLarge,
 )
-from lakeshore.fence import fence
 from lakeshore.keys import QueueKeys, check_id
 from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
 from lakeshore.store.base import CREATE, ObjectInfo
@@ -199,7 +198,7 @@ def _ended(ops: QueueOps, holder: str, now: float, dry_run: bool = False) -> boo
     except NotFound:
         if dry_run:
             return True
-    if fence(ops, holder, now, "its admission slot was older than 30 s with no record"):
+    if ops.fence(holder, now, "its admission slot was older than 30 s with no record"):
         return True
     try:  # the record landed after all
         return ops.read(holder)[0].terminal

@@ -192,7 +192,7 @@ class Attempt:
         elif not lifecycle.holds(rec, self.held.token):
             self.halt("lost")
         else:  # our own write landed although the answer was lost: carry on from it
-            self.held = Claimed(rec, etag, self.held.token, self.held.ticket_etag)
+            self.held = dataclasses.replace(self.held, record=rec, etag=etag)
 
     def fence(self) -> bool:
         """Prove, right before the body's files are published, that this attempt still holds
@@ -435,7 +435,7 @@ def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
     }
     final = lifecycle.fail(current, held.token, error, now)
     try:
-        ops.finish(Claimed(current, etag, held.token, held.ticket_etag), final, tidy_later=True)
+        ops.finish(dataclasses.replace(held, record=current, etag=etag), final, tidy_later=True)
     except (Conflict, IllegalTransition):
         return fenced
     except LakeshoreError:
@@ -471,7 +471,7 @@ def _succeeded(
             "traceback": "",
         }
         return lifecycle.fail(rec, token, error, now, retry=False)
-    blob = ops.put_blob(ops.keys.result(rec.id, rec.attempt), data, slot.plane.spill_bytes)
+    blob = ops.put_result(rec, data, slot.plane.spill_bytes)
     return lifecycle.succeed(rec, token, blob, now)
 
 

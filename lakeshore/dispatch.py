@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
-from lakeshore import codec, lifecycle
+from lakeshore import codec
 from lakeshore.errors import (
-    Conflict,
     Failed,
     InvalidArgument,
     JobError,
@@ -25,7 +24,6 @@ from lakeshore.errors import (
     NotFound,
     TimedOut,
 )
-from lakeshore.fence import abandoned
 from lakeshore.journal import Frame
 from lakeshore.keys import (
     DEFAULT_QUEUE,
@@ -33,7 +31,7 @@ from lakeshore.keys import (
 )
 from lakeshore.logs import follow_logs, read_logs
 from lakeshore.plane import DEFAULT_URL, Plane
-from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps, unclaimed
+from lakeshore.protocol import QueueOps, unclaimed
 from lakeshore.queueconf import QueueConfig
 from lakeshore.record import Blob, Record
 from lakeshore.run import scope as run_scope
@@ -263,16 +261,7 @@ class Dispatch(Plane):
             NotFound: no such invocation.
         """
         ops, rec, etag = self.locate(inv)
-        while not rec.terminal:
-            killed = lifecycle.cancel(rec, self.store.now(), reason)
-            try:
-                ops.cas(killed, etag)
-            except Conflict:
-                rec, etag = ops.read(rec.id)
-                continue
-            ops.settle(killed)
-            return True
-        return False
+        return ops.cancel(rec, etag, reason)
 
     def retry(self, inv: str) -> int:
         """Run a finished invocation (any terminal state) again, as a new attempt with the
@@ -284,35 +273,7 @@ class Dispatch(Plane):
             Conflict: it is still queued or running.
         """
         ops, rec, etag = self.locate(inv)
-        while True:
-            if abandoned(rec):
-                raise Conflict(
-                    f"retry {rec.id}",
-                    "the submit of this id was abandoned: nothing was submitted to run again",
-                    "submit the call again",
-                    id=rec.id,
-                    state=rec.state,
-                )
-            if not rec.terminal:
-                raise Conflict(
-                    f"retry {rec.id}",
-                    f"the invocation is still {rec.state}",
-                    "wait for it to finish, or cancel it first",
-                    id=rec.id,
-                    state=rec.state,
-                )
-            nxt = lifecycle.rerun(rec, self.store.now())
-            ops.put_marker(nxt)  # the ticket exists before the record says queued
-            try:
-                ops.cas(nxt, etag)
-            except Conflict:
-                rec, etag = ops.read(rec.id)
-                continue
-            try:  # a claimer that judged the ticket stale before the CAS may have dropped it
-                self.store.get(ops.ticket_key(nxt), max_bytes=MAX_SMALL_BYTES)
-            except NotFound:
-                ops.put_marker(nxt)
-            return rec.attempt + 1
+        return ops.rerun(rec, etag)
 
     def logs(self, inv: str, attempt: int | None = None) -> str:
         """What the invocation's body printed and logged so far: every attempt in order (or

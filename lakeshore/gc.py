@@ -70,7 +70,6 @@ from lakeshore.errors import (
     RecordError,
     TooLarge,
 )
-from lakeshore.fence import fence
 from lakeshore.keys import QueueKeys, check_id, id_index, namespace_prefix, workers_prefix
 from lakeshore.protocol import (
     MAX_RECORD_BYTES,
@@ -310,7 +309,7 @@ def _sweep_orphan(ops: QueueOps, inv: str, now: float, report: GcReport, dry_run
     objects = list(ops.store.list(ops.keys.invocation_prefix(inv)))
     if any(info.last_modified > now - ORPHAN_GRACE_S for info in objects):
         return  # written lately: a submit in flight, however old its id
-    if dry_run or fence(ops, inv, now, "gc found its folder without a record"):
+    if dry_run or ops.fence(inv, now, "gc found its folder without a record"):
         report.orphans.append(inv)
         _remove_folder(ops, inv, report, dry_run)
 

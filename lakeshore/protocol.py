@@ -15,11 +15,11 @@ leases are found: no separate lease hints), and it is deleted only after the rec
 terminal. The orders below keep the invariant through any crash between two requests:
 
 * **submit**: [args object] → [id index] → ticket (create-only). A ``Conflict`` means a
-  tombstone holds the id: the submit was judged dead and fenced out (see ``fence.py``).
+  tombstone holds the id: the submit was judged dead and fenced out (:meth:`QueueOps.fence`).
 * **claim**: list tickets → get the ticket (a full one: no record yet) or the record (a
   ticket rewritten to a marker: the record exists) → create or CAS the record to running.
-  The ticket stays while the job runs. One listing serves several claims of this process
-  (for up to ``_LISTING_S``), and the process's slots take different candidates from it.
+  The ticket stays while the job runs. Which ticket to try, and what to skip, is the
+  worker's claim scheduler's (``lakeshore.claims``); the writes are here.
 * **back to queued** (retry, release, expiry): rewrite the ticket to a marker (a new etag
   tells other workers to look again) → CAS record to queued.
 * **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
@@ -35,28 +35,28 @@ terminal. The orders below keep the invariant through any crash between two requ
 * **expired leases**: a claimer that reads a running record whose lease has run out (in the
   store's clock) requeues or fails it by CAS; the holder's late writes are then fenced.
 
-What a worker has read is remembered per ticket etag (running until its lease ends, backing
-off until its retry is due, a tombstone): the ticket is skipped without a GET until then, or
-until its etag changes. Heartbeats CAS the record itself (lease pushed out): one request
-that also notices cancellation, because a cancel changes the record.
+* **cancel** and **rerun** are CAS moves of the record; a rerun writes its life's ticket
+  (a marker) before the record says queued.
+
+Heartbeats CAS the record itself (lease pushed out): one request that also notices
+cancellation, because a cancel changes the record. The only other writers of queue keys
+are ``admission`` (slots and rate tokens), ``queues`` (the queue record), ``plane`` (the
+id index), the journal and log writers (segments), and ``gc`` (deletes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
-import math
-import random
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from lakeshore import lifecycle
 from lakeshore.errors import (
     Conflict,
-    IllegalTransition,
     InvalidArgument,
     NewerRecord,
     NotFound,
@@ -66,7 +66,7 @@ from lakeshore.errors import (
     TooLarge,
 )
 from lakeshore.keys import QueueKeys
-from lakeshore.record import MAX_INLINE_BYTES, Blob, Record, write_id
+from lakeshore.record import MAX_INLINE_BYTES, Blob, Record
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 from lakeshore.tidy import Tidier
 
@@ -76,9 +76,13 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "ORPHAN_GRACE_S",
     "Claimed",
+    "Memory",
     "QueueOps",
+    "abandoned",
     "corrupt_stub",
+    "decode_ticket",
     "unclaimed",
+    "unclaimed_etag",
 ]
 
 log = logging.getLogger("lakeshore.worker")
@@ -95,17 +99,11 @@ MAX_SMALL_BYTES = 1 << 20
 MARKER_MAX = 64
 ORPHAN_GRACE_S = 60.0  # a marker without its record: in flight (or being gc'd) until this old
 _UNCLAIMED = "ticket:"  # etag prefix: the record is still the ticket's content
-_RERUN_GRACE_S = 30.0  # a ticket of a life the record has not reached: a rerun until this old
-_LISTING = 1000  # candidates kept from one LIST of the tickets (one S3 page)
-_LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
-_MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
-_SCAN = 5000  # tickets looked at (listed, not read) per LIST at most
-_LISTS_PER_CLAIM = 4
-_NARROW_AFTER = 16  # clean claims in a row before the spread halves again
-_BAD_TICKET_S = 60.0  # a ticket whose examination raised something unexpected: passed over
 
 
-_Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
+def unclaimed_etag(ticket_etag: str) -> str:
+    """The etag :meth:`QueueOps.read` gives a record read from its ticket (etag given)."""
+    return _UNCLAIMED + ticket_etag
 
 
 def unclaimed(etag: str) -> bool:
@@ -114,42 +112,42 @@ def unclaimed(etag: str) -> bool:
     return etag.startswith(_UNCLAIMED)
 
 
+def abandoned(rec: Record) -> bool:
+    """True for a tombstone written by :meth:`QueueOps.fence`."""
+    error = rec.error
+    return rec.state == "failed" and isinstance(error, dict) and error.get("type") == ABANDONED
+
+
+class Memory(Protocol):
+    """What a claim scheduler remembers of tickets (``lakeshore.claims.Claimer``): the
+    steps tell it when a ticket they wrote changes what it should think."""
+
+    def remember(self, key: str, etag: str, until: float) -> None: ...
+
+    def forget(self, key: str) -> None: ...
+
+
 @dataclass
 class Claimed:
-    """A running attempt held by this worker: the record as written and its etag, and the
-    ticket's etag as listed (deleted with ``if_match`` once the record is terminal)."""
+    """A running attempt held by this worker: the record as written and its etag, the
+    ticket's etag as listed (deleted with ``if_match`` once the record is terminal), and
+    the scheduler that claimed it (told when its ticket changes)."""
 
     record: Record
     etag: str
     token: str
     ticket_etag: str | None = None
+    by: Memory | None = None
 
 
 class QueueOps:
-    """Protocol steps for one queue of one namespace. Shared by the slots of a process:
-    they take different candidates from one listing, so they never race each other."""
+    """Protocol steps for one queue of one namespace: each write of the queue protocol is
+    a method here. Stateless but for the background tidier; what a worker remembers while
+    it claims is its scheduler's (``lakeshore.claims.Claimer``)."""
 
     def __init__(self, store: Store, keys: QueueKeys) -> None:
         self.store = store
         self.keys = keys
-        self._lock = threading.Lock()
-        self._listing_lock = threading.Lock()  # one LIST in flight per process
-        self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
-        self._clean = 0  # claims won since the last lost race
-        self._me = ""  # the worker id claims are made for (its own leases are no collision)
-        # ticket key -> (its etag, when to look again): read and found not claimable, skipped
-        # without a GET until then or until the ticket changes, so long-running jobs and
-        # retries backing off at the head of the queue never hide the work behind them
-        self._later: dict[str, tuple[str, float]] = {}
-        # when the last retry this process read backing off comes due (store time): a worker
-        # draining the queue does not leave before it has polled once after that
-        self._retry_due = 0.0
-        self._listing: list[ObjectInfo] = []
-        self._listed_at = -1e9  # time.monotonic() of the listing
-        self._trying: set[str] = set()  # ticket keys a slot of this process is reading now
-        self._misses: dict[str, int] = {}  # ticket key -> times its record was not there yet
-        # full tickets whose record exists (a create of it failed): read the record first
-        self._promoted: set[str] = set()
         self._tidier = Tidier(store)
 
     # -- records -----------------------------------------------------------------------------
@@ -170,7 +168,7 @@ class QueueOps:
             if ticket is None:
                 raise
         try:
-            data, etag = self._get_bounded(ticket)
+            data, etag = self.read_bounded(ticket)
         except NotFound:
             # Between the two GETs the invocation may have been claimed, run and its ticket
             # deleted: then its record exists now.
@@ -182,14 +180,19 @@ class QueueOps:
                 ) from None
         if len(data) <= MARKER_MAX:  # a marker: the record was written meanwhile
             return self.read_record(inv)
-        return _decode_ticket(data, self.keys, ticket), _UNCLAIMED + etag
+        return decode_ticket(data, self.keys, ticket), _UNCLAIMED + etag
 
     def read_record(self, inv: str) -> tuple[Record, str]:
         """``<id>/record`` and its etag (NotFound before the first move)."""
-        data, etag = self._get_bounded(self.keys.record(inv))
+        data, etag = self.read_bounded(self.keys.record(inv))
         return _decode(data, self.keys, inv), etag
 
-    def _get_bounded(self, key: str) -> tuple[bytes, str]:
+    def read_bounded(self, key: str) -> tuple[bytes, str]:
+        """An object no larger than any record (a ticket or a record).
+
+        Raises:
+            NotFound: no such object. RecordError: it is larger than any record.
+        """
         try:
             return self.store.get(key, max_bytes=MAX_RECORD_BYTES)
         except TooLarge as e:
@@ -219,6 +222,15 @@ class QueueOps:
             if self.store.get(key, max_bytes=len(data))[0] != data:  # only our own retry
                 raise
         return Blob(ref=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def put_args(self, inv: str, data: bytes, spill_bytes: int) -> Blob:
+        """The submit's arguments as a blob (spilled to ``<id>/args`` when large)."""
+        return self.put_blob(self.keys.args(inv), data, spill_bytes)
+
+    def put_result(self, rec: Record, data: bytes, spill_bytes: int) -> Blob:
+        """The attempt's result as a blob (spilled to ``<id>/result-<attempt>`` when large:
+        a late attempt never overwrites another's)."""
+        return self.put_blob(self.keys.result(rec.id, rec.attempt), data, spill_bytes)
 
     def get_blob(self, blob: Blob, what: str, max_bytes: int | None = None) -> bytes:
         """The bytes of a blob; spilled ones are verified.
@@ -268,7 +280,6 @@ class QueueOps:
         writes a ticket of its own. A ticket of a life the record has not reached (or one
         that is not lakeshore's) may yet become a rerun's: that one is deleted only on the
         etag it was judged by (``if_match``), so a rerun that rewrote it meanwhile keeps it."""
-        self._forget(info.key)
         if if_match is None:
             self.store.delete(info.key)
             return
@@ -278,38 +289,19 @@ class QueueOps:
     def drop_own_ticket(self, held: Claimed, until: float | None = None) -> None:
         """After the held attempt's terminal write: delete its ticket. With ``until`` (a
         store time), in the next batch of this process's background deletes, and skipped by
-        this process's claims until then (unless it changes)."""
+        worker's claims until then (unless it changes)."""
         key = self.ticket_key(held.record)
-        self._forget(key)
+        if held.by is not None:
+            held.by.forget(key)
         if until is None:
             self.store.delete(key)
             return
-        if held.ticket_etag is not None:
-            self._remember(ObjectInfo(key, held.ticket_etag, 0, 0.0), until)
+        if held.by is not None and held.ticket_etag is not None:
+            held.by.remember(key, held.ticket_etag, until)
         self._tidier.delete(key)
 
     def tickets(self) -> Iterator[ObjectInfo]:
         return self.store.list(self.keys.tickets_prefix)
-
-    def _remember(self, info: ObjectInfo, until: float) -> None:
-        with self._lock:
-            self._later[info.key] = (info.etag, until)
-
-    def _forget(self, key: str) -> None:
-        with self._lock:
-            self._later.pop(key, None)
-            self._misses.pop(key, None)
-            self._promoted.discard(key)
-
-    def retry_due(self) -> float:
-        """When the last retry this process has read backing off comes due (store time; 0
-        when none). A record claiming a time past the longest backoff does not count."""
-        with self._lock:
-            return self._retry_due
-
-    def _skipped(self, info: ObjectInfo, now: float) -> bool:
-        seen = self._later.get(info.key)
-        return seen is not None and seen[0] == info.etag and seen[1] > now
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -339,288 +331,7 @@ class QueueOps:
                 return False
         return True
 
-    def claim(
-        self,
-        worker: str,
-        now: float,
-        lease_s: float | None = None,
-        stopping: Callable[[], bool] | None = None,
-    ) -> Claimed | None:
-        """Try to take one queued invocation; None when there is nothing to take (or
-        ``stopping()`` turned true: no claim is written after that).
-        ``lease_s`` overrides the invocation's lease length for this attempt.
-
-        ``now`` is the store time the caller read; each candidate is judged at the later of
-        it and a fresh reading, and the lease is counted from a reading taken just before the
-        claim's write, so a claim slowed by many reads still writes a full lease.
-
-        Running invocations whose lease has run out are requeued (or failed) on the way;
-        corrupt records are marked failed so they never block the queue; invocations
-        backing off before a retry are skipped without a GET until they are due.
-        """
-        self._me = worker
-        lists = 0
-        while True:
-            if stopping is not None and stopping():
-                return None
-            now = max(now, self.store.now())
-            info = self._next_candidate(now)
-            if info is None:
-                if lists >= _LISTS_PER_CLAIM or not self._list(now):
-                    return None
-                lists += 1
-                continue
-            try:
-                got = self._try_claim(info, worker, now, lease_s, stopping)
-            except (StoreError, PermissionDenied):
-                raise  # the store's trouble, not this ticket's: the caller decides
-            except Exception:
-                # A bug or a shape nobody foresaw: one object must not stop the worker. Pass
-                # this ticket over for a while (until it changes) and serve the others.
-                log.exception("claim on %s: passing over %s for now", self.keys.queue, info.key)
-                self._remember(info, now + _BAD_TICKET_S)
-                continue
-            finally:
-                with self._lock:
-                    self._trying.discard(info.key)
-            if got is not None:
-                return got
-
-    def _list(self, now: float) -> bool:
-        """List the head of the queue (what is not skipped); False when there is none.
-        One slot lists at a time: slots that ran dry together wait for its listing instead
-        of each sending the same LIST."""
-        asked = time.monotonic()
-        with self._listing_lock:
-            with self._lock:
-                if self._listed_at >= asked:  # another slot listed while we waited
-                    return bool(self._listing)
-            fresh: list[ObjectInfo] = []
-            seen: set[str] = set()
-            for scanned, info in enumerate(self.tickets()):
-                if scanned >= _SCAN or len(fresh) >= _LISTING:
-                    break
-                seen.add(info.key)
-                if not self._skipped(info, now):
-                    fresh.append(info)
-            with self._lock:
-                self._later = {k: v for k, v in self._later.items() if v[1] > now}
-                self._promoted &= seen
-                self._listing = fresh
-                self._listed_at = time.monotonic()
-            return bool(fresh)
-
-    def _next_candidate(self, now: float) -> ObjectInfo | None:
-        """Take a candidate from the listing: the oldest while claims go through, a random
-        one of the head while they collide (other processes list the same head). The pick
-        stays inside the head's priority band: never a lower band first."""
-        with self._lock:
-            if time.monotonic() - self._listed_at > _LISTING_S:
-                self._listing = []
-            head: list[int] = []
-            band = None
-            for i, info in enumerate(self._listing):
-                if info.key in self._trying or self._skipped(info, now):
-                    continue
-                this = info.key.rsplit("/", 2)[-2]
-                if band is None:
-                    band = this
-                elif this != band:
-                    break
-                head.append(i)
-                if len(head) >= self._spread:
-                    break
-            if not head:
-                self._listing = []
-                return None
-            info = self._listing.pop(random.choice(head))
-            self._trying.add(info.key)
-            return info
-
-    def _collided(self, lost: bool) -> None:
-        # widen fast, narrow slowly: among busy workers the spread stays wide (few races);
-        # a worker left alone is back to strict order after a run of clean claims
-        with self._lock:
-            if lost:
-                self._spread, self._clean = min(self._spread * 4, _MAX_SPREAD), 0
-            else:
-                self._clean += 1
-                if self._clean % _NARROW_AFTER == 0:
-                    self._spread = max(1, self._spread // 2)
-
-    def _examine(self, info: ObjectInfo, now: float) -> tuple[_Claimable | None, bool]:
-        """Read the record behind a ticket and settle what needs no claim: drop a stale
-        ticket, requeue an expired lease, time out a missed deadline, remember what is not
-        due. Returns the record, its etag and the ticket's etag when it is claimable now,
-        and whether an expired lease was ended."""
-        moved = False
-        inv = QueueKeys.id_of(info.key)
-        try:
-            got = self._read_listed(info, inv)
-        except NotFound:
-            if info.last_modified < now - ORPHAN_GRACE_S:
-                self.drop_ticket(info)  # a marker whose record is gone (gc, by hand)
-            else:  # a record being written or deleted: look again soon, then less and less
-                # often, so a young one is picked up at once and an orphan costs a dozen
-                # GETs until it can be dropped. (Not from the ticket's age: listings give
-                # last-modified times in whole seconds.)
-                with self._lock:
-                    misses = self._misses[info.key] = self._misses.get(info.key, 0) + 1
-                wait = min(0.005 * 2 ** min(misses, 12), 5.0)
-                self._remember(info, min(now + wait, info.last_modified + ORPHAN_GRACE_S))
-            return None, moved
-        except NewerRecord:
-            self._remember(info, now + ORPHAN_GRACE_S)  # for a newer lakeshore's workers
-            return None, moved
-        except RecordError as e:
-            if self._fail_corrupt(inv, e, now):
-                self.drop_ticket(info)  # the record is failed now: its ticket is stale
-            return None, moved
-        if got is None:
-            return None, moved
-        rec, etag, ticket_etag = got
-        if self._misses:
-            with self._lock:
-                self._misses.pop(info.key, None)
-        if unclaimed(etag) and rec.terminal:
-            # a tombstone (a submit fenced out): it stays, so the late submit cannot land;
-            # gc removes it with the finished invocations
-            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), math.inf)
-            return None, moved
-        life = QueueKeys.reruns_of(info.key)
-        if life is None or rec.reruns > life:
-            self.drop_ticket(info)  # a ticket of an earlier life (or not one we write)
-            return None, moved
-        if rec.reruns < life:
-            # a rerun between its ticket and its record write, or a ticket nobody should
-            # have written: look again once it is older than a rerun takes
-            if info.last_modified > now - _RERUN_GRACE_S:
-                self._remember(info, info.last_modified + _RERUN_GRACE_S)
-            else:  # unless a rerun rewrote it since it was read (its record may be queued now)
-                self.drop_ticket(info, if_match=ticket_etag)
-            return None, moved
-        if rec.state == "running":
-            expires = rec.lease.expires_at if rec.lease is not None else now
-            if expires >= now:
-                self._remember(info, expires)  # its worker holds it: look again at expiry
-                if rec.lease is not None and rec.lease.worker != self._me:
-                    # taken by another process since we listed it: spread out as after a
-                    # lost race, or this process keeps walking just behind the other
-                    self._collided(True)
-                return None, moved
-            nxt = lifecycle.expire(rec, now)
-            if nxt.state == "queued":
-                ticket_etag = self.put_marker(nxt)  # before the record says queued
-            try:
-                etag = self.cas(nxt, etag)
-            except Conflict:
-                return None, moved  # the holder renewed or someone else reaped
-            self.settle(nxt)
-            rec, moved = nxt, True
-        if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
-            self.drop_ticket(info)
-            return None, moved
-        if lifecycle.past_deadline(rec, now):
-            ended = lifecycle.time_out(rec, now)
-            try:
-                self.cas(ended, etag)
-            except Conflict:
-                self._lost_create(info.key, etag)
-                return None, moved
-            self.settle(ended)
-            self.drop_ticket(info)
-            return None, moved
-        if rec.not_before > now:
-            # backing off before a retry; the ticket stays
-            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), rec.not_before)
-            if rec.not_before <= now + lifecycle.MAX_BACKOFF_S:  # no later than a real backoff
-                with self._lock:
-                    self._retry_due = max(self._retry_due, rec.not_before)
-            return None, moved
-        return (rec, etag, ticket_etag), moved
-
-    def _read_listed(self, info: ObjectInfo, inv: str) -> tuple[Record, str, str] | None:
-        """The record behind a listed ticket, its etag and the ticket's etag; None for a
-        stray ticket (dropped). A ticket that holds a record is read itself (one GET for a
-        fresh submit), unless a create of its record already failed; a marker's record is
-        read directly.
-
-        Raises:
-            NotFound: a marker (or a ticket whose record existed) and no record.
-            RecordError: neither the ticket nor the record can be used.
-        """
-        full = info.size > MARKER_MAX and info.key not in self._promoted
-        if full and self._spread > 1:
-            # Other processes claim from this queue too (this one lost races lately): a full
-            # ticket at the head has most likely been claimed since the listing, and its
-            # record tells so for one GET, where trying to create it would be a lost write.
-            with contextlib.suppress(NotFound):
-                rec, rec_etag = self.read_record(inv)
-                return rec, rec_etag, info.etag
-        if full:
-            data, etag = self._get_bounded(info.key)  # NotFound: gone since the listing
-            if len(data) > MARKER_MAX:
-                try:
-                    return _decode_ticket(data, self.keys, info.key), _UNCLAIMED + etag, etag
-                except NewerRecord:
-                    raise
-                except RecordError as err:
-                    if self.keys.ticket_of_id(inv) != info.key:
-                        # not where lakeshore puts this id's ticket: no invocation's (yet:
-                        # a rerun may overwrite it with its ticket before this delete)
-                        self.drop_ticket(info, if_match=etag)
-                        return None
-                    try:  # a record that exists is the truth; its ticket is only a marker
-                        rec, rec_etag = self.read_record(inv)
-                    except NotFound:
-                        raise err from None  # nothing to run: _fail_corrupt records why
-                    return rec, rec_etag, etag
-            info = ObjectInfo(info.key, etag, len(data), info.last_modified)
-        rec, rec_etag = self.read_record(inv)
-        return rec, rec_etag, info.etag
-
-    def _lost_create(self, key: str, etag: str) -> None:
-        """A write over a ticket's content lost: the record exists now; read it next time."""
-        if unclaimed(etag):
-            with self._lock:
-                self._promoted.add(key)
-
-    def _try_claim(
-        self,
-        info: ObjectInfo,
-        worker: str,
-        now: float,
-        lease_s: float | None = None,
-        stopping: Callable[[], bool] | None = None,
-    ) -> Claimed | None:
-        seen, _ = self._examine(info, now)
-        if seen is None or (stopping is not None and stopping()):
-            return None
-        rec, etag, ticket_etag = seen
-        token = write_id()
-        # The lease counts from the clock read right before the write, not from when the
-        # claim began: a slow read or a long walk past running records must not eat into it.
-        now = max(now, self.store.now())
-        try:
-            running = lifecycle.claim(rec, worker, token, now, lease_s)
-        except IllegalTransition:
-            return None  # its start deadline passed meanwhile: the next claim ends it
-        try:
-            new_etag = self.cas(running, etag)
-        except Conflict:
-            self._collided(True)
-            if unclaimed(etag):  # its record exists: the next look reads that instead
-                self._lost_create(info.key, etag)
-                return None
-            # someone else claimed it (or cancelled it): look again when a lease would end
-            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + running.lease_s)
-            return None
-        self._collided(False)
-        assert running.lease is not None
-        self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), running.lease.expires_at)
-        return Claimed(running, new_etag, token, ticket_etag)
-
-    def _fail_corrupt(self, inv: str, err: RecordError, now: float) -> bool:
+    def fail_corrupt(self, inv: str, err: RecordError, now: float) -> bool:
         """Overwrite an unreadable record with a failed one that says why (or create it,
         when the unreadable one is the ticket's content); True if done."""
         key = self.keys.record(inv)
@@ -646,6 +357,111 @@ class QueueOps:
             return False
         return True
 
+    def fence(self, inv: str, now: float, why: str) -> bool:
+        """Fence out a submit judged dead: create the tombstone of ``inv`` (a ``failed``
+        record, error type ``SubmitAbandoned``) at its ticket, create-only; True if it landed,
+        False if its ticket (or record) exists. A process acts on a dead submit only once this
+        landed: the late submitter's own create then meets ``Conflict``, so that invocation can
+        never become live. (An id made before 0.4 carries no band, and its submitter wrote
+        ``<id>/record`` last: its tombstone goes there.)
+
+        Raises:
+            StoreError: the store failed.
+        """
+        stone = Record(
+            id=inv,
+            ns=self.keys.ns,
+            queue=self.keys.queue,
+            fn="?",
+            args=Blob(inline=b""),
+            state="failed",
+            error={
+                "type": ABANDONED,
+                "message": f"the submit of {inv} never wrote its ticket: {why}; nothing ran",
+                "traceback": "",
+            },
+            submitted_at=now,
+            finished_at=now,
+        )
+        where = self.keys.ticket_of_id(inv)
+        if where is None:
+            try:
+                self.store.put(self.keys.record(inv), stone.to_bytes(), CREATE)
+            except Conflict:
+                return False
+            return True
+        stone = dataclasses.replace(stone, priority=QueueKeys.priority_of(where))
+        try:
+            etag = self.store.put(where, stone.to_bytes(), CREATE)
+        except Conflict:
+            return False
+        # The caller found neither record nor ticket, but between its two reads the invocation
+        # may have been claimed, run and its ticket deleted: then its record exists, and the
+        # tombstone (which the record outranks for every reader) is taken back.
+        try:
+            self.read_record(inv)
+        except NotFound:
+            return True
+        except RecordError:
+            pass
+        # Best effort: a producer may not delete tickets. A tombstone left beside a record is
+        # harmless (readers take the record; claimers leave tombstones alone; gc removes it).
+        with contextlib.suppress(Conflict, PermissionDenied):
+            self.store.delete(where, if_match=etag)
+        return False
+
+    def cancel(self, rec: Record, etag: str, reason: str) -> bool:
+        """Move the invocation to ``killed`` (re-reading after a lost race) and free its
+        slot; False if it had finished. A running body is stopped by its holder, whose
+        next heartbeat meets the changed record."""
+        while not rec.terminal:
+            killed = lifecycle.cancel(rec, self.store.now(), reason)
+            try:
+                self.cas(killed, etag)
+            except Conflict:
+                rec, etag = self.read(rec.id)
+                continue
+            self.settle(killed)
+            return True
+        return False
+
+    def rerun(self, rec: Record, etag: str) -> int:
+        """Queue a finished invocation again as a new life (its own ticket, written before
+        the record says queued); returns the new attempt's number.
+
+        Raises:
+            Conflict: it is still live, or it is a tombstone (nothing was submitted).
+        """
+        while True:
+            if abandoned(rec):
+                raise Conflict(
+                    f"retry {rec.id}",
+                    "the submit of this id was abandoned: nothing was submitted to run again",
+                    "submit the call again",
+                    id=rec.id,
+                    state=rec.state,
+                )
+            if not rec.terminal:
+                raise Conflict(
+                    f"retry {rec.id}",
+                    f"the invocation is still {rec.state}",
+                    "wait for it to finish, or cancel it first",
+                    id=rec.id,
+                    state=rec.state,
+                )
+            nxt = lifecycle.rerun(rec, self.store.now())
+            self.put_marker(nxt)  # the ticket exists before the record says queued
+            try:
+                self.cas(nxt, etag)
+            except Conflict:
+                rec, etag = self.read(rec.id)
+                continue
+            try:  # a claimer that judged the ticket stale before the CAS may have dropped it
+                self.store.get(self.ticket_key(nxt), max_bytes=MAX_SMALL_BYTES)
+            except NotFound:
+                self.put_marker(nxt)
+            return rec.attempt + 1
+
     def settle(self, rec: Record) -> None:
         """After a terminal write: free the admission slot the invocation held, if any (only
         if the slot is still the one it took)."""
@@ -656,7 +472,7 @@ class QueueOps:
     def heartbeat(self, held: Claimed, now: float) -> Claimed:
         """Push the lease out. Raises Conflict when the record changed (cancel, expiry)."""
         rec = lifecycle.heartbeat(held.record, held.token, now)
-        return Claimed(rec, self.cas(rec, held.etag), held.token, held.ticket_etag)
+        return dataclasses.replace(held, record=rec, etag=self.cas(rec, held.etag))
 
     def finish(self, held: Claimed, final: Record, tidy_later: bool = False) -> str:
         """Write the attempt's outcome (fenced by the last etag), then tidy the ticket.
@@ -669,7 +485,8 @@ class QueueOps:
         Raises Conflict when the attempt was fenced out (the result is then dropped).
         """
         if final.state == "queued":
-            self._forget(self.ticket_key(final))
+            if held.by is not None:
+                held.by.forget(self.ticket_key(final))
             self.put_marker(final)
         etag = self.cas(final, held.etag)
         if not final.terminal:
@@ -687,18 +504,6 @@ class QueueOps:
         """Send the pending ticket deletes and wait for background tidying to finish; False
         if ``timeout`` passed first."""
         return self._tidier.flush(timeout)
-
-    def reap(self, now: float) -> int:
-        """One pass over the tickets: requeue (or fail) running invocations whose lease ran
-        out and drop stale tickets. Claims do this on their way, for the head of the queue;
-        a pass reads every live record not remembered. Returns how many moved."""
-        moved = 0
-        for scanned, info in enumerate(list(self.tickets())):
-            if scanned >= _SCAN:
-                break
-            if not self._skipped(info, now):
-                moved += self._examine(info, now)[1]
-        return moved
 
 
 def corrupt_stub(
@@ -740,7 +545,7 @@ def _decode(data: bytes, keys: QueueKeys, inv: str) -> Record:
     return rec
 
 
-def _decode_ticket(data: bytes, keys: QueueKeys, ticket: str) -> Record:
+def decode_ticket(data: bytes, keys: QueueKeys, ticket: str) -> Record:
     """The queued record a ticket holds. It must be the record of the id at the end of the
     ticket's key, made for the ticket's band, and queued or terminal (a tombstone): a
     producer that can write tickets must not be able to start a job anywhere else.

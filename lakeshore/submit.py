@@ -37,9 +37,8 @@ from lakeshore.errors import (
     RecordError,
     StoreError,
 )
-from lakeshore.fence import abandoned, fence
 from lakeshore.keys import DEFAULT_QUEUE, band, check_id, new_id
-from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
+from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps, abandoned
 from lakeshore.record import MAX_COUNT, Blob, Record, check_fields, check_key_arg
 from lakeshore.run import flush
 from lakeshore.scope import current_prefix
@@ -330,7 +329,7 @@ def _needs_new_id(job: _Job, held: _Key) -> bool:
                 pause = min(pause * 2, 0.5)
                 continue
             why = f"a submit with its key found no record {KEY_REPAIR_GRACE_S:g} s later"
-            if fence(ops, held.id, now, why):
+            if ops.fence(held.id, now, why):
                 return True
             continue  # the record landed meanwhile: look at it
         except RecordError:
@@ -459,7 +458,7 @@ def _publish(job: _Job, inv: str, draft: Record) -> bool:
     rec = dataclasses.replace(
         draft,
         id=inv,
-        args=ops.put_blob(ops.keys.args(inv), job.payload, plane.spill_bytes),
+        args=ops.put_args(inv, job.payload, plane.spill_bytes),
         deadline_at=now + job.deadline_s if job.deadline_s is not None else None,
         submitted_at=now,
     )

@@ -33,6 +33,7 @@ from lakeshore.admission import sweep_rate
 from lakeshore.attempt import Attempt, Slot, run_attempt
 from lakeshore.bodies import Allow
 from lakeshore.child import Hooks
+from lakeshore.claims import Claimer
 from lakeshore.errors import (
     Conflict,
     HookFailed,
@@ -194,6 +195,7 @@ def run_worker(
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
     ops = [plane.ops(q) for q in names]
+    claimers = [Claimer(q, state.worker_id) for q in ops]  # this worker's, its slots share
     if hooks.on_start is not None and isolation != "process":
         try:
             hooks.on_start()  # bodies run in this process
@@ -204,7 +206,7 @@ def run_worker(
     slots = [
         threading.Thread(
             target=_slot,
-            args=(state, ops, idle_exit, max_poll_s),
+            args=(state, claimers, idle_exit, max_poll_s),
             name=f"lakeshore-slot-{i}",
             daemon=True,
         )
@@ -387,7 +389,9 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
         store.put(worker_key(state.plane.ns, state.worker_id), codec.encode(info), OVERWRITE)
 
 
-def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_s: float) -> None:
+def _slot(
+    state: _State, claimers: list[Claimer], idle_exit: float | None, max_poll_s: float
+) -> None:
     slot = Slot(
         state.plane,
         state.isolation,
@@ -399,7 +403,7 @@ def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_
     with state.lock:
         state.slots.append(slot)
     try:
-        _serve(state, slot, ops, idle_exit, max_poll_s)
+        _serve(state, slot, claimers, idle_exit, max_poll_s)
     except HookFailed as e:
         state.failure = e
         state.stop.set()
@@ -408,7 +412,11 @@ def _slot(state: _State, ops: list[QueueOps], idle_exit: float | None, max_poll_
 
 
 def _serve(
-    state: _State, slot: Slot, ops: list[QueueOps], idle_exit: float | None, max_poll_s: float
+    state: _State,
+    slot: Slot,
+    claimers: list[Claimer],
+    idle_exit: float | None,
+    max_poll_s: float,
 ) -> None:
     delay = 0.005
     idle_since = time.monotonic()
@@ -416,7 +424,11 @@ def _serve(
     turn = 0
     idle = False
     while not state.stop.is_set():
-        if idle and idle_exit is not None and _drained(state, ops, idle_exit, idle_since, polled):
+        if (
+            idle
+            and idle_exit is not None
+            and _drained(state, claimers, idle_exit, idle_since, polled)
+        ):
             return
         # While idle, the slots of a worker poll one at a time (each holds the turn through
         # its pause), so an idle worker costs the same however many slots it has.
@@ -427,10 +439,10 @@ def _serve(
             if not state.take_slot():
                 return
             polled = state.plane.store.now()
-            held, q, turn = _claim(state, ops, turn)
+            held, q, turn = _claim(state, claimers, turn)
             if held is None:
                 state.give_back()
-                _maybe_sweep(state, ops)
+                _maybe_sweep(state, claimers)
                 if polling:  # the backoff is the worker's, not the slot's: one poll per pause
                     with state.lock:
                         delay, state.idle_delay = (
@@ -467,11 +479,11 @@ def _serve(
         with state.lock:
             state.done += 1
         idle_since = time.monotonic()
-        _maybe_sweep(state, ops)
+        _maybe_sweep(state, claimers)
 
 
 def _drained(
-    state: _State, ops: list[QueueOps], idle_exit: float, idle_since: float, polled: float
+    state: _State, claimers: list[Claimer], idle_exit: float, idle_since: float, polled: float
 ) -> bool:
     """Idle for ``idle_exit`` seconds, and (when draining) no retry this worker has seen
     backing off is still to come: it is work, so the slot polls once after it comes due.
@@ -481,17 +493,18 @@ def _drained(
         return False
     if not state.wait_retries or idle_for >= idle_exit + lifecycle.MAX_BACKOFF_S:
         return True
-    return all(q.retry_due() < polled for q in ops)
+    return all(c.retry_due() < polled for c in claimers)
 
 
-def _claim(state: _State, ops: list[QueueOps], turn: int) -> tuple[Claimed | None, QueueOps, int]:
+def _claim(
+    state: _State, claimers: list[Claimer], turn: int
+) -> tuple[Claimed | None, QueueOps, int]:
     """One claim attempt over the queues, round robin from ``turn``."""
-    for i in range(len(ops)):
-        q = ops[(turn + i) % len(ops)]
+    for i in range(len(claimers)):
+        c = claimers[(turn + i) % len(claimers)]
+        q = c.ops
         try:
-            held = q.claim(
-                state.worker_id, state.plane.store.now(), state.lease_s, state.stop.is_set
-            )
+            held = c.claim(state.plane.store.now(), state.lease_s, state.stop.is_set)
         except LakeshoreError as e:
             log.warning("claim on %s failed: %s", q.keys.queue, e)
             continue
@@ -499,8 +512,8 @@ def _claim(state: _State, ops: list[QueueOps], turn: int) -> tuple[Claimed | Non
             log.exception("claim on %s failed unexpectedly", q.keys.queue)
             continue
         if held is not None:
-            return held, q, (turn + i + 1) % len(ops)
-    return None, ops[turn % len(ops)], turn
+            return held, q, (turn + i + 1) % len(claimers)
+    return None, claimers[turn % len(claimers)].ops, turn
 
 
 def _hand_back(q: QueueOps, held: Claimed) -> None:
@@ -531,7 +544,7 @@ class _Tracked:
             self.state.running.discard(att)
 
 
-def _maybe_sweep(state: _State, ops: list[QueueOps]) -> None:
+def _maybe_sweep(state: _State, claimers: list[Claimer]) -> None:
     """Now and then, delete rate tokens of long-past windows. (Expired leases need no pass
     of their own: claims requeue them when they meet them at the head of the queue.)"""
     now = time.monotonic()
@@ -539,7 +552,7 @@ def _maybe_sweep(state: _State, ops: list[QueueOps]) -> None:
         if now - state.last_sweep < _SWEEP_EVERY_S:
             return
         state.last_sweep = now
-    for q in ops:
+    for q in (c.ops for c in claimers):
         try:
             sweep_rate(q, q.store.now())
         except StoreError as e:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
+from lakeshore.claims import Claimer
 from lakeshore.protocol import QueueOps
 from lakeshore.store import LocalStore, MemoryStore, Store
 from tests import jobs
@@ -58,7 +59,7 @@ def test_a_slow_claim_still_writes_a_full_lease() -> None:
     ops = q.ops("default")
     store.slow_record_get = 1.8  # the claim's read of the record takes 1.8 s
     started = store.now()
-    held = ops.claim("A", started, lease_s=2.0)
+    held = Claimer(ops, "A").claim(started, lease_s=2.0)
     assert held is not None and held.record.id == inv
     assert held.record.lease is not None
     # the lease counts from the write, not from when the claim began (0.2 s left, before)
@@ -78,7 +79,7 @@ def test_a_claim_whose_write_came_back_after_its_lease_never_runs_the_body() -> 
         # store's clock, and worker B (another process) requeues and takes the job.
         store.t += 2.5
         other = QueueOps(store, q.ops("default").keys)
-        taken.append(other.claim("B", store.now()))
+        taken.append(Claimer(other, "B").claim(store.now()))
 
     store.after_claim_put = meanwhile
     ran = dls.run_worker(q, once=True, isolation="thread", worker_id="A")
@@ -124,12 +125,12 @@ def test_a_forward_step_of_the_wall_clock_takes_no_live_lease(
     open_store = _opener(kind, tmp_path)
     q = make_plane(open_store(), lease_s=30.0)
     inv = q.udf(jobs.add_one).submit(1)
-    held = q.ops("default").claim("A", q.store.now())
+    held = Claimer(q.ops("default"), "A").claim(q.store.now())
     assert held is not None
     _stepped(monkeypatch, 40.0)  # NTP after a VM pause: 25 s would have been left
     other = make_plane(open_store(), lease_s=30.0)  # opened after the step
     ops = other.ops("default")
-    assert ops.reap(other.store.now()) == 0
+    assert Claimer(ops, "").reap(other.store.now()) == 0
     rec = other.get(inv)
     assert rec.state == "running" and rec.attempt == 1 and rec.lease is not None
     assert rec.lease.expires_at - other.store.now() > 29.0
@@ -144,7 +145,7 @@ def test_a_backward_step_of_the_wall_clock_neither_rewinds_nor_shortens_leases(
     q = make_plane(open_store(), lease_s=30.0)
     q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
-    held = ops.claim("A", q.store.now())
+    held = Claimer(ops, "A").claim(q.store.now())
     assert held is not None and held.record.lease is not None
     before = q.store.now()
     _stepped(monkeypatch, -40.0)
@@ -184,7 +185,7 @@ def test_a_wall_clock_step_on_one_machine_moves_no_s3_lease(
     honest = make_plane(s3(), lease_s=30.0)
     worker = make_plane(stepping, lease_s=30.0)
     inv = honest.udf(jobs.add_one).submit(1)
-    held = worker.ops("default").claim("A", stepping.now())
+    held = Claimer(worker.ops("default"), "A").claim(stepping.now())
     assert held is not None
     jump[0] = step  # the worker machine's wall clock steps
     assert abs(stepping.now() - honest.store.now()) < 2.5  # before any new response
@@ -194,8 +195,8 @@ def test_a_wall_clock_step_on_one_machine_moves_no_s3_lease(
     renewed = worker.ops("default").heartbeat(held, stepping.now())
     assert renewed.record.lease is not None
     assert renewed.record.lease.expires_at - honest.store.now() > 27.0
-    assert honest.ops("default").reap(honest.store.now()) == 0
-    assert worker.ops("default").reap(stepping.now()) == 0
+    assert Claimer(honest.ops("default"), "").reap(honest.store.now()) == 0
+    assert Claimer(worker.ops("default"), "").reap(stepping.now()) == 0
     assert honest.get(inv).attempt == 1
     off = abs(stepping.now() - honest.store.now())
     report.append(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
+from lakeshore.claims import Claimer
 from lakeshore.store.base import CREATE, if_match
 from lakeshore.store.s3 import S3Store
 from tests import jobs
@@ -217,12 +218,12 @@ def test_clock_skew_never_takes_a_live_lease(
     t, stop = _serve(honest, isolation="thread")
     try:
         poll(lambda: honest.status(inv) == "running", what="running")
-        ops = skewed.ops("default")
+        reaper = Claimer(skewed.ops("default"), "")
         assert abs(skewed.store.now() - time.time()) < 2.5  # judged in the store's clock
         moved = 0
         end = time.monotonic() + 2.5 * 3.0  # well past one lease: the holder heartbeats
         while time.monotonic() < end:
-            moved += ops.reap(skewed.store.now())
+            moved += reaper.reap(skewed.store.now())
             held = skewed.get(inv)
             assert held.state == "running" and held.attempt == 1
             time.sleep(0.2)

@@ -12,6 +12,7 @@ import pytest
 
 import lakeshore as dls
 from lakeshore.census import queue_status
+from lakeshore.claims import Claimer
 from lakeshore.cli import main
 from lakeshore.gc import collect, parse_age
 from lakeshore.store import MemoryStore, Store
@@ -171,7 +172,8 @@ def test_status_counts_exactly_when_small_and_from_signs_of_life_when_large(
     f = q.udf(jobs.add_one)
     ids = [f.submit(i) for i in range(6)]
     ops = q.ops("default")
-    held = [ops.claim("w1", q.store.now()), ops.claim("w1", q.store.now())]
+    w1 = Claimer(ops, "w1")
+    held = [w1.claim(q.store.now()), w1.claim(q.store.now())]
     assert all(h is not None for h in held)
     q.cancel(ids[-1])  # never claimed: the cancel creates its record; claimers drop its ticket
     q.cancel(ids[-2])

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("pure records and transitions", {"record", "lifecycle", "queueconf", "journal"}),
     (
         "protocol steps",
-        {"protocol", "tidy", "fence", "admission", "queues", "census", "stream", "logs"}
+        {"protocol", "claims", "tidy", "admission", "queues", "census", "stream", "logs"}
         | {"topic", "doctor"},
     ),
     ("running bodies", {"run", "runner", "child", "bodies"}),

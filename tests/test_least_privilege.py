@@ -22,6 +22,7 @@ import lakeshore as dls
 from lakeshore import gc, lifecycle
 from lakeshore.admission import SLOT_REPAIR_AGE_S, acquire_slot
 from lakeshore.census import newest_ids, queue_status
+from lakeshore.claims import Claimer
 from lakeshore.gc import collect, prune_workers
 from lakeshore.keys import worker_key
 from lakeshore.store.base import CREATE
@@ -132,7 +133,7 @@ def test_every_request_of_every_role_is_allowed_by_its_policy(
     )
     assert ran == 5
     for name in ("default", "other", "limited"):
-        w.ops(name).reap(w.store.now())
+        Claimer(w.ops(name), "").reap(w.store.now())
 
     # producer: results, states, streams, topics
     assert q.result(inv, timeout=30) == 42

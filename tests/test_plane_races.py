@@ -17,6 +17,7 @@ import pytest
 
 import lakeshore as dls
 from lakeshore import lifecycle
+from lakeshore.claims import Claimer
 from lakeshore.errors import Conflict
 from lakeshore.record import Blob
 from tests import jobs
@@ -172,15 +173,12 @@ def test_stale_worker_is_fenced(atomic_plane: Any) -> None:
     ops = q.ops("default")
     rec, etag = ops.read(inv)
     ops.cas(rec.next_write(lease_s=0.2), etag)
-    a = ops.claim("worker-a", q.store.now())
+    a = Claimer(ops, "worker-a").claim(q.store.now())
     assert a is not None and a.record.attempt == 1
     poll(lambda: q.store.now() > a.record.lease.expires_at + 0.05, 10, "the lease to expire")
-    assert ops.reap(q.store.now()) == 1
-    poll(
-        lambda: ops.claim("worker-b", q.store.now()) is not None or q.status(inv) == "running",
-        10,
-        "claim",
-    )
+    assert Claimer(ops, "").reap(q.store.now()) == 1
+    b = Claimer(ops, "worker-b")
+    poll(lambda: b.claim(q.store.now()) is not None or q.status(inv) == "running", 10, "claim")
     b_rec = ops.read(inv)[0]
     assert b_rec.attempt == 2 and b_rec.lease.worker == "worker-b"  # type: ignore[union-attr]
     # worker A wakes up: its heartbeat and its late result are both refused

@@ -12,6 +12,7 @@ import pytest
 import lakeshore as dls
 import lakeshore.submit as sub
 from lakeshore import codec, lifecycle
+from lakeshore.claims import Claimer
 from lakeshore.protocol import QueueOps
 from lakeshore.record import SCHEMA_VERSION
 from tests import jobs
@@ -21,30 +22,30 @@ from tests.conftest import make_plane
 def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
-    held = ops.claim("w1", q.store.now())
+    held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None
     # A retry is half done: the ready hint is back, the record still says running.
     back = lifecycle.fail(held.record, held.token, {"type": "E"}, q.store.now())
     ops.put_marker(back)
-    assert ops.claim("w2", q.store.now()) is None  # finds the hint, must leave it
+    assert Claimer(ops, "w2").claim(q.store.now()) is None  # finds the hint, must leave it
     assert [i.key for i in ops.tickets()] == [ops.keys.ticket(back.priority, inv)]
     ops.finish(held, back)  # the retry completes: the job is findable
     time.sleep(max(0.0, back.not_before - q.store.now()) + 0.01)  # wait out the backoff itself
     other = QueueOps(q.store, ops.keys)  # another worker (the first remembers to look later)
-    again = other.claim("w2", q.store.now())
+    again = Claimer(other, "w2").claim(q.store.now())
     assert again is not None and again.record.attempt == 2
 
 
 def test_ready_hint_of_a_running_job_survives_claimers_and_reapers(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
-    held = ops.claim("w1", q.store.now())
+    held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None
     hint = [i.key for i in ops.tickets()]
     assert hint == [ops.keys.ticket(held.record.priority, inv)]  # the hint stays while the job runs
     other = QueueOps(q.store, ops.keys)  # another worker, which has never seen the job
-    assert other.claim("w2", q.store.now()) is None
-    assert other.reap(q.store.now()) == 0  # the lease holds: nothing to move
+    assert Claimer(other, "w2").claim(q.store.now()) is None
+    assert Claimer(other, "").reap(q.store.now()) == 0  # the lease holds: nothing to move
     assert [i.key for i in ops.tickets()] == hint
     ops.finish(held, lifecycle.succeed(held.record, held.token, None, q.store.now()))
     assert list(ops.tickets()) == []  # terminal: the claimed hint is gone
@@ -64,7 +65,7 @@ def test_newer_records_are_left_alone(q: Any) -> None:
     assert q.store.get(ticket)[0] == newer  # untouched
     with pytest.raises(dls.NotFound):
         q.store.get(ops.keys.record(future))  # and never claimed
-    assert ops.reap(q.store.now() + 3600) == 0
+    assert Claimer(ops, "").reap(q.store.now() + 3600) == 0
 
 
 def test_a_young_key_without_record_is_waited_for_then_repaired(q: Any) -> None:
@@ -149,10 +150,10 @@ def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(q: Any) -> None:
     nxt = lifecycle.rerun(rec, q.store.now())
     ops.put_marker(nxt)
     other = QueueOps(q.store, ops.keys)  # a claimer that reads the record right now
-    assert other.claim("w2", q.store.now()) is None
+    assert Claimer(other, "w2").claim(q.store.now()) is None
     assert [i.key for i in ops.tickets()] == [ops.ticket_key(nxt)]  # kept
     ops.cas(nxt, etag)  # the retry completes
-    again = QueueOps(q.store, ops.keys).claim("w3", q.store.now())
+    again = Claimer(QueueOps(q.store, ops.keys), "w3").claim(q.store.now())
     assert again is not None and again.record.id == inv and again.record.attempt == 2
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import lakeshore as dls
 from lakeshore import codec, lifecycle
 from lakeshore.census import queue_status
+from lakeshore.claims import Claimer
 from lakeshore.gc import collect
 from lakeshore.protocol import QueueOps
 from lakeshore.queues import QueueSettings
@@ -50,10 +51,10 @@ def test_a_claimer_never_drops_the_ticket_of_a_rerun_that_landed_after_it_read()
     rec, _ = ops.read(inv)
     ops.put_marker(lifecycle.rerun(rec, q.store.now()))  # a rerun that died after its ticket
     stale = ops.keys.ticket(rec.priority, inv, 1)
-    claimer = QueueOps(gate, ops.keys)
+    claimer = Claimer(QueueOps(gate, ops.keys), "w2")
     trap = gate.trap("GET", lambda k: k == ops.keys.record(inv), "claimer", after=True)
     later = q.store.now() + 100  # the stale ticket is well past the rerun grace
-    run = Run("claimer", lambda: claimer.claim("w2", later))
+    run = Run("claimer", lambda: claimer.claim(later))
     trap.wait()
     assert q.retry(inv) == 2  # the operator's rerun runs to its end meanwhile
     trap.go.set()
@@ -72,9 +73,9 @@ def test_a_junk_ticket_at_a_rerun_key_is_not_dropped_over_the_rerun() -> None:
     rec, _ = ops.read(inv)
     junk = ops.keys.ticket(rec.priority, inv, 1)
     q.store.put(junk, codec.encode({"not": "a record"}) + b"x" * 200, CREATE)
-    claimer = QueueOps(gate, ops.keys)
+    claimer = Claimer(QueueOps(gate, ops.keys), "w2")
     trap = gate.trap("GET", lambda k: k == junk, "claimer", after=True)
-    run = Run("claimer", lambda: claimer.claim("w2", q.store.now()))
+    run = Run("claimer", lambda: claimer.claim(q.store.now()))
     trap.wait()
     assert q.retry(inv) == 2
     trap.go.set()
@@ -118,7 +119,7 @@ def test_a_lookup_racing_a_claim_and_completion_finds_the_invocation() -> None:
     reader = make_plane(gate)  # another process: it never saw the submit
     run = Run("reader", lambda: reader.status(inv))
     trap.wait()
-    held = ops.claim("w1", q.store.now())
+    held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None and held.record.id == inv
     ops.finish(held, lifecycle.succeed(held.record, held.token, None, q.store.now()))
     assert list(ops.tickets()) == []

@@ -22,7 +22,7 @@ import lakeshore.admission as adm
 import lakeshore.submit as sub
 from lakeshore import codec, lifecycle
 from lakeshore.admission import admit
-from lakeshore.fence import fence
+from lakeshore.claims import Claimer
 from lakeshore.gc import collect
 from lakeshore.keys import QueueKeys, new_id
 from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
@@ -193,8 +193,8 @@ def test_a_submit_stalled_before_its_ticket_longer_than_every_grace_still_runs(
     stall.wait()  # about to write its ticket
     ops = q.ops("default")
     later = q.store.now() + 2 * ORPHAN_GRACE_S  # two minutes on, in the store's clock
-    claimer = QueueOps(gate.inner, ops.keys)
-    assert claimer.claim("w", later) is None
+    claimer = Claimer(QueueOps(gate.inner, ops.keys), "w")
+    assert claimer.claim(later) is None
     report = collect(ops, q.settings, 0.0, later)
     assert (report.orphans, report.expired, report.objects) == ([], [], [])
     stall.go.set()
@@ -202,9 +202,9 @@ def test_a_submit_stalled_before_its_ticket_longer_than_every_grace_still_runs(
     _runnable(q, inv)  # the id submit returned is a job some worker will run
     [ticket] = list(ops.tickets())
     # a claimer whose clock runs two graces ahead claims it: a fresh ticket is no orphan
-    held = claimer.claim("w", ticket.last_modified + 2 * ORPHAN_GRACE_S)
+    held = claimer.claim(ticket.last_modified + 2 * ORPHAN_GRACE_S)
     assert held is not None and held.record.id == inv
-    claimer.finish(held, lifecycle.release(held.record, held.token, q.store.now()))
+    claimer.ops.finish(held, lifecycle.release(held.record, held.token, q.store.now()))
     _finish(q)
     assert q.result(inv, timeout=30) == 42
 
@@ -530,7 +530,7 @@ def test_a_ticket_create_that_meets_a_tombstone_is_refused() -> None:
     q = make_plane(MemoryStore())
     ops = q.ops("default")
     inv = new_id(5)
-    assert fence(ops, inv, q.store.now(), "judged dead")
+    assert ops.fence(inv, q.store.now(), "judged dead")
     args = Blob(inline=codec.encode(((1,), {})))
     rec = Record(id=inv, ns=q.ns, queue="default", fn="tests.jobs:add_one", args=args)
     assert ops.submit(rec) is False

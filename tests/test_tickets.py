@@ -9,6 +9,7 @@ import pytest
 
 import lakeshore as dls
 from lakeshore import lifecycle
+from lakeshore.claims import Claimer
 from lakeshore.keys import QueueKeys, band_of_id, new_id
 from lakeshore.protocol import QueueOps
 from lakeshore.store import MemoryStore
@@ -44,20 +45,20 @@ def test_a_process_that_competes_reads_the_record_before_trying_to_create_it() -
     q = make_plane(store)
     ids = [q.udf(jobs.add_one).submit(i) for i in range(4)]
     keys = QueueKeys(q.ns, "default")
-    first, second = QueueOps(store, keys), QueueOps(store, keys)
-    assert second.claim("w2", store.now()) is not None  # another process took the oldest
+    first, second = Claimer(QueueOps(store, keys), "w1"), Claimer(QueueOps(store, keys), "w2")
+    assert second.claim(store.now()) is not None  # another process took the oldest
     # alone, a process tries the create from the ticket, and loses to the other process
-    got = [first.claim("w1", store.now())]
+    got = [first.claim(store.now())]
     assert store.seen["lost create"] == 1
     # the other process claims one more, which the first one's listing still holds
     mine_so_far = {h.record.id for h in got if h is not None}
     theirs = next(i for i in ids[1:] if i not in mine_so_far)
-    rec, etag = second.read(theirs)
-    second.cas(lifecycle.claim(rec, "w2", "t", store.now()), etag)
+    rec, etag = second.ops.read(theirs)
+    second.ops.cas(lifecycle.claim(rec, "w2", "t", store.now()), etag)
     # once it has lost a race, it reads the record of a full ticket first: no lost write
     # for the ticket the other process took since the listing
-    got.append(first.claim("w1", store.now()))
-    assert first.claim("w1", store.now()) is None  # nothing left
+    got.append(first.claim(store.now()))
+    assert first.claim(store.now()) is None  # nothing left
     assert store.seen["lost create"] == 1
     mine = sorted(h.record.id for h in got if h is not None)
     assert sorted([*mine, theirs]) == sorted(ids[1:])

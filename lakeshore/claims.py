@@ -1,0 +1,418 @@
+"""The claim scheduler: how one worker finds and takes work from one queue.
+
+A :class:`Claimer` belongs to one worker (its id is in the leases it writes); the worker's
+slots share it, so they take different candidates from one listing and never race each
+other. Everything it writes goes through :class:`lakeshore.protocol.QueueOps`; what it
+keeps is memory: the last listing of the tickets, and per ticket etag what was read
+(running until its lease ends, backing off until its retry is due, a tombstone), so that
+ticket is skipped without a GET until then or until its etag changes. On its way it
+settles what needs no claim: it requeues (or fails) an expired lease, times out a missed
+deadline, fails a corrupt record and drops stale tickets.
+
+While claims collide with other processes' (lost CAS, or a record taken since it was
+listed), the pick widens from the oldest ticket to a random one of the head of the queue,
+and narrows again after a run of clean claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from lakeshore import lifecycle
+from lakeshore.errors import (
+    Conflict,
+    IllegalTransition,
+    NewerRecord,
+    NotFound,
+    PermissionDenied,
+    RecordError,
+    StoreError,
+)
+from lakeshore.keys import QueueKeys
+from lakeshore.protocol import (
+    MARKER_MAX,
+    ORPHAN_GRACE_S,
+    Claimed,
+    QueueOps,
+    decode_ticket,
+    unclaimed,
+    unclaimed_etag,
+)
+from lakeshore.record import Record, write_id
+from lakeshore.store.base import ObjectInfo
+
+__all__ = ["Claimer"]
+
+log = logging.getLogger("lakeshore.worker")
+
+_LISTING = 1000  # candidates kept from one LIST of the tickets (one S3 page)
+_LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
+_MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
+_SCAN = 5000  # tickets looked at (listed, not read) per LIST at most
+_LISTS_PER_CLAIM = 4
+_NARROW_AFTER = 16  # clean claims in a row before the spread halves again
+_BAD_TICKET_S = 60.0  # a ticket whose examination raised something unexpected: passed over
+_RERUN_GRACE_S = 30.0  # a ticket of a life the record has not reached: a rerun until this old
+
+_Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
+
+
+class Claimer:
+    """The claim scheduler of worker ``worker`` on the queue of ``ops``."""
+
+    def __init__(self, ops: QueueOps, worker: str) -> None:
+        self.ops = ops
+        self.worker = worker  # its own leases are no collision
+        self._lock = threading.Lock()
+        self._listing_lock = threading.Lock()  # one LIST in flight per worker
+        self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
+        self._clean = 0  # claims won since the last lost race
+        # ticket key -> (its etag, when to look again): read and found not claimable, skipped
+        # without a GET until then or until the ticket changes, so long-running jobs and
+        # retries backing off at the head of the queue never hide the work behind them
+        self._later: dict[str, tuple[str, float]] = {}
+        # when the last retry this worker read backing off comes due (store time): a worker
+        # draining the queue does not leave before it has polled once after that
+        self._retry_due = 0.0
+        self._listing: list[ObjectInfo] = []
+        self._listed_at = -1e9  # time.monotonic() of the listing
+        self._trying: set[str] = set()  # ticket keys a slot of this worker is reading now
+        self._misses: dict[str, int] = {}  # ticket key -> times its record was not there yet
+        # full tickets whose record exists (a create of it failed): read the record first
+        self._promoted: set[str] = set()
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def _remember(self, info: ObjectInfo, until: float) -> None:
+        self.remember(info.key, info.etag, until)
+
+    def remember(self, key: str, etag: str, until: float) -> None:
+        """Skip the ticket ``key`` without a GET until ``until`` (store time), unless its
+        etag changes."""
+        with self._lock:
+            self._later[key] = (etag, until)
+
+    def forget(self, key: str) -> None:
+        """Look at the ticket ``key`` again at the next listing."""
+        with self._lock:
+            self._later.pop(key, None)
+            self._misses.pop(key, None)
+            self._promoted.discard(key)
+
+    def retry_due(self) -> float:
+        """When the last retry this worker has read backing off comes due (store time; 0
+        when none). A record claiming a time past the longest backoff does not count."""
+        with self._lock:
+            return self._retry_due
+
+    def _skipped(self, info: ObjectInfo, now: float) -> bool:
+        seen = self._later.get(info.key)
+        return seen is not None and seen[0] == info.etag and seen[1] > now
+
+    def _drop(self, info: ObjectInfo, if_match: str | None = None) -> None:
+        self.forget(info.key)
+        self.ops.drop_ticket(info, if_match)
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    def claim(
+        self,
+        now: float,
+        lease_s: float | None = None,
+        stopping: Callable[[], bool] | None = None,
+    ) -> Claimed | None:
+        """Try to take one queued invocation; None when there is nothing to take (or
+        ``stopping()`` turned true: no claim is written after that).
+        ``lease_s`` overrides the invocation's lease length for this attempt.
+
+        ``now`` is the store time the caller read; each candidate is judged at the later of
+        it and a fresh reading, and the lease is counted from a reading taken just before the
+        claim's write, so a claim slowed by many reads still writes a full lease.
+
+        Running invocations whose lease has run out are requeued (or failed) on the way;
+        corrupt records are marked failed so they never block the queue; invocations
+        backing off before a retry are skipped without a GET until they are due.
+        """
+        lists = 0
+        while True:
+            if stopping is not None and stopping():
+                return None
+            now = max(now, self.ops.store.now())
+            info = self._next_candidate(now)
+            if info is None:
+                if lists >= _LISTS_PER_CLAIM or not self._list(now):
+                    return None
+                lists += 1
+                continue
+            try:
+                got = self._try_claim(info, now, lease_s, stopping)
+            except (StoreError, PermissionDenied):
+                raise  # the store's trouble, not this ticket's: the caller decides
+            except Exception:
+                # A bug or a shape nobody foresaw: one object must not stop the worker. Pass
+                # this ticket over for a while (until it changes) and serve the others.
+                log.exception("claim on %s: passing over %s for now", self.ops.keys.queue, info.key)
+                self._remember(info, now + _BAD_TICKET_S)
+                continue
+            finally:
+                with self._lock:
+                    self._trying.discard(info.key)
+            if got is not None:
+                return got
+
+    def _list(self, now: float) -> bool:
+        """List the head of the queue (what is not skipped); False when there is none.
+        One slot lists at a time: slots that ran dry together wait for its listing instead
+        of each sending the same LIST."""
+        asked = time.monotonic()
+        with self._listing_lock:
+            with self._lock:
+                if self._listed_at >= asked:  # another slot listed while we waited
+                    return bool(self._listing)
+            fresh: list[ObjectInfo] = []
+            seen: set[str] = set()
+            for scanned, info in enumerate(self.ops.tickets()):
+                if scanned >= _SCAN or len(fresh) >= _LISTING:
+                    break
+                seen.add(info.key)
+                if not self._skipped(info, now):
+                    fresh.append(info)
+            with self._lock:
+                self._later = {k: v for k, v in self._later.items() if v[1] > now}
+                self._promoted &= seen
+                self._listing = fresh
+                self._listed_at = time.monotonic()
+            return bool(fresh)
+
+    def _next_candidate(self, now: float) -> ObjectInfo | None:
+        """Take a candidate from the listing: the oldest while claims go through, a random
+        one of the head while they collide (other processes list the same head). The pick
+        stays inside the head's priority band: never a lower band first."""
+        with self._lock:
+            if time.monotonic() - self._listed_at > _LISTING_S:
+                self._listing = []
+            head: list[int] = []
+            band = None
+            for i, info in enumerate(self._listing):
+                if info.key in self._trying or self._skipped(info, now):
+                    continue
+                this = info.key.rsplit("/", 2)[-2]
+                if band is None:
+                    band = this
+                elif this != band:
+                    break
+                head.append(i)
+                if len(head) >= self._spread:
+                    break
+            if not head:
+                self._listing = []
+                return None
+            info = self._listing.pop(random.choice(head))
+            self._trying.add(info.key)
+            return info
+
+    def _collided(self, lost: bool) -> None:
+        # widen fast, narrow slowly: among busy workers the spread stays wide (few races);
+        # a worker left alone is back to strict order after a run of clean claims
+        with self._lock:
+            if lost:
+                self._spread, self._clean = min(self._spread * 4, _MAX_SPREAD), 0
+            else:
+                self._clean += 1
+                if self._clean % _NARROW_AFTER == 0:
+                    self._spread = max(1, self._spread // 2)
+
+    def _examine(
+        self, info: ObjectInfo, now: float, record_first: bool = False
+    ) -> tuple[_Claimable | None, bool]:
+        """Read the record behind a ticket and settle what needs no claim: drop a stale
+        ticket, requeue an expired lease, time out a missed deadline, remember what is not
+        due. Returns the record, its etag and the ticket's etag when it is claimable now,
+        and whether an expired lease was ended."""
+        moved = False
+        inv = QueueKeys.id_of(info.key)
+        try:
+            got = self._read_listed(info, inv, record_first)
+        except NotFound:
+            if info.last_modified < now - ORPHAN_GRACE_S:
+                self._drop(info)  # a marker whose record is gone (gc, by hand)
+            else:  # a record being written or deleted: look again soon, then less and less
+                # often, so a young one is picked up at once and an orphan costs a dozen
+                # GETs until it can be dropped. (Not from the ticket's age: listings give
+                # last-modified times in whole seconds.)
+                with self._lock:
+                    misses = self._misses[info.key] = self._misses.get(info.key, 0) + 1
+                wait = min(0.005 * 2 ** min(misses, 12), 5.0)
+                self._remember(info, min(now + wait, info.last_modified + ORPHAN_GRACE_S))
+            return None, moved
+        except NewerRecord:
+            self._remember(info, now + ORPHAN_GRACE_S)  # for a newer lakeshore's workers
+            return None, moved
+        except RecordError as e:
+            if self.ops.fail_corrupt(inv, e, now):
+                self._drop(info)  # the record is failed now: its ticket is stale
+            return None, moved
+        if got is None:
+            return None, moved
+        rec, etag, ticket_etag = got
+        if self._misses:
+            with self._lock:
+                self._misses.pop(info.key, None)
+        if unclaimed(etag) and rec.terminal:
+            # a tombstone (a submit fenced out): it stays, so the late submit cannot land;
+            # gc removes it with the finished invocations
+            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), math.inf)
+            return None, moved
+        life = QueueKeys.reruns_of(info.key)
+        if life is None or rec.reruns > life:
+            self._drop(info)  # a ticket of an earlier life (or not one we write)
+            return None, moved
+        if rec.reruns < life:
+            # a rerun between its ticket and its record write, or a ticket nobody should
+            # have written: look again once it is older than a rerun takes
+            if info.last_modified > now - _RERUN_GRACE_S:
+                self._remember(info, info.last_modified + _RERUN_GRACE_S)
+            else:  # unless a rerun rewrote it since it was read (its record may be queued now)
+                self._drop(info, if_match=ticket_etag)
+            return None, moved
+        if rec.state == "running":
+            expires = rec.lease.expires_at if rec.lease is not None else now
+            if expires >= now:
+                self._remember(info, expires)  # its worker holds it: look again at expiry
+                if rec.lease is not None and rec.lease.worker != self.worker:
+                    # taken by another process since we listed it: spread out as after a
+                    # lost race, or this process keeps walking just behind the other
+                    self._collided(True)
+                return None, moved
+            nxt = lifecycle.expire(rec, now)
+            if nxt.state == "queued":
+                ticket_etag = self.ops.put_marker(nxt)  # before the record says queued
+            try:
+                etag = self.ops.cas(nxt, etag)
+            except Conflict:
+                return None, moved  # the holder renewed or someone else reaped
+            self.ops.settle(nxt)
+            rec, moved = nxt, True
+        if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
+            self._drop(info)
+            return None, moved
+        if lifecycle.past_deadline(rec, now):
+            ended = lifecycle.time_out(rec, now)
+            try:
+                self.ops.cas(ended, etag)
+            except Conflict:
+                self._lost_create(info.key, etag)
+                return None, moved
+            self.ops.settle(ended)
+            self._drop(info)
+            return None, moved
+        if rec.not_before > now:
+            # backing off before a retry; the ticket stays
+            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), rec.not_before)
+            if rec.not_before <= now + lifecycle.MAX_BACKOFF_S:  # no later than a real backoff
+                with self._lock:
+                    self._retry_due = max(self._retry_due, rec.not_before)
+            return None, moved
+        return (rec, etag, ticket_etag), moved
+
+    def _read_listed(
+        self, info: ObjectInfo, inv: str, record_first: bool = False
+    ) -> tuple[Record, str, str] | None:
+        """The record behind a listed ticket, its etag and the ticket's etag; None for a
+        stray ticket (dropped). A ticket that holds a record is read itself (one GET for a
+        fresh submit), unless a create of its record already failed; a marker's record is
+        read directly.
+
+        Raises:
+            NotFound: a marker (or a ticket whose record existed) and no record.
+            RecordError: neither the ticket nor the record can be used.
+        """
+        full = info.size > MARKER_MAX and info.key not in self._promoted
+        if full and (record_first or self._spread > 1):
+            # Other processes claim from this queue too (this one lost races lately): a full
+            # ticket at the head has most likely been claimed since the listing, and its
+            # record tells so for one GET, where trying to create it would be a lost write.
+            with contextlib.suppress(NotFound):
+                rec, rec_etag = self.ops.read_record(inv)
+                return rec, rec_etag, info.etag
+        if full:
+            data, etag = self.ops.read_bounded(info.key)  # NotFound: gone since the listing
+            if len(data) > MARKER_MAX:
+                try:
+                    return decode_ticket(data, self.ops.keys, info.key), unclaimed_etag(etag), etag
+                except NewerRecord:
+                    raise
+                except RecordError as err:
+                    if self.ops.keys.ticket_of_id(inv) != info.key:
+                        # not where lakeshore puts this id's ticket: no invocation's (yet:
+                        # a rerun may overwrite it with its ticket before this delete)
+                        self._drop(info, if_match=etag)
+                        return None
+                    try:  # a record that exists is the truth; its ticket is only a marker
+                        rec, rec_etag = self.ops.read_record(inv)
+                    except NotFound:
+                        raise err from None  # nothing to run: _fail_corrupt records why
+                    return rec, rec_etag, etag
+            info = ObjectInfo(info.key, etag, len(data), info.last_modified)
+        rec, rec_etag = self.ops.read_record(inv)
+        return rec, rec_etag, info.etag
+
+    def _lost_create(self, key: str, etag: str) -> None:
+        """A write over a ticket's content lost: the record exists now; read it next time."""
+        if unclaimed(etag):
+            with self._lock:
+                self._promoted.add(key)
+
+    def _try_claim(
+        self,
+        info: ObjectInfo,
+        now: float,
+        lease_s: float | None = None,
+        stopping: Callable[[], bool] | None = None,
+    ) -> Claimed | None:
+        seen, _ = self._examine(info, now)
+        if seen is None or (stopping is not None and stopping()):
+            return None
+        rec, etag, ticket_etag = seen
+        token = write_id()
+        # The lease counts from the clock read right before the write, not from when the
+        # claim began: a slow read or a long walk past running records must not eat into it.
+        now = max(now, self.ops.store.now())
+        try:
+            running = lifecycle.claim(rec, self.worker, token, now, lease_s)
+        except IllegalTransition:
+            return None  # its start deadline passed meanwhile: the next claim ends it
+        try:
+            new_etag = self.ops.cas(running, etag)
+        except Conflict:
+            self._collided(True)
+            if unclaimed(etag):  # its record exists: the next look reads that instead
+                self._lost_create(info.key, etag)
+                return None
+            # someone else claimed it (or cancelled it): look again when a lease would end
+            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + running.lease_s)
+            return None
+        self._collided(False)
+        assert running.lease is not None
+        self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), running.lease.expires_at)
+        return Claimed(running, new_etag, token, ticket_etag, by=self)
+
+    def reap(self, now: float) -> int:
+        """One pass over the tickets: requeue (or fail) running invocations whose lease ran
+        out and drop stale tickets. Claims do this on their way, for the head of the queue;
+        a pass reads every live record not remembered. Returns how many moved."""
+        moved = 0
+        for scanned, info in enumerate(list(self.ops.tickets())):
+            if scanned >= _SCAN:
+                break
+            if not self._skipped(info, now):
+                # the record first: a full ticket may stand for a running job (one more GET
+                # per fresh submit, which a pass that claims nothing can afford)
+                moved += self._examine(info, now, record_first=True)[1]
+        return moved
