@@ -24,11 +24,12 @@ from typing import Any
 
 import lakeshore as dls
 from bench.counting import Counting
-from lakeshore import codec, keys, lifecycle
-from lakeshore.journal import END, VALUE, encode_segment
-from lakeshore.record import LIMITS, Blob, Record
+from lakeshore import codec, keys
+from lakeshore.model import lifecycle
+from lakeshore.model.record import LIMITS, Blob, Record
 from lakeshore.store import MemoryStore
-from lakeshore.topic import Topic
+from lakeshore.streams.journal import END, VALUE, encode_segment
+from lakeshore.streams.topic import Topic
 
 
 def topic_post(posts: int) -> dict[str, Any]:

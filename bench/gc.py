@@ -14,9 +14,9 @@ import argparse
 from typing import Any
 
 from bench.counting import Counting
-from lakeshore.gc import queue_names
 from lakeshore.keys import QueueKeys, namespace_prefix, topic_seq_key
-from lakeshore.queueconf import QueueConfig
+from lakeshore.model.queue_config import QueueConfig
+from lakeshore.protocol.gc import queue_names
 from lakeshore.store import MemoryStore
 
 _ID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"

@@ -54,9 +54,9 @@ from bench.counting import Counting, classes
 from bench.seaweed_env import BUCKET, seaweed_server
 from lakeshore import codec
 from lakeshore.batch import default_concurrency
-from lakeshore.claims import Claimer
 from lakeshore.keys import QueueKeys, new_id
-from lakeshore.record import Blob, Record
+from lakeshore.model.record import Blob, Record
+from lakeshore.protocol.claims import Claimer
 from lakeshore.store import LocalStore, MemoryStore, Store
 from lakeshore.store.base import CREATE
 from tests.conftest import FAKE_CREDS
@@ -234,7 +234,7 @@ def _cpu_s(pid: int) -> float:
 def _until_announced(q: Any, processes: int, timeout: float = 120.0) -> float:
     """Wait until ``processes`` workers have written their signs of life; returns when the
     first of them did (the store's clock)."""
-    from lakeshore.census import workers_seen
+    from lakeshore.protocol.census import workers_seen
 
     deadline = time.monotonic() + timeout
     while True:

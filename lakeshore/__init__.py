@@ -45,12 +45,12 @@ from lakeshore.errors import (
     UnknownFunction,
     UnreturnedWrite,
 )
-from lakeshore.journal import Frame
-from lakeshore.queueconf import QueueConfig
-from lakeshore.record import Record
+from lakeshore.model.queue_config import QueueConfig
+from lakeshore.model.record import Record
 from lakeshore.run import DataRoot
 from lakeshore.store import open_store
-from lakeshore.topic import Topic
+from lakeshore.streams.journal import Frame
+from lakeshore.streams.topic import Topic
 from lakeshore.udf import Udf
 from lakeshore.worker import run_worker
 

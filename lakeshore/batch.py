@@ -29,8 +29,8 @@ from lakeshore.store import LocalStore, MemoryStore, Store
 from lakeshore.submit import OPTIONS, Prepared, check_options, prepare_call, publish_prepared
 
 if TYPE_CHECKING:
-    from lakeshore.bodies import Declared
     from lakeshore.plane import Plane
+    from lakeshore.running.bodies import Declared
 
 __all__ = ["default_concurrency", "submit_many"]
 

@@ -24,20 +24,20 @@ from lakeshore.errors import (
     NotFound,
     TimedOut,
 )
-from lakeshore.journal import Frame
 from lakeshore.keys import (
     DEFAULT_QUEUE,
     check_name,
 )
-from lakeshore.logs import follow_logs, read_logs
+from lakeshore.model.queue_config import QueueConfig
+from lakeshore.model.record import Blob, Record
 from lakeshore.plane import DEFAULT_URL, Plane
-from lakeshore.protocol import QueueOps, unclaimed
-from lakeshore.queueconf import QueueConfig
-from lakeshore.record import Blob, Record
+from lakeshore.protocol.steps import QueueOps, unclaimed
 from lakeshore.run import scope as run_scope
-from lakeshore.stream import follow
+from lakeshore.running.logs import follow_logs, read_logs
+from lakeshore.streams.journal import Frame
+from lakeshore.streams.stream import follow
+from lakeshore.streams.topic import Topic
 from lakeshore.submit import submit_call
-from lakeshore.topic import Topic
 from lakeshore.udf import Udf
 
 __all__ = ["DEFAULT_URL", "Dispatch", "default_plane", "scope", "udf"]

@@ -14,16 +14,16 @@ import os
 import threading
 from typing import Any
 
-from lakeshore.bodies import Declared
 from lakeshore.errors import Conflict, InvalidArgument, NotFound
 from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, id_index, probe_prefix
-from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
-from lakeshore.queues import QueueSettings
-from lakeshore.record import Record
+from lakeshore.model.record import Record
+from lakeshore.protocol.queue_record import QueueSettings
+from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps
 from lakeshore.run import DataRoot, data_root
+from lakeshore.running.bodies import Declared
 from lakeshore.store import Store, open_store
 from lakeshore.store.base import CREATE
-from lakeshore.topic import Topic
+from lakeshore.streams.topic import Topic
 
 __all__ = ["DEFAULT_URL", "Plane"]
 

@@ -26,8 +26,6 @@ from inspect import Parameter
 from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec
-from lakeshore.admission import admit, give_back_rate
-from lakeshore.bodies import Declared
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
@@ -38,15 +36,17 @@ from lakeshore.errors import (
     StoreError,
 )
 from lakeshore.keys import DEFAULT_QUEUE, band, check_id, new_id
-from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps, abandoned
-from lakeshore.record import MAX_COUNT, Blob, Record, check_fields, check_key_arg
+from lakeshore.model.record import MAX_COUNT, Blob, Record, check_fields, check_key_arg
+from lakeshore.protocol.admission import admit, give_back_rate
+from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, abandoned
 from lakeshore.run import flush
+from lakeshore.running.bodies import Declared
 from lakeshore.scope import current_prefix
 from lakeshore.store.base import CREATE, if_match
 
 if TYPE_CHECKING:
+    from lakeshore.model.queue_config import QueueConfig
     from lakeshore.plane import Plane
-    from lakeshore.queueconf import QueueConfig
 
 __all__ = [
     "KEY_REPAIR_GRACE_S",

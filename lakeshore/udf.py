@@ -1,6 +1,6 @@
 """``Udf``: a function declared on a plane. Called, it runs here under the files contract
 of a worker; ``.submit(...)`` enqueues one call and returns its id, ``.map`` and
-``.starmap`` enqueue many. What a worker agrees to run is :mod:`lakeshore.bodies`'s.
+``.starmap`` enqueue many. What a worker agrees to run is :mod:`lakeshore.running.bodies`'s.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from lakeshore.batch import map_calls, starmap_calls, submit_many
-from lakeshore.bodies import Declared
 from lakeshore.errors import InvalidArgument
 from lakeshore.plane import Plane
 from lakeshore.run import call_local
+from lakeshore.running.bodies import Declared
 from lakeshore.submit import submit_call
 
 __all__ = ["Udf"]

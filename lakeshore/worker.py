@@ -3,7 +3,7 @@
 One loop per slot (``concurrency`` slots, each in a thread; each slot keeps its own child
 process in process isolation). Idle polling backs off up to ``max_poll_s``; a claim that meets
 a running invocation whose lease has run out (its worker crashed) requeues it. How one
-attempt runs is in :mod:`lakeshore.attempt`.
+attempt runs is in :mod:`lakeshore.running.attempt`.
 
 **Stopping.** Setting ``stop`` (or SIGTERM / SIGINT with ``handle_signals``) stops claiming.
 Running attempts get ``grace_s`` seconds to finish; then they are *released*: the body is
@@ -28,12 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakeshore import codec, lifecycle
-from lakeshore.admission import sweep_rate
-from lakeshore.attempt import Attempt, Slot, run_attempt
-from lakeshore.bodies import Allow
-from lakeshore.child import Hooks
-from lakeshore.claims import Claimer
+from lakeshore import codec
 from lakeshore.errors import (
     Conflict,
     HookFailed,
@@ -43,8 +38,14 @@ from lakeshore.errors import (
     StoreError,
 )
 from lakeshore.keys import worker_key
-from lakeshore.protocol import Claimed, QueueOps
-from lakeshore.record import check_text
+from lakeshore.model import lifecycle
+from lakeshore.model.record import check_text
+from lakeshore.protocol.admission import sweep_rate
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.steps import Claimed, QueueOps
+from lakeshore.running.attempt import Attempt, Slot, run_attempt
+from lakeshore.running.bodies import Allow
+from lakeshore.running.child import Hooks
 from lakeshore.store.base import OVERWRITE
 
 if TYPE_CHECKING:

@@ -18,14 +18,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lakeshore import census, codec
+from lakeshore import codec
 from lakeshore.errors import LakeshoreError
-from lakeshore.journal import decode_segment, to_frame
 from lakeshore.keys import topic_seq_key, worker_key
-from lakeshore.queueconf import QueueConfig
-from lakeshore.record import Record
+from lakeshore.model.queue_config import QueueConfig
+from lakeshore.model.record import Record
+from lakeshore.protocol import census
 from lakeshore.store.memory import MemoryStore
-from lakeshore.topic import Topic
+from lakeshore.streams.journal import decode_segment, to_frame
+from lakeshore.streams.topic import Topic
 
 STACK_BYTES = 1 << 20  # smaller than any platform's default thread stack
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.queueconf import parse_rate
-from lakeshore.record import Record
+from lakeshore.model.queue_config import parse_rate
+from lakeshore.model.record import Record
 from lakeshore.store import Store
 from tests import jobs
 from tests.conftest import make_plane, record_key
@@ -182,7 +182,7 @@ def test_keyed_resubmit_is_never_rejected(q: Any) -> None:
 
 
 def test_leaked_slot_is_repaired(plane: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lakeshore.admission as adm
+    import lakeshore.protocol.admission as adm
 
     q = plane
     q.configure(QUEUE, max_depth=1)
@@ -245,7 +245,7 @@ def test_cli_queue_show_and_set(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_old_rate_tokens_are_swept(plane: Any) -> None:
-    from lakeshore.admission import acquire_rate, sweep_rate
+    from lakeshore.protocol.admission import acquire_rate, sweep_rate
 
     ops = plane.ops(QUEUE)
     now = plane.store.now()

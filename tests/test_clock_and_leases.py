@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.claims import Claimer
-from lakeshore.protocol import QueueOps
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import LocalStore, MemoryStore, Store
 from tests import jobs
 from tests.conftest import FAKE_CREDS, TEST_BUCKET, make_plane

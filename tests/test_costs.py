@@ -13,12 +13,14 @@ import pytest
 
 import lakeshore as dls
 from bench.counting import Counting
-from lakeshore import codec, journal, keys, lifecycle, topic
+from lakeshore import codec, keys
 from lakeshore.errors import CorruptSegment, RecordError
-from lakeshore.journal import VALUE, encode_segment, read_segments
-from lakeshore.record import LIMITS, MAX_ERROR_TEXT, Blob, Record
+from lakeshore.model import lifecycle
+from lakeshore.model.record import LIMITS, MAX_ERROR_TEXT, Blob, Record
 from lakeshore.store import MemoryStore, Store
-from lakeshore.topic import Topic
+from lakeshore.streams import journal, topic
+from lakeshore.streams.journal import VALUE, encode_segment, read_segments
+from lakeshore.streams.topic import Topic
 from tests import jobs
 from tests.conftest import make_plane
 from tests.test_hostile_records import handmade, put_by_hand

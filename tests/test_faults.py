@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.claims import Claimer
+from lakeshore.protocol.claims import Claimer
 from lakeshore.store.base import CREATE, if_match
 from lakeshore.store.s3 import S3Store
 from tests import jobs

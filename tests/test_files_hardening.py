@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore import lifecycle
 from lakeshore.errors import StoreUnavailable
+from lakeshore.model import lifecycle
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
 from tests.conftest import make_plane

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.census import queue_status
-from lakeshore.claims import Claimer
 from lakeshore.cli import main
-from lakeshore.gc import collect, parse_age
+from lakeshore.protocol.census import queue_status
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.gc import collect, parse_age
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
 from tests.conftest import make_plane
@@ -165,8 +165,9 @@ def test_status_cost_stays_flat_as_history_grows() -> None:
 def test_status_counts_exactly_when_small_and_from_signs_of_life_when_large(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from lakeshore import census, codec
+    from lakeshore import codec
     from lakeshore.keys import worker_key
+    from lakeshore.protocol import census
 
     q = make_plane(MemoryStore())
     f = q.udf(jobs.add_one)

@@ -19,15 +19,15 @@ import pytest
 from ulid import ULID
 
 import lakeshore as dls
-import lakeshore.gc as gc_module
+import lakeshore.protocol.gc as gc_module
 import lakeshore.submit as sub
 from bench.counting import Counting
 from lakeshore import codec
 from lakeshore.cli import build_parser, main
-from lakeshore.gc import collect, parse_age
 from lakeshore.keys import QueueKeys, band, id_index, topic_seq_key, worker_key
-from lakeshore.protocol import ORPHAN_GRACE_S
-from lakeshore.queueconf import QueueConfig
+from lakeshore.model.queue_config import QueueConfig
+from lakeshore.protocol.gc import collect, parse_age
+from lakeshore.protocol.steps import ORPHAN_GRACE_S
 from lakeshore.store import LocalStore, MemoryStore, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs

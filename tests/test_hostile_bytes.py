@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from lakeshore import codec, keys
 from lakeshore.errors import DecodeError, InvalidArgument, RecordError
-from lakeshore.record import Blob, Record
+from lakeshore.model.record import Blob, Record
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_DEPTH: int = getattr(codec, "MAX_DEPTH", 100)  # the limit the codec enforces
@@ -470,7 +470,7 @@ def test_every_record_decoder_error_is_a_record_error() -> None:
     [{"rev": "x"}, {"wid": 5}, {"v": True}, {"max_depth": True}, {"lease_s": float("nan")}],
 )
 def test_a_mistyped_queue_record_is_a_record_error(fields: dict[str, Any]) -> None:
-    from lakeshore.queueconf import QueueConfig
+    from lakeshore.model.queue_config import QueueConfig
 
     with pytest.raises(RecordError):
         QueueConfig.from_bytes(msgpack.packb({"v": 1, **fields}))

@@ -16,9 +16,10 @@ import msgpack
 import pytest
 
 import lakeshore as dls
-from lakeshore import codec, keys, protocol
+from lakeshore import codec, keys
 from lakeshore.keys import worker_key
-from lakeshore.record import Blob, Record
+from lakeshore.model.record import Blob, Record
+from lakeshore.protocol import steps as protocol
 from lakeshore.store.base import Store, if_match
 from lakeshore.store.local import LocalStore
 from tests import jobs
@@ -298,8 +299,8 @@ def test_a_huge_attempt_number_is_refused_and_never_computed_with(tmp_path: Path
 
 
 def test_the_retry_backoff_of_any_attempt_number_is_cheap() -> None:
-    from lakeshore import lifecycle
-    from lakeshore.record import MAX_COUNT
+    from lakeshore.model import lifecycle
+    from lakeshore.model.record import MAX_COUNT
 
     rec = Record(id=keys.new_id(), ns="default", queue="q", fn="m:f", args=Blob(inline=b""))
     big = dataclasses.replace(rec, attempt=MAX_COUNT)

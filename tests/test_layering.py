@@ -19,14 +19,25 @@ LAYERS: list[tuple[str, set[str]]] = [
         {"codec", "keys", "scope", "store", "store.base", "store.clock", "store.local"}
         | {"store.memory", "store.url", "store.s3", "store.s3_obstore"},
     ),
-    ("pure records and transitions", {"record", "lifecycle", "queueconf", "journal"}),
+    (
+        "pure records and transitions",
+        {"model", "model.record", "model.lifecycle", "model.queue_config"}
+        | {"streams", "streams.journal"},
+    ),
     (
         "protocol steps",
-        {"protocol", "claims", "tidy", "admission", "queues", "census", "stream", "logs"}
-        | {"topic", "doctor"},
+        {"protocol", "protocol.steps", "protocol.claims", "protocol.tidy"}
+        | {"protocol.admission", "protocol.queue_record", "protocol.census"}
+        | {"streams.stream", "streams.topic", "running.logs", "doctor"},
     ),
-    ("running bodies", {"run", "runner", "child", "bodies"}),
-    ("the plane and what takes it", {"plane", "submit", "batch", "attempt", "gc"}),
+    (
+        "running bodies",
+        {"run", "running", "running.runner", "running.child", "running.bodies"},
+    ),
+    (
+        "the plane and what takes it",
+        {"plane", "submit", "batch", "running.attempt", "protocol.gc"},
+    ),
     ("worker and declared functions", {"worker", "udf"}),
     ("the facade", {"dispatch", "__init__", "demo"}),
     (
@@ -163,3 +174,38 @@ def test_no_relative_imports_and_no_private_names_of_other_modules() -> None:
                 if text not in PRIVATE_OK:
                     bad.append(f"{mod}:{node.lineno}: {text}")
     assert not bad, bad
+
+
+# docs/architecture.md, "Key layout": the one module that creates or rewrites each key
+WRITERS = {"protocol.steps", "protocol.admission", "protocol.queue_record", "submit", "plane"}
+WRITERS |= {"streams.journal", "streams.topic", "worker", "doctor"}  # doctor: its _doctor/ keys
+DELETERS = {"protocol.steps", "protocol.tidy", "protocol.admission", "protocol.gc"}
+DELETERS |= {"streams.topic", "doctor"}
+
+
+def _store_calls(tree: ast.Module) -> set[str]:
+    """The store verbs a module calls that change what is stored."""
+    verbs: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("put", "delete", "delete_many")
+        ):
+            receiver = ast.unparse(node.func.value)
+            if receiver.split(".")[-1] in ("store", "_store", "s", "inner"):
+                verbs.add(node.func.attr)
+    return verbs
+
+
+def test_only_the_owners_of_keys_write_to_the_store() -> None:
+    wrong = []
+    for mod, tree in MODULES.items():
+        if mod == "store" or mod.startswith("store."):
+            continue
+        for verb in _store_calls(tree):
+            allowed = WRITERS if verb == "put" else DELETERS
+            if mod not in allowed:
+                wrong.append(f"{mod} calls store.{verb}")
+    assert not wrong, wrong
+    assert {m for m, t in MODULES.items() if "put" in _store_calls(t)} == WRITERS

@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore import gc, lifecycle
-from lakeshore.admission import SLOT_REPAIR_AGE_S, acquire_slot
-from lakeshore.census import newest_ids, queue_status
-from lakeshore.claims import Claimer
-from lakeshore.gc import collect, prune_workers
 from lakeshore.keys import worker_key
+from lakeshore.model import lifecycle
+from lakeshore.protocol import gc
+from lakeshore.protocol.admission import SLOT_REPAIR_AGE_S, acquire_slot
+from lakeshore.protocol.census import newest_ids, queue_status
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.gc import collect, prune_workers
 from lakeshore.store.base import CREATE
 from tests import iam_sim, jobs
 from tests.conftest import make_plane
@@ -410,7 +411,7 @@ def test_gc_never_frees_a_slot_taken_again_after_it_looked(
 ) -> None:
     """The leaked slot is freed and taken by a new submit between gc's listing and its
     delete: the delete is conditional on the listed etag, so the new holder keeps it."""
-    from lakeshore import admission
+    from lakeshore.protocol import admission
 
     plane, ops, live = _full_queue(atomic_store)
     real = admission._ended

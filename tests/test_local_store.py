@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakeshore.errors import Conflict, InvalidArgument
-from lakeshore.record import Blob, Record
+from lakeshore.model.record import Blob, Record
 from lakeshore.store import CREATE, OVERWRITE, LocalStore, check_key, if_match
 from lakeshore.store import local as local_mod
 from lakeshore.store.base import _key_problem, _key_problem_of

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore import lifecycle
-from lakeshore.claims import Claimer
 from lakeshore.errors import Conflict
-from lakeshore.record import Blob
+from lakeshore.model import lifecycle
+from lakeshore.model.record import Blob
+from lakeshore.protocol.claims import Claimer
 from tests import jobs
 from tests.conftest import date_clock_lease, make_plane
 from tests.waiting import alive, poll

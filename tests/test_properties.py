@@ -10,9 +10,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakeshore import codec, keys, lifecycle
+from lakeshore import codec, keys
 from lakeshore.errors import DecodeError, IllegalTransition, InvalidArgument, RecordError
-from lakeshore.record import STATES, TERMINAL, Blob, Record
+from lakeshore.model import lifecycle
+from lakeshore.model.record import STATES, TERMINAL, Blob, Record
 from lakeshore.scope import join
 
 scalars = (

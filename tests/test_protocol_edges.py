@@ -11,10 +11,11 @@ import pytest
 
 import lakeshore as dls
 import lakeshore.submit as sub
-from lakeshore import codec, lifecycle
-from lakeshore.claims import Claimer
-from lakeshore.protocol import QueueOps
-from lakeshore.record import SCHEMA_VERSION
+from lakeshore import codec
+from lakeshore.model import lifecycle
+from lakeshore.model.record import SCHEMA_VERSION
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.steps import QueueOps
 from tests import jobs
 from tests.conftest import make_plane
 

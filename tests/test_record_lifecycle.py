@@ -8,9 +8,10 @@ import dataclasses
 import msgpack
 import pytest
 
-from lakeshore import codec, keys, lifecycle
+from lakeshore import codec, keys
 from lakeshore.errors import DecodeError, IllegalTransition, InvalidArgument, RecordError
-from lakeshore.record import SCHEMA_VERSION, Blob, Record, check_text
+from lakeshore.model import lifecycle
+from lakeshore.model.record import SCHEMA_VERSION, Blob, Record, check_text
 
 
 def rec(**kw: object) -> Record:

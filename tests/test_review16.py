@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import lakeshore as dls
-from lakeshore import codec, lifecycle
-from lakeshore.census import queue_status
-from lakeshore.claims import Claimer
-from lakeshore.gc import collect
-from lakeshore.protocol import QueueOps
-from lakeshore.queues import QueueSettings
+from lakeshore import codec
+from lakeshore.model import lifecycle
+from lakeshore.protocol.census import queue_status
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.gc import collect
+from lakeshore.protocol.queue_record import QueueSettings
+from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import CREATE
 from tests import jobs

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore import gc, lifecycle
-from lakeshore.admission import SLOT_REPAIR_AGE_S, acquire_slot
 from lakeshore.cli import main
 from lakeshore.keys import new_id
+from lakeshore.model import lifecycle
+from lakeshore.protocol import gc
+from lakeshore.protocol.admission import SLOT_REPAIR_AGE_S, acquire_slot
 from tests import jobs
 from tests.conftest import make_plane
 from tests.test_least_privilege import NS, principals  # noqa: F401  (the fixture, by name)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.journal import MAX_FRAME_BYTES
 from lakeshore.run import RunContext, data_root
 from lakeshore.store import MemoryStore
+from lakeshore.streams.journal import MAX_FRAME_BYTES
 from tests import jobs
 from tests.conftest import make_plane
 
@@ -137,7 +137,7 @@ def test_a_hard_link_in_a_private_root_is_read_in_place(tmp_path: Path) -> None:
 def test_an_error_map_over_its_caps_is_clipped_when_read() -> None:
     """Whoever wrote it, a record's error map reads back within its caps (8 entries, keys of
     64 bytes, texts of 64 KiB): diagnostics are clipped, never a reason to refuse the record."""
-    from lakeshore.record import LIMITS, MAX_ERROR_ENTRIES, MAX_ERROR_TEXT, Record
+    from lakeshore.model.record import LIMITS, MAX_ERROR_ENTRIES, MAX_ERROR_TEXT, Record
 
     q = make_plane(MemoryStore())
     inv = q.udf(jobs.add_one).submit(1)

@@ -207,7 +207,7 @@ def test_unsendable_yield_fails_without_retry(plane: Any) -> None:
 def test_a_yield_over_the_frame_cap_fails_without_retry(
     plane: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lakeshore import journal
+    from lakeshore.streams import journal
 
     monkeypatch.setattr(journal, "MAX_FRAME_BYTES", 1000)  # read at call time, in this process
     inv = plane.udf(jobs.yields_padding).submit(3, 2000)

@@ -18,15 +18,16 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-import lakeshore.admission as adm
+import lakeshore.protocol.admission as adm
 import lakeshore.submit as sub
-from lakeshore import codec, lifecycle
-from lakeshore.admission import admit
-from lakeshore.claims import Claimer
-from lakeshore.gc import collect
+from lakeshore import codec
 from lakeshore.keys import QueueKeys, new_id
-from lakeshore.protocol import ORPHAN_GRACE_S, QueueOps
-from lakeshore.record import Blob, Record
+from lakeshore.model import lifecycle
+from lakeshore.model.record import Blob, Record
+from lakeshore.protocol.admission import admit
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.gc import collect
+from lakeshore.protocol.steps import ORPHAN_GRACE_S, QueueOps
 from lakeshore.store import MemoryStore, ObjectInfo, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs

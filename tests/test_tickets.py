@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 
 import lakeshore as dls
-from lakeshore import lifecycle
-from lakeshore.claims import Claimer
 from lakeshore.keys import QueueKeys, band_of_id, new_id
-from lakeshore.protocol import QueueOps
+from lakeshore.model import lifecycle
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import OVERWRITE, PutMode
 from tests import jobs

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.bodies import Allow, load_body
-from lakeshore.record import Record
+from lakeshore.model.record import Record
+from lakeshore.running.bodies import Allow, load_body
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
 from tests.conftest import make_plane, record_key
@@ -213,8 +213,8 @@ def test_function_registered_on_the_worker_plane_runs(isolation: str) -> None:
 
 
 def test_a_child_runs_only_jobs_its_parent_approved() -> None:
-    from lakeshore.child import ChildProcess, Hooks, Job
     from lakeshore.codec import encode
+    from lakeshore.running.child import ChildProcess, Hooks, Job
 
     store = MemoryStore()
     producer = make_plane(store)

@@ -9,7 +9,6 @@ import sys
 import time
 from typing import Any
 
-from lakeshore.bodies import Declared, import_ref
 from lakeshore.cli.common import (
     add_common,
     ago,
@@ -23,7 +22,8 @@ from lakeshore.cli.common import (
 )
 from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound
 from lakeshore.keys import check_id
-from lakeshore.record import TERMINAL, Record
+from lakeshore.model.record import TERMINAL, Record
+from lakeshore.running.bodies import Declared, import_ref
 
 __all__ = ["register"]
 

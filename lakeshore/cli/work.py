@@ -20,8 +20,15 @@ from lakeshore.cli.common import (
 )
 from lakeshore.dispatch import Dispatch
 from lakeshore.errors import InvalidArgument, LakeshoreError
-from lakeshore.gc import GcReport, collect, parse_age, prune_workers, queue_names, retention_of
 from lakeshore.keys import check_name
+from lakeshore.protocol.gc import (
+    GcReport,
+    collect,
+    parse_age,
+    prune_workers,
+    queue_names,
+    retention_of,
+)
 from lakeshore.udf import Udf
 from lakeshore.worker import run_worker
 

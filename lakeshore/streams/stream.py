@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterator
 
 from lakeshore.errors import JobError, NotFinished
-from lakeshore.journal import END, ERROR, VALUE, Frame, read_segments, to_frame
-from lakeshore.protocol import QueueOps
-from lakeshore.record import Record
+from lakeshore.model.record import Record
+from lakeshore.protocol.steps import QueueOps
+from lakeshore.streams.journal import END, ERROR, VALUE, Frame, read_segments, to_frame
 
 __all__ = ["follow"]
 

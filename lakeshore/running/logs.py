@@ -7,7 +7,7 @@ A handler on the root logger routes log records the same way. Concurrent bodies 
 (threads) therefore never mix their logs. Output written below Python (C libraries writing to
 file descriptor 1, child programs) is not captured.
 
-Sinks feed a :class:`~lakeshore.journal.JournalWriter` whose frames are text chunks, stored
+Sinks feed a :class:`~lakeshore.streams.journal.JournalWriter` whose frames are text chunks, stored
 under ``<id>/logs/<attempt>/<seq>`` in batched segments (a silent body writes nothing).
 """
 
@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.journal import JournalWriter, read_segments
 from lakeshore.keys import QueueKeys
 from lakeshore.store.base import Store
+from lakeshore.streams.journal import JournalWriter, read_segments
 
 __all__ = ["Sink", "capture", "log_writer", "read_logs"]
 

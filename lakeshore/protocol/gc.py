@@ -60,8 +60,6 @@ from dataclasses import dataclass, field
 
 from ulid import ULID
 
-from lakeshore.admission import sweep_slots
-from lakeshore.census import ids_between, read_sign_of_life
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
@@ -71,14 +69,16 @@ from lakeshore.errors import (
     TooLarge,
 )
 from lakeshore.keys import QueueKeys, check_id, id_index, namespace_prefix, workers_prefix
-from lakeshore.protocol import (
+from lakeshore.protocol.admission import sweep_slots
+from lakeshore.protocol.census import ids_between, read_sign_of_life
+from lakeshore.protocol.queue_record import QueueSettings
+from lakeshore.protocol.steps import (
     MAX_RECORD_BYTES,
     MAX_SMALL_BYTES,
     ORPHAN_GRACE_S,
     QueueOps,
     unclaimed,
 )
-from lakeshore.queues import QueueSettings
 from lakeshore.store.base import Store
 from lakeshore.submit import parse_key
 

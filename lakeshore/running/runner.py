@@ -8,9 +8,9 @@ Two isolations:
     ``yield``, but a plain function that never returns cannot be stopped — the worker stops
     waiting for it, drops whatever it returns, and the thread runs on until it ends.
 ``process``
-    The body runs in the slot's child process (see :mod:`lakeshore.child`), which imports the
-    function by reference. Stopping kills the child, so any body stops at once; a crash of the
-    body (segfault, ``os._exit``) cannot take the worker down.
+    The body runs in the slot's child process (see :mod:`lakeshore.running.child`), which
+    imports the function by reference. Stopping kills the child, so any body stops at once;
+    a crash of the body (segfault, ``os._exit``) cannot take the worker down.
 
 Either way the body's files are published through a *fence* (see :mod:`lakeshore.run`): the
 attempt proves it still holds its lease right before each batch of uploads, and a run whose
@@ -34,10 +34,10 @@ from typing import Any
 
 from lakeshore import codec
 from lakeshore.errors import Fenced, InvalidArgument, LakeshoreError, Stopped, Unsendable
-from lakeshore.journal import check_frame
-from lakeshore.logs import Sink, capture
 from lakeshore.run import DataRoot, Fence, RunContext
+from lakeshore.running.logs import Sink, capture
 from lakeshore.scope import at
+from lakeshore.streams.journal import check_frame
 
 __all__ = [
     "BodyThread",

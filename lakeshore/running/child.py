@@ -11,7 +11,7 @@ file I/O through :mod:`lakeshore.run`.)
 
 Before the child uploads a batch of the body's files it asks the parent to *fence* them
 (``("fence",)``) and waits for the answer: the parent proves the attempt still holds its lease
-with a conditional write of the record (:meth:`lakeshore.attempt.Attempt.fence`) and answers
+with a conditional write of the record (:meth:`lakeshore.running.attempt.Attempt.fence`) and answers
 ``("fence", "ok")``, ``("fence", "lost")`` — nothing is published, the run ends as
 ``("stopped",)`` — or ``("fence", "error", op, what, todo)`` when the store could not tell.
 
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.bodies import Declared, import_ref
 from lakeshore.errors import (
     HookFailed,
     InvalidArgument,
@@ -44,10 +43,19 @@ from lakeshore.errors import (
     UnknownFunction,
     Unsendable,
 )
-from lakeshore.logs import Sink, capture
-from lakeshore.record import Record
+from lakeshore.model.record import Record
 from lakeshore.run import discard_staging
-from lakeshore.runner import POLL_S, Outcome, RunSpec, call_body, error_of, fatal_error, unpickle
+from lakeshore.running.bodies import Declared, import_ref
+from lakeshore.running.logs import Sink, capture
+from lakeshore.running.runner import (
+    POLL_S,
+    Outcome,
+    RunSpec,
+    call_body,
+    error_of,
+    fatal_error,
+    unpickle,
+)
 
 __all__ = ["ChildProcess", "Hooks", "Job"]
 
@@ -154,7 +162,7 @@ def _serve(conn: Any, hooks: Hooks) -> None:
                             f"load {job.ref[:120]!r}",
                             "the worker process did not approve this job; nothing was "
                             "imported or called",
-                            "send jobs to a child only after lakeshore.attempt._load",
+                            "send jobs to a child only after lakeshore.running.attempt._load",
                         )
                     target = (
                         unpickle(job.fn_pickle)

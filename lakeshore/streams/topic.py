@@ -36,7 +36,9 @@ from lakeshore.errors import (
     TooLarge,
     TopicClosed,
 )
-from lakeshore.journal import (
+from lakeshore.keys import seq_name, topic_prefix
+from lakeshore.store.base import CREATE, Store
+from lakeshore.streams.journal import (
     END,
     VALUE,
     Frame,
@@ -47,8 +49,6 @@ from lakeshore.journal import (
     segment_seq,
     to_frame,
 )
-from lakeshore.keys import seq_name, topic_prefix
-from lakeshore.store.base import CREATE, Store
 
 __all__ = ["Topic", "decode_post"]
 

@@ -19,11 +19,11 @@ terminal. The orders below keep the invariant through any crash between two requ
 * **claim**: list tickets → get the ticket (a full one: no record yet) or the record (a
   ticket rewritten to a marker: the record exists) → create or CAS the record to running.
   The ticket stays while the job runs. Which ticket to try, and what to skip, is the
-  worker's claim scheduler's (``lakeshore.claims``); the writes are here.
+  worker's claim scheduler's (``lakeshore.protocol.claims``); the writes are here.
 * **back to queued** (retry, release, expiry): rewrite the ticket to a marker (a new etag
   tells other workers to look again) → CAS record to queued.
 * **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
-  last write) → delete the ticket, in the worker's next batch (``lakeshore.tidy``). A
+  last write) → delete the ticket, in the worker's next batch (``lakeshore.protocol.tidy``). A
   fenced-out attempt's result is dropped.
 * **lives**: each rerun is a new life of the invocation with a ticket key of its own
   (``<id>.<n>``, the record's ``reruns``), and a life that ended never comes back, so a
@@ -54,7 +54,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from lakeshore import lifecycle
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
@@ -66,9 +65,10 @@ from lakeshore.errors import (
     TooLarge,
 )
 from lakeshore.keys import QueueKeys
-from lakeshore.record import MAX_INLINE_BYTES, Blob, Record
+from lakeshore.model import lifecycle
+from lakeshore.model.record import MAX_INLINE_BYTES, Blob, Record
+from lakeshore.protocol.tidy import Tidier
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
-from lakeshore.tidy import Tidier
 
 __all__ = [
     "ABANDONED",
@@ -88,7 +88,7 @@ __all__ = [
 log = logging.getLogger("lakeshore.worker")
 
 ABANDONED = "SubmitAbandoned"  # error type of a record whose submit was judged dead
-# Every free-form field of a record has a cap (lakeshore.record.LIMITS): two inline blobs
+# Every free-form field of a record has a cap (lakeshore.model.record.LIMITS): two inline blobs
 # and a pickled callable of 1 MiB each, an error map of 8 texts of 64 KiB, small names.
 # They add up to under 4 MiB; the rest is room for fields of newer schemas. Larger is not read.
 MAX_RECORD_BYTES = 8 << 20
@@ -119,7 +119,7 @@ def abandoned(rec: Record) -> bool:
 
 
 class Memory(Protocol):
-    """What a claim scheduler remembers of tickets (``lakeshore.claims.Claimer``): the
+    """What a claim scheduler remembers of tickets (``lakeshore.protocol.claims.Claimer``): the
     steps tell it when a ticket they wrote changes what it should think."""
 
     def remember(self, key: str, etag: str, until: float) -> None: ...
@@ -143,7 +143,7 @@ class Claimed:
 class QueueOps:
     """Protocol steps for one queue of one namespace: each write of the queue protocol is
     a method here. Stateless but for the background tidier; what a worker remembers while
-    it claims is its scheduler's (``lakeshore.claims.Claimer``)."""
+    it claims is its scheduler's (``lakeshore.protocol.claims.Claimer``)."""
 
     def __init__(self, store: Store, keys: QueueKeys) -> None:
         self.store = store

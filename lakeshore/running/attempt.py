@@ -20,9 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lakeshore import codec, lifecycle
-from lakeshore.bodies import Allow, Declared, body_kind, load_body
-from lakeshore.child import ChildProcess, Hooks, Job
+from lakeshore import codec
 from lakeshore.errors import (
     Conflict,
     IllegalTransition,
@@ -33,11 +31,14 @@ from lakeshore.errors import (
     StoreUnavailable,
     UnknownFunction,
 )
-from lakeshore.journal import END, ERROR, JournalWriter
-from lakeshore.logs import log_writer, text_sink
-from lakeshore.protocol import Claimed, QueueOps
-from lakeshore.record import Record, clip_error
-from lakeshore.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
+from lakeshore.model import lifecycle
+from lakeshore.model.record import Record, clip_error
+from lakeshore.protocol.steps import Claimed, QueueOps
+from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
+from lakeshore.running.child import ChildProcess, Hooks, Job
+from lakeshore.running.logs import log_writer, text_sink
+from lakeshore.running.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
+from lakeshore.streams.journal import END, ERROR, JournalWriter
 
 if TYPE_CHECKING:
     from lakeshore.plane import Plane

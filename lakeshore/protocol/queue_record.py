@@ -13,8 +13,8 @@ from typing import Any
 
 from lakeshore.errors import Conflict, NotFound, RecordError, TooLarge
 from lakeshore.keys import QueueKeys
-from lakeshore.protocol import MAX_SMALL_BYTES
-from lakeshore.queueconf import QueueConfig
+from lakeshore.model.queue_config import QueueConfig
+from lakeshore.protocol.steps import MAX_SMALL_BYTES
 from lakeshore.store.base import CREATE, Store, if_match
 
 __all__ = ["CACHE_S", "QueueSettings"]

@@ -2,7 +2,7 @@
 
 A :class:`Claimer` belongs to one worker (its id is in the leases it writes); the worker's
 slots share it, so they take different candidates from one listing and never race each
-other. Everything it writes goes through :class:`lakeshore.protocol.QueueOps`; what it
+other. Everything it writes goes through :class:`lakeshore.protocol.steps.QueueOps`; what it
 keeps is memory: the last listing of the tickets, and per ticket etag what was read
 (running until its lease ends, backing off until its retry is due, a tombstone), so that
 ticket is skipped without a GET until then or until its etag changes. On its way it
@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from lakeshore import lifecycle
 from lakeshore.errors import (
     Conflict,
     IllegalTransition,
@@ -35,7 +34,9 @@ from lakeshore.errors import (
     StoreError,
 )
 from lakeshore.keys import QueueKeys
-from lakeshore.protocol import (
+from lakeshore.model import lifecycle
+from lakeshore.model.record import Record, write_id
+from lakeshore.protocol.steps import (
     MARKER_MAX,
     ORPHAN_GRACE_S,
     Claimed,
@@ -44,7 +45,6 @@ from lakeshore.protocol import (
     unclaimed,
     unclaimed_etag,
 )
-from lakeshore.record import Record, write_id
 from lakeshore.store.base import ObjectInfo
 
 __all__ = ["Claimer"]

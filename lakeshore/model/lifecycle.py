@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from lakeshore.errors import IllegalTransition
-from lakeshore.record import Lease, Record
+from lakeshore.model.record import Lease, Record
 
 __all__ = [
     "MAX_BACKOFF_S",

@@ -35,8 +35,8 @@ from ulid import ULID
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, NotFound, RecordError
 from lakeshore.keys import QueueKeys, check_name, workers_prefix
-from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps, corrupt_stub
-from lakeshore.record import Record
+from lakeshore.model.record import Record
+from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import Store
 
 __all__ = [

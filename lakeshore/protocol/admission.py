@@ -51,7 +51,7 @@ from lakeshore.errors import (
     TooLarge,
 )
 from lakeshore.keys import QueueKeys, check_id
-from lakeshore.protocol import MAX_SMALL_BYTES, QueueOps
+from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps
 from lakeshore.store.base import CREATE, ObjectInfo
 
 __all__ = [

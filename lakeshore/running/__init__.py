@@ -1,0 +1,7 @@
+"""Running bodies on a worker.
+
+- ``bodies`` — body kinds, the names functions travel by, which bodies a worker runs.
+- ``attempt`` — one attempt: heartbeats, the timeout, the outcome or the release.
+- ``runner`` — a body in a thread; ``child`` — a body in the slot's child process.
+- ``logs`` — capturing what a body prints and logs; reading it back.
+"""
