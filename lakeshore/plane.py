@@ -112,8 +112,8 @@ class Plane:
         return sorted(names or {DEFAULT_QUEUE})
 
     def ops(self, queue: str) -> QueueOps:
-        """The protocol steps of ``queue`` (one object per queue per plane: its claim
-        scheduler is shared by the worker's slots)."""
+        """The protocol steps of ``queue`` (one object per queue per plane, shared by the
+        plane's users in this process: its tidier batches their ticket deletes)."""
         with self._lock:
             if queue not in self._ops:
                 self._ops[queue] = QueueOps(self.store, QueueKeys(self.ns, queue))

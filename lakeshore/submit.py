@@ -9,7 +9,7 @@ its slot and token back.
 
 A key whose first submitter died between the key object and the ticket is repaired by the
 next submit with that key, once the first had ``KEY_REPAIR_GRACE_S`` to finish: the old id
-is fenced with a tombstone (``lakeshore.fence``) and the key moves to a new invocation by
+is fenced with a tombstone (``QueueOps.fence``) and the key moves to a new invocation by
 compare-and-swap. Nothing is ever written under an id whose record was deleted or fenced,
 so gc, which deletes an expired invocation's tickets and record before its folder and key,
 can never remove a part of a live invocation. A submit that finds a tombstone at its own id

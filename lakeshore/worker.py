@@ -421,15 +421,10 @@ def _serve(
 ) -> None:
     delay = 0.005
     idle_since = time.monotonic()
-    polled = 0.0  # store time of this slot's last claim pass
     turn = 0
     idle = False
     while not state.stop.is_set():
-        if (
-            idle
-            and idle_exit is not None
-            and _drained(state, claimers, idle_exit, idle_since, polled)
-        ):
+        if idle and idle_exit is not None and _drained(state, claimers, idle_exit, idle_since):
             return
         # While idle, the slots of a worker poll one at a time (each holds the turn through
         # its pause), so an idle worker costs the same however many slots it has.
@@ -439,7 +434,6 @@ def _serve(
         try:
             if not state.take_slot():
                 return
-            polled = state.plane.store.now()
             held, q, turn = _claim(state, claimers, turn)
             if held is None:
                 state.give_back()
@@ -483,18 +477,12 @@ def _serve(
         _maybe_sweep(state, claimers)
 
 
-def _drained(
-    state: _State, claimers: list[Claimer], idle_exit: float, idle_since: float, polled: float
-) -> bool:
-    """Idle for ``idle_exit`` seconds, and (when draining) no retry this worker has seen
-    backing off is still to come: it is work, so the slot polls once after it comes due.
-    A store clock stepped back cannot hold the worker past the longest backoff."""
-    idle_for = time.monotonic() - idle_since
-    if idle_for < idle_exit:
+def _drained(state: _State, claimers: list[Claimer], idle_exit: float, idle_since: float) -> bool:
+    """Idle for ``idle_exit`` seconds, and (when draining) no retry this worker has read is
+    still to come: a retry is work, so the worker stays for a claim pass after it is due."""
+    if time.monotonic() - idle_since < idle_exit:
         return False
-    if not state.wait_retries or idle_for >= idle_exit + lifecycle.MAX_BACKOFF_S:
-        return True
-    return all(c.retry_due() < polled for c in claimers)
+    return not (state.wait_retries and any(c.retry_pending() for c in claimers))
 
 
 def _claim(

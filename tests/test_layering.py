@@ -88,8 +88,23 @@ def _imports(mod: str, tree: ast.Module) -> set[str]:
                     found.add("__init__")
                 elif alias.name.startswith("lakeshore."):
                     found.add(alias.name.removeprefix("lakeshore."))
+        elif _dynamic_import(node):
+            name = node.args[0].value  # type: ignore[attr-defined]
+            found.add(name.removeprefix("lakeshore").lstrip(".") or "__init__")
     found.discard(mod)
     return found
+
+
+def _dynamic_import(node: ast.AST) -> bool:
+    """``importlib.import_module("lakeshore...")`` or ``__import__("lakeshore...")``."""
+    return (
+        isinstance(node, ast.Call)
+        and ast.unparse(node.func) in ("importlib.import_module", "import_module", "__import__")
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+        and (node.args[0].value == "lakeshore" or node.args[0].value.startswith("lakeshore."))
+    )
 
 
 def _third_party(tree: ast.Module) -> set[str]:
@@ -164,6 +179,16 @@ def test_no_relative_imports_and_no_private_names_of_other_modules() -> None:
                         for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")
                     ]
+            elif (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func) in ("getattr", "setattr", "hasattr")
+                and len(node.args) >= 2
+                and ast.unparse(node.args[0]) not in ("self", "cls")
+                and isinstance(node.args[1], ast.Constant)
+                and str(node.args[1].value).startswith("_")
+                and not str(node.args[1].value).startswith("__")
+            ):
+                bad.append(f"{mod}:{node.lineno}: {ast.unparse(node)}")
             elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
                 text = ast.unparse(node)
                 owner = node.value

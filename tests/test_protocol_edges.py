@@ -3,6 +3,7 @@ concurrent keyed submits, head-of-line retries, and inputs that must fail fast."
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from lakeshore.model import lifecycle
 from lakeshore.model.record import SCHEMA_VERSION
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import QueueOps
+from lakeshore.store import MemoryStore
 from tests import jobs
 from tests.conftest import make_plane
 
@@ -197,3 +199,92 @@ def test_an_idle_exit_waits_for_a_retry_backing_off(q: Any, tmp_path: Path) -> N
     again = slow.udf(jobs.fail_until).submit(str(tmp_path / "m"), 1)
     assert dls.run_worker(slow, once=True, isolation="thread", idle_exit=0.2) == 1
     assert slow.get(again).state == "queued" and slow.get(again).attempt == 1
+
+
+class _FlakyClock(MemoryStore):
+    """A store whose clock cannot be read a few times from a worker's slot (S3: no answer
+    yet), and whose time the test moves by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = 0
+        self.t: float | None = None
+
+    def now(self) -> float:
+        if self.fail > 0 and threading.current_thread().name.startswith("lakeshore-slot"):
+            self.fail -= 1
+            raise dls.StoreUnavailable("clock", "no answer", "retry")
+        return super().now() if self.t is None else self.t
+
+
+def test_a_clock_that_cannot_be_read_does_not_end_a_worker() -> None:
+    store = _FlakyClock()
+    q = make_plane(store)
+    inv = q.udf(jobs.add_one).submit(1)
+    store.fail = 2  # the slot's first clock reads fail: the claim is tried again
+    assert dls.run_worker(q, isolation="thread", idle_exit=0.5, max_poll_s=0.05) == 1
+    assert q.result(inv, timeout=1) == 2
+
+
+def test_a_retry_is_waited_for_until_a_pass_that_began_after_it_was_due() -> None:
+    store = _FlakyClock()
+    store.t = 1000.0
+    q = make_plane(store)
+    ticks = [0.0]
+    mine = Claimer(q.ops("default"), "mine", ticks=lambda: ticks[0])
+    inv = q.udf(jobs.add_one).submit(1)
+    ops = q.ops("default")
+    rec, etag = ops.read(inv)
+    ops.cas(rec.next_write(not_before=1100.0), etag)  # backing off for 100 s
+    assert mine.claim(store.now()) is None and mine.retry_pending()
+    store.t = 1150.0  # due: another worker takes it first
+    assert Claimer(ops, "other").claim(store.now()) is not None
+    assert mine.retry_pending()  # no pass of its own since it was due
+    assert mine.claim(store.now()) is None and not mine.retry_pending()
+    # a retry read as due further away than any backoff (and the clocks' slack) is not
+    # waited for; one within reach is, but never longer than the longest backoff from when
+    # it was read (a store clock stepped back cannot hold a worker)
+    fresh = Claimer(ops, "fresh", ticks=lambda: ticks[0])
+    for due in (1150.0 + lifecycle.MAX_BACKOFF_S + 60, 1400.0):  # too far, then within reach
+        inv = q.udf(jobs.add_one).submit(2)
+        rec, etag = ops.read(inv)
+        ops.cas(rec.next_write(not_before=due), etag)
+        assert fresh.claim(store.now()) is None
+        assert fresh.retry_pending() == (due == 1400.0)
+    store.t = 1000.0  # the store clock steps back: the retry is due further away now
+    ticks[0] = lifecycle.MAX_BACKOFF_S + 31.0
+    assert not fresh.retry_pending()
+
+
+class _CountingDeletes(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tickets_deleted: list[str] = []
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        if "/_tickets/" in key:
+            self.tickets_deleted.append(key)
+        super().delete(key, if_match=if_match)  # delete_many comes here too, key by key
+
+
+def test_two_workers_of_one_process_delete_each_ticket_once() -> None:
+    # Each worker has its own claim scheduler; a ticket whose delete waits in the process's
+    # batch is skipped by both, not read and deleted again by the other worker.
+    store = _CountingDeletes()
+    q = make_plane(store)
+    ids = q.udf(jobs.add_one).map(range(40))
+    workers = [
+        threading.Thread(
+            target=dls.run_worker,
+            args=(q,),
+            kwargs={"isolation": "thread", "idle_exit": 0.3, "max_poll_s": 0.05, "worker_id": w},
+        )
+        for w in ("w1", "w2")
+    ]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    assert [q.result(i, timeout=1) for i in ids] == list(range(1, 41))
+    assert sorted(store.tickets_deleted) == sorted(set(store.tickets_deleted))
+    assert len(store.tickets_deleted) == 40

@@ -14,7 +14,7 @@ queue look fuller than it is, never emptier. When a queue looks full, the submit
 few of its oldest slots and frees those whose invocation is terminal or missing, and
 ``lakeshore gc`` does the same for every slot (``sweep_slots``), so a leak is freed even
 where no producer comes to look. A missing record may be a submit that is only slow: its id
-is fenced first (``lakeshore.fence``), so that submit fails instead of creating a live
+is fenced first (``QueueOps.fence``), so that submit fails instead of creating a live
 invocation beyond the limit. A slot is deleted only on the etag it was listed with, after
 its holder was seen terminal (which it stays: ``q.retry`` runs outside admission) or fenced:
 the slot of a live invocation is never freed.

@@ -58,6 +58,7 @@ _SCAN = 5000  # tickets looked at (listed, not read) per LIST at most
 _LISTS_PER_CLAIM = 4
 _NARROW_AFTER = 16  # clean claims in a row before the spread halves again
 _BAD_TICKET_S = 60.0  # a ticket whose examination raised something unexpected: passed over
+_SLACK_S = 30.0  # how far two processes' clocks may disagree about a retry's due time
 _RERUN_GRACE_S = 30.0  # a ticket of a life the record has not reached: a rerun until this old
 
 _Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
@@ -66,9 +67,12 @@ _Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
 class Claimer:
     """The claim scheduler of worker ``worker`` on the queue of ``ops``."""
 
-    def __init__(self, ops: QueueOps, worker: str) -> None:
+    def __init__(
+        self, ops: QueueOps, worker: str, ticks: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ops = ops
         self.worker = worker  # its own leases are no collision
+        self._ticks = ticks  # elapsed time, never stepped
         self._lock = threading.Lock()
         self._listing_lock = threading.Lock()  # one LIST in flight per worker
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
@@ -77,9 +81,12 @@ class Claimer:
         # without a GET until then or until the ticket changes, so long-running jobs and
         # retries backing off at the head of the queue never hide the work behind them
         self._later: dict[str, tuple[str, float]] = {}
-        # when the last retry this worker read backing off comes due (store time): a worker
-        # draining the queue does not leave before it has polled once after that
+        # when the last retry this worker read backing off comes due (store time), and when
+        # it was read (monotonic): a worker draining the queue does not leave before a pass
+        # that began after it was due (``retry_pending``)
         self._retry_due = 0.0
+        self._retry_read = 0.0
+        self._polled = -math.inf  # store time a claim pass that found nothing began
         self._listing: list[ObjectInfo] = []
         self._listed_at = -1e9  # time.monotonic() of the listing
         self._trying: set[str] = set()  # ticket keys a slot of this worker is reading now
@@ -105,15 +112,24 @@ class Claimer:
             self._misses.pop(key, None)
             self._promoted.discard(key)
 
-    def retry_due(self) -> float:
-        """When the last retry this worker has read backing off comes due (store time; 0
-        when none). A record claiming a time past the longest backoff does not count."""
+    def retry_pending(self) -> bool:
+        """A retry this worker has read is backing off, or came due after the last claim
+        pass that found nothing began: draining the queue includes it. Held at most the
+        longest backoff (and a clock's slack) from when it was read, so a store clock that
+        steps back cannot hold a worker for long; a record claiming a later time than a
+        real backoff is not waited for at all."""
         with self._lock:
-            return self._retry_due
+            return (
+                self._retry_due > 0.0
+                and self._polled <= self._retry_due
+                and self._ticks() - self._retry_read < lifecycle.MAX_BACKOFF_S + _SLACK_S
+            )
 
     def _skipped(self, info: ObjectInfo, now: float) -> bool:
         seen = self._later.get(info.key)
-        return seen is not None and seen[0] == info.etag and seen[1] > now
+        if seen is not None and seen[0] == info.etag and seen[1] > now:
+            return True
+        return self.ops.tidying(info, now)  # over, its delete pending in this process
 
     def _drop(self, info: ObjectInfo, if_match: str | None = None) -> None:
         self.forget(info.key)
@@ -140,13 +156,17 @@ class Claimer:
         backing off before a retry are skipped without a GET until they are due.
         """
         lists = 0
+        began = None
         while True:
             if stopping is not None and stopping():
                 return None
             now = max(now, self.ops.store.now())
+            began = now if began is None else began
             info = self._next_candidate(now)
             if info is None:
                 if lists >= _LISTS_PER_CLAIM or not self._list(now):
+                    with self._lock:  # every ticket of this pass was judged at `began` or later
+                        self._polled = max(self._polled, began)
                     return None
                 lists += 1
                 continue
@@ -315,9 +335,11 @@ class Claimer:
         if rec.not_before > now:
             # backing off before a retry; the ticket stays
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), rec.not_before)
-            if rec.not_before <= now + lifecycle.MAX_BACKOFF_S:  # no later than a real backoff
+            # no later than a real backoff, give or take the clocks of two processes
+            if rec.not_before <= now + lifecycle.MAX_BACKOFF_S + _SLACK_S:
                 with self._lock:
-                    self._retry_due = max(self._retry_due, rec.not_before)
+                    if rec.not_before > self._retry_due:
+                        self._retry_due, self._retry_read = rec.not_before, self._ticks()
             return None, moved
         return (rec, etag, ticket_etag), moved
 

@@ -30,7 +30,7 @@ not do: a submit mints its id before admission (which can block for up to a minu
 before its uploads, so a healthy submit can write its spilled arguments with an id minutes
 old. A folder that is still stale may also be a submit that is only slow (stalled between
 its spilled arguments and its record): gc first
-creates a tombstone record at the id (``lakeshore.fence``), create-only, and removes the
+creates a tombstone record at the id (``QueueOps.fence``), create-only, and removes the
 folder only if it landed, so that submit fails instead of publishing a record whose
 arguments are gone. The tombstone is a finished invocation like any other: a later run
 collects it once the retention has passed.

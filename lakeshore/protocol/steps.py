@@ -50,6 +50,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -97,6 +98,7 @@ MAX_SMALL_BYTES = 1 << 20
 # A ticket this small is a marker (a write id): its record exists. A ticket that holds a
 # record is larger (the required fields alone take more), so the listing tells them apart.
 MARKER_MAX = 64
+_TIDYING_PRUNE = 4096  # tickets awaiting their delete before expired ones are dropped
 ORPHAN_GRACE_S = 60.0  # a marker without its record: in flight (or being gc'd) until this old
 _UNCLAIMED = "ticket:"  # etag prefix: the record is still the ticket's content
 
@@ -119,10 +121,8 @@ def abandoned(rec: Record) -> bool:
 
 
 class Memory(Protocol):
-    """What a claim scheduler remembers of tickets (``lakeshore.protocol.claims.Claimer``): the
-    steps tell it when a ticket they wrote changes what it should think."""
-
-    def remember(self, key: str, etag: str, until: float) -> None: ...
+    """What a claim scheduler remembers of tickets (``lakeshore.protocol.claims.Claimer``):
+    the steps tell it when a ticket they rewrote must be looked at again."""
 
     def forget(self, key: str) -> None: ...
 
@@ -149,6 +149,11 @@ class QueueOps:
         self.store = store
         self.keys = keys
         self._tidier = Tidier(store)
+        self._lock = threading.Lock()
+        # ticket key -> (its etag, until when): a life this process ended, whose delete is
+        # waiting in the tidier's batch; every claimer of this process skips it meanwhile
+        self._tidying: dict[str, tuple[str, float]] = {}
+        self._prune_at = _TIDYING_PRUNE
 
     # -- records -----------------------------------------------------------------------------
 
@@ -296,9 +301,19 @@ class QueueOps:
         if until is None:
             self.store.delete(key)
             return
-        if held.by is not None and held.ticket_etag is not None:
-            held.by.remember(key, held.ticket_etag, until)
+        if held.ticket_etag is not None:
+            with self._lock:
+                if len(self._tidying) >= self._prune_at:  # drop what has passed by now
+                    now = until - ORPHAN_GRACE_S
+                    self._tidying = {k: v for k, v in self._tidying.items() if v[1] > now}
+                    self._prune_at = max(_TIDYING_PRUNE, 2 * len(self._tidying))
+                self._tidying[key] = (held.ticket_etag, until)
         self._tidier.delete(key)
+
+    def tidying(self, info: ObjectInfo, now: float) -> bool:
+        """The ticket ``info`` is of a life this process ended, its delete still pending."""
+        seen = self._tidying.get(info.key)
+        return seen is not None and seen[0] == info.etag and seen[1] > now
 
     def tickets(self) -> Iterator[ObjectInfo]:
         return self.store.list(self.keys.tickets_prefix)

@@ -341,8 +341,9 @@ def _execute(
 
 def _load(rec: Record, plane: Plane, allow: Allow) -> Any:
     """The callable an invocation names, if this worker declared it as a body (see
-    :func:`lakeshore.udf.load_body`); pickled ones only where the worker opted in. This is
-    the one place a worker decides what it runs: a child process runs only what passed here.
+    :func:`lakeshore.running.bodies.load_body`); pickled ones only where the worker opted
+    in. This is the one place a worker decides what it runs: a child process runs only what
+    passed here.
     """
     if rec.fn_pickle is None:
         return load_body(rec.fn, plane.registry, allow)
