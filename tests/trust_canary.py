@@ -1,4 +1,4 @@
-"""Bodies for tests/test_trust.py, in a module no other test imports: a worker must never
+"""Bodies for tests/queue/test_trust.py, in a module no other test imports: a worker must never
 import it because a record names it, only when its operator allows it. Each import appends
 the importing process's pid to the file ``$LAKESHORE_TEST_CANARY`` names (when set)."""
 

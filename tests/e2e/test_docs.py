@@ -33,7 +33,7 @@ import pytest
 
 import lakeshore.dispatch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _MARKER = re.compile(r"<!--\s*(not-run|file)\s*:(.*?)-->")
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")

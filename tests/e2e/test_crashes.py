@@ -17,7 +17,7 @@ import lakeshore as dls
 from tests import jobs
 from tests.waiting import alive, poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALLOW = ("--allow", "tests.jobs:*")  # the bodies of tests/jobs.py are plain functions
 
 

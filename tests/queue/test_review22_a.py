@@ -17,7 +17,7 @@ from lakeshore.protocol import gc
 from lakeshore.protocol.admission import SLOT_REPAIR_AGE_S, acquire_slot
 from tests import jobs
 from tests.conftest import make_plane
-from tests.test_least_privilege import NS, principals  # noqa: F401  (the fixture, by name)
+from tests.queue.test_least_privilege import NS, principals  # noqa: F401  (the fixture, by name)
 
 # -- gc's queue discovery ends, whatever keys a writer of the namespace put in a folder -------
 

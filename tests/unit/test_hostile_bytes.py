@@ -29,7 +29,7 @@ from lakeshore import codec, keys
 from lakeshore.errors import DecodeError, InvalidArgument, RecordError
 from lakeshore.model.record import Blob, Record
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_DEPTH: int = getattr(codec, "MAX_DEPTH", 100)  # the limit the codec enforces
 DECODERS = ["codec", "record", "queue", "segment", "topic", "sign_of_life"]
 SLOW_S = 2.0  # no single input may take longer to decode (or refuse)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "lakeshore"
+PKG = Path(__file__).resolve().parents[2] / "lakeshore"
 
 # lowest first; a module may import its own layer and the ones below it
 LAYERS: list[tuple[str, set[str]]] = [

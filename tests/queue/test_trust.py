@@ -29,7 +29,7 @@ from tests import jobs
 from tests.conftest import make_plane, record_key
 from tests.waiting import poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CANARY = "tests.trust_canary"
 ISOLATIONS = ["thread", "process"]
 

@@ -20,7 +20,7 @@ from lakeshore.keys import QueueKeys
 from tests.conftest import record_key
 from tests.waiting import poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 ULID_LINE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}\n")
 

@@ -18,7 +18,7 @@ import lakeshore as dls
 from tests import jobs
 from tests.waiting import alive, poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def lakeshore_cmd(*args: str) -> list[str]:

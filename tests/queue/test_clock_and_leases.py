@@ -314,7 +314,7 @@ def _python(code: str) -> Any:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return out

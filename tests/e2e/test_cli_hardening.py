@@ -50,7 +50,7 @@ def drain(q: Any) -> None:
         isolation="thread",
         idle_exit=0.3,
         max_poll_s=0.02,
-        allow=["tests.test_cli_hardening:*", "tests.jobs:*"],
+        allow=["tests.e2e.test_cli_hardening:*", "tests.jobs:*"],
     )
 
 

@@ -2,7 +2,7 @@
 lookup that called an existing invocation missing, and a status that counted one job twice.
 
 Each race is made deterministic with the ``Gate`` store wrapper of
-``tests/test_submit_hardening.py`` (one named thread stopped at an exact request); time is
+``tests/queue/test_submit_hardening.py`` (one named thread stopped at an exact request); time is
 moved with the claimer's and gc's injected ``now``, never by sleeping.
 """
 
@@ -22,7 +22,7 @@ from lakeshore.store import MemoryStore
 from lakeshore.store.base import CREATE
 from tests import jobs
 from tests.conftest import make_plane
-from tests.test_submit_hardening import Gate, Run
+from tests.queue.test_submit_hardening import Gate, Run
 
 
 def _finished(q: Any) -> tuple[str, Any]:

@@ -24,9 +24,9 @@ from lakeshore.store.base import Store, if_match
 from lakeshore.store.local import LocalStore
 from tests import jobs
 from tests.conftest import make_plane, record_key
-from tests.test_cli_ops import run
-from tests.test_hostile_bytes import deep_tuple, ext
-from tests.test_worker_cli import env_for, lakeshore_cmd
+from tests.e2e.test_cli_ops import run
+from tests.e2e.test_worker_cli import env_for, lakeshore_cmd
+from tests.unit.test_hostile_bytes import deep_tuple, ext
 
 ADD_ONE = "tests.jobs:add_one"
 
