@@ -431,7 +431,7 @@ def _publish_admitted(job: _Job, inv: str, draft: Record, token: tuple[str, str]
     except BaseException:
         _undo_admission(job.ops, inv, draft, token)
         raise
-    job.ops.settle(dataclasses.replace(draft, id=inv, state="killed"))
+    job.ops.free_slot(dataclasses.replace(draft, id=inv, state="killed"))
     give_back_rate(job.ops, token)
     return False
 
@@ -446,7 +446,7 @@ def _undo_admission(ops: QueueOps, inv: str, draft: Record, token: tuple[str, st
         pass
     except LakeshoreError:
         return  # cannot tell: keep the slot (a leak is repaired later; excess never is)
-    ops.settle(dataclasses.replace(draft, id=inv, state="killed"))
+    ops.free_slot(dataclasses.replace(draft, id=inv, state="killed"))
     give_back_rate(ops, token)
 
 

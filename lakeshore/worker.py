@@ -195,8 +195,8 @@ def run_worker(
     )
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
-    ops = [plane.ops(q) for q in names]
-    claimers = [Claimer(q, state.worker_id) for q in ops]  # this worker's, its slots share
+    ops = [plane.ops(name) for name in names]
+    claimers = [Claimer(o, state.worker_id) for o in ops]  # this worker's, its slots share
     if hooks.on_start is not None and isolation != "process":
         try:
             hooks.on_start()  # bodies run in this process
@@ -231,9 +231,9 @@ def run_worker(
                 hooks.on_stop()
             except Exception as e:  # best effort
                 log.warning("on_stop hook failed: %s", e)
-        for q in ops:
-            if not q.flush():
-                log.warning("tickets of finished jobs on %s are still being tidied", q.keys.queue)
+        for o in ops:
+            if not o.flush():
+                log.warning("tickets of finished jobs on %s are still being tidied", o.keys.queue)
         _announce(state, names, "stopped")
     if state.failure is not None:
         raise state.failure
@@ -434,7 +434,7 @@ def _serve(
         try:
             if not state.take_slot():
                 return
-            held, q, turn = _claim(state, claimers, turn)
+            held, ops, turn = _claim(state, claimers, turn)
             if held is None:
                 state.give_back()
                 _maybe_sweep(state, claimers)
@@ -455,11 +455,11 @@ def _serve(
             state.idle_delay = 0.005
         if state.stop.is_set():
             # the stop came while the claim was in flight: hand the job back unstarted
-            _hand_back(q, held)
+            _hand_back(ops, held)
             state.give_back()
             return
         try:
-            att = run_attempt(slot, q, held, _Tracked(state))
+            att = run_attempt(slot, ops, held, _Tracked(state))
             if att.interrupted:
                 # its body process was ended by SIGTERM/SIGINT, and this worker got one too:
                 # a signal for the whole process group, whose handler may not have run yet
@@ -491,26 +491,26 @@ def _claim(
     """One claim attempt over the queues, round robin from ``turn``."""
     for i in range(len(claimers)):
         c = claimers[(turn + i) % len(claimers)]
-        q = c.ops
+        ops = c.ops
         try:
             held = c.claim(state.plane.store.now(), state.lease_s, state.stop.is_set)
         except LakeshoreError as e:
-            log.warning("claim on %s failed: %s", q.keys.queue, e)
+            log.warning("claim on %s failed: %s", ops.keys.queue, e)
             continue
         except Exception:  # never let one claim end the slot: the next poll tries again
-            log.exception("claim on %s failed unexpectedly", q.keys.queue)
+            log.exception("claim on %s failed unexpectedly", ops.keys.queue)
             continue
         if held is not None:
-            return held, q, (turn + i + 1) % len(claimers)
+            return held, ops, (turn + i + 1) % len(claimers)
     return None, claimers[turn % len(claimers)].ops, turn
 
 
-def _hand_back(q: QueueOps, held: Claimed) -> None:
+def _hand_back(ops: QueueOps, held: Claimed) -> None:
     """Release a claimed attempt that was never started (queued again at once, the
     attempt not counted)."""
     rec = held.record
     try:
-        q.finish(held, lifecycle.release(rec, held.token, q.store.now()))
+        ops.finish(held, lifecycle.release(rec, held.token, ops.store.now()))
         log.info("%s %s attempt %d -> released before it started", rec.fn, rec.id, rec.attempt)
     except (Conflict, IllegalTransition):
         log.info("%s %s moved meanwhile (a cancel): nothing to hand back", rec.fn, rec.id)
@@ -541,8 +541,8 @@ def _maybe_sweep(state: _State, claimers: list[Claimer]) -> None:
         if now - state.last_sweep < _SWEEP_EVERY_S:
             return
         state.last_sweep = now
-    for q in (c.ops for c in claimers):
+    for ops in (c.ops for c in claimers):
         try:
-            sweep_rate(q, q.store.now())
+            sweep_rate(ops, ops.store.now())
         except StoreError as e:
-            log.warning("sweeping rate tokens on %s failed: %s", q.keys.queue, e)
+            log.warning("sweeping rate tokens on %s failed: %s", ops.keys.queue, e)

@@ -56,7 +56,7 @@ from lakeshore.store.base import CREATE, ObjectInfo
 
 __all__ = [
     "SLOT_REPAIR_AGE_S",
-    "Slot",
+    "AdmissionSlot",
     "acquire_rate",
     "acquire_slot",
     "admit",
@@ -72,12 +72,14 @@ _TRIES = 8
 
 
 @dataclass(frozen=True)
-class Slot:
+class AdmissionSlot:
+    """The admission slot a submit took: ``_slots/<n>`` and the etag it was created with."""
+
     n: int
     etag: str
 
 
-def acquire_slot(ops: QueueOps, inv: str, max_depth: int, now: float) -> Slot | None:
+def acquire_slot(ops: QueueOps, inv: str, max_depth: int, now: float) -> AdmissionSlot | None:
     """Take a free slot for ``inv``; None when all ``max_depth`` are taken."""
     for _ in range(_TRIES):
         infos = list(ops.store.list(ops.keys.slots_prefix))
@@ -90,7 +92,7 @@ def acquire_slot(ops: QueueOps, inv: str, max_depth: int, now: float) -> Slot | 
         body = f"{inv} {secrets.token_hex(4)}".encode()
         for n in free:
             try:
-                return Slot(n, ops.store.put(ops.keys.slot(n), body, CREATE))
+                return AdmissionSlot(n, ops.store.put(ops.keys.slot(n), body, CREATE))
             except Conflict:
                 continue
     return None
@@ -261,7 +263,7 @@ def admit(
     on_full: str,
     wait_s: float,
     now: Callable[[], float],
-) -> tuple[Slot | None, tuple[str, str] | None]:
+) -> tuple[AdmissionSlot | None, tuple[str, str] | None]:
     """Take what the queue's admission block asks for: a rate token, then a slot.
 
     Raises:

@@ -317,7 +317,7 @@ class Claimer:
                 etag = self.ops.cas(nxt, etag)
             except Conflict:
                 return None, moved  # the holder renewed or someone else reaped
-            self.ops.settle(nxt)
+            self.ops.free_slot(nxt)
             rec, moved = nxt, True
         if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
             self._drop(info)
@@ -329,7 +329,7 @@ class Claimer:
             except Conflict:
                 self._lost_create(info.key, etag)
                 return None, moved
-            self.ops.settle(ended)
+            self.ops.free_slot(ended)
             self._drop(info)
             return None, moved
         if rec.not_before > now:

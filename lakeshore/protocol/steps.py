@@ -436,7 +436,7 @@ class QueueOps:
             except Conflict:
                 rec, etag = self.read(rec.id)
                 continue
-            self.settle(killed)
+            self.free_slot(killed)
             return True
         return False
 
@@ -477,7 +477,7 @@ class QueueOps:
                 self.put_marker(nxt)
             return rec.attempt + 1
 
-    def settle(self, rec: Record) -> None:
+    def free_slot(self, rec: Record) -> None:
         """After a terminal write: free the admission slot the invocation held, if any (only
         if the slot is still the one it took)."""
         if rec.terminal and rec.slot is not None and rec.slot_etag is not None:
@@ -505,14 +505,14 @@ class QueueOps:
             self.put_marker(final)
         etag = self.cas(final, held.etag)
         if not final.terminal:
-            self.settle(final)
+            self.free_slot(final)
         elif tidy_later:
             self.drop_own_ticket(held, until=(final.finished_at or 0.0) + ORPHAN_GRACE_S)
             if final.slot is not None:
-                self._tidier.later(lambda: self.settle(final))
+                self._tidier.later(lambda: self.free_slot(final))
         else:
             self.drop_own_ticket(held)
-            self.settle(final)
+            self.free_slot(final)
         return etag
 
     def flush(self, timeout: float = 30.0) -> bool:

@@ -35,9 +35,9 @@ from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, clip_error
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
+from lakeshore.running.call import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
 from lakeshore.running.child import ChildProcess, Hooks, Job
 from lakeshore.running.logs import log_writer, text_sink
-from lakeshore.running.runner import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
 from lakeshore.streams.journal import END, ERROR, JournalWriter
 
 if TYPE_CHECKING:

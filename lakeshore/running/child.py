@@ -46,8 +46,7 @@ from lakeshore.errors import (
 from lakeshore.model.record import Record
 from lakeshore.run import discard_staging
 from lakeshore.running.bodies import Declared, import_ref
-from lakeshore.running.logs import Sink, capture
-from lakeshore.running.runner import (
+from lakeshore.running.call import (
     POLL_S,
     Outcome,
     RunSpec,
@@ -56,6 +55,7 @@ from lakeshore.running.runner import (
     fatal_error,
     unpickle,
 )
+from lakeshore.running.logs import Sink, capture
 
 __all__ = ["ChildProcess", "Hooks", "Job"]
 

@@ -181,7 +181,7 @@ def test_status_counts_exactly_when_small_and_from_signs_of_life_when_large(
     st = queue_status(ops, q.store.now(), recent=0)
     assert (st.queued, st.running, st.estimated) == (2, 2, False)  # the stale ones left out
 
-    # past EXACT_UP_TO live hints, running comes from the workers' signs of life
+    # past EXACT_UP_TO live tickets, running comes from the workers' signs of life
     monkeypatch.setattr(census, "EXACT_UP_TO", 3)
     life = {"worker": "w1", "seen_at": q.store.now(), "running_by_queue": {"default": 2}}
     q.store.put(worker_key(q.ns, "w1"), codec.encode(life))

@@ -41,7 +41,7 @@ def handmade(q: Any, inv: str, **fields: Any) -> dict[str, Any]:
 
 
 def put_by_hand(q: Any, inv: str, data: bytes) -> None:
-    """What a producer with write access can do: a ready hint and any record bytes."""
+    """What a producer with write access can do: a ticket and any record bytes."""
     ops = q.ops("default")
     q.store.put(ops.keys.ticket(5, inv), b"by hand")
     q.store.put(ops.keys.record(inv), data)
@@ -92,7 +92,7 @@ def test_a_record_naming_another_invocation_is_failed_not_followed(atomic_store:
     assert list(q.store.list(q.ops("default").keys.invocation_prefix(elsewhere))) == []
 
 
-def test_an_unexpected_error_on_one_hint_does_not_stop_the_worker(
+def test_an_unexpected_error_on_one_ticket_does_not_stop_the_worker(
     atomic_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     q = make_plane(atomic_store)
@@ -128,7 +128,7 @@ def test_deeply_nested_arguments_fail_cleanly_and_the_worker_keeps_serving(
     for inv in deep:  # 480 levels killed three worker processes in a row
         args = Blob(inline=deep_args(480))
         rec = Record(id=inv, ns=q.ns, queue="default", fn=ADD_ONE, args=args)
-        q.ops("default").submit(rec)  # hint + record, as any producer may write them
+        q.ops("default").submit(rec)  # a ticket holding the record, as any producer may write it
     good = [q.udf(jobs.add_one).submit(i) for i in range(3)]
     out = subprocess.run(
         lakeshore_cmd(

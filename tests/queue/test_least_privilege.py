@@ -278,7 +278,7 @@ def _leak_a_slot(admin: Principal) -> tuple[Any, str]:
     inv = plane.udf(jobs.add_one, queue="jobs").submit(1)
     ops = plane.ops("jobs")
     rec, etag = ops.read(inv)
-    ops.cas(lifecycle.cancel(rec, plane.store.now(), "the worker ended it"), etag)  # no settle
+    ops.cas(lifecycle.cancel(rec, plane.store.now(), "the worker ended it"), etag)  # no free_slot
     assert ops.read(inv)[0].terminal and list(ops.store.list(ops.keys.slots_prefix))
     return plane, inv
 

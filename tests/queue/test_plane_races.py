@@ -152,7 +152,7 @@ def test_cancel_running_stops_the_body(atomic_store: Any, tmp_path: Path, isolat
         poll(lambda: not alive(pid), 5, "the body's process to end")
     with pytest.raises(dls.Killed):
         q.result(inv)
-    assert list(q.ops("default").tickets()) == []  # the killed job left no hint
+    assert list(q.ops("default").tickets()) == []  # the killed job left no ticket
 
 
 def test_timeout_stops_a_sync_body(atomic_store: Any, tmp_path: Path) -> None:

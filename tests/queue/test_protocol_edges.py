@@ -1,4 +1,4 @@
-"""Protocol edges found in review: hints in flight must survive, newer records are left alone,
+"""Protocol edges found in review: tickets in flight must survive, newer records are left alone,
 concurrent keyed submits, head-of-line retries, and inputs that must fail fast."""
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from tests import jobs
 from tests.conftest import make_plane
 
 
-def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
+def test_the_ticket_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
     held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None
-    # A retry is half done: the ready hint is back, the record still says running.
+    # A retry is half done: the ticket is a marker again, the record still says running.
     back = lifecycle.fail(held.record, held.token, {"type": "E"}, q.store.now())
     ops.put_marker(back)
-    assert Claimer(ops, "w2").claim(q.store.now()) is None  # finds the hint, must leave it
+    assert Claimer(ops, "w2").claim(q.store.now()) is None  # finds the ticket, must leave it
     assert [i.key for i in ops.tickets()] == [ops.keys.ticket(back.priority, inv)]
     ops.finish(held, back)  # the retry completes: the job is findable
     time.sleep(max(0.0, back.not_before - q.store.now()) + 0.01)  # wait out the backoff itself
@@ -39,19 +39,19 @@ def test_ready_hint_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
     assert again is not None and again.record.attempt == 2
 
 
-def test_ready_hint_of_a_running_job_survives_claimers_and_reapers(q: Any) -> None:
+def test_the_ticket_of_a_running_job_survives_claimers_and_reapers(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.ops("default")
     held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None
-    hint = [i.key for i in ops.tickets()]
-    assert hint == [ops.keys.ticket(held.record.priority, inv)]  # the hint stays while the job runs
+    ticket = [i.key for i in ops.tickets()]
+    assert ticket == [ops.keys.ticket(held.record.priority, inv)]  # it stays while the job runs
     other = QueueOps(q.store, ops.keys)  # another worker, which has never seen the job
     assert Claimer(other, "w2").claim(q.store.now()) is None
     assert Claimer(other, "").reap(q.store.now()) == 0  # the lease holds: nothing to move
-    assert [i.key for i in ops.tickets()] == hint
+    assert [i.key for i in ops.tickets()] == ticket
     ops.finish(held, lifecycle.succeed(held.record, held.token, None, q.store.now()))
-    assert list(ops.tickets()) == []  # terminal: the claimed hint is gone
+    assert list(ops.tickets()) == []  # terminal: the ticket is gone
 
 
 def test_newer_records_are_left_alone(q: Any) -> None:
@@ -143,13 +143,13 @@ def test_payloads_over_the_cap_are_refused(plane: Any) -> None:
         roomy.result(inv, timeout=30)
 
 
-def test_ready_hint_of_a_rerun_in_flight_survives_a_claimer(q: Any) -> None:
+def test_the_ticket_of_a_rerun_in_flight_survives_a_claimer(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
     ops = q.ops("default")
     rec, etag = ops.read(inv)
     assert rec.state == "succeeded" and list(ops.tickets()) == []
-    # `lakeshore retry` is half done: the new hint is written, the record still terminal
+    # `lakeshore retry` is half done: the new ticket is written, the record still terminal
     nxt = lifecycle.rerun(rec, q.store.now())
     ops.put_marker(nxt)
     other = QueueOps(q.store, ops.keys)  # a claimer that reads the record right now

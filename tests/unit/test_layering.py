@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     (
         "running bodies",
-        {"run", "running", "running.runner", "running.child", "running.bodies"},
+        {"run", "running", "running.call", "running.child", "running.bodies"},
     ),
     (
         "the plane and what takes it",
