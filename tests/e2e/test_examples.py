@@ -170,6 +170,9 @@ class _Proc:
         code = self.proc.wait(timeout)
         for t in self._readers:
             t.join(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()  # read to the end by then
         return code
 
     def frames(self) -> list[tuple[int, str]]:
@@ -178,7 +181,7 @@ class _Proc:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.wait()
+        self.wait()
 
 
 def test_progress_watcher_resumes_by_id_after_being_stopped(tmp_path: Path) -> None:
@@ -258,6 +261,9 @@ def _session(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 SLURM = EXAMPLES / "slurm"

@@ -249,6 +249,8 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
         if worker.poll() is None:
             worker.kill()
         reader.join(10)
+        worker.wait(30)
+        worker.stderr.close()
     err = "".join(lines)
     assert worker.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "second signal" in err

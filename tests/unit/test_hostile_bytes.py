@@ -72,7 +72,7 @@ class Harness:
                 proc.kill()
             rc = proc.wait()
             how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-            self.proc = None
+            self._discard()
             raise AssertionError(
                 f"decoder {decoder} on {len(data)} bytes ({data[:40]!r}...): "
                 + ("no answer in {HANG_S} s" if not ready else f"the process died ({how})")
@@ -85,6 +85,15 @@ class Harness:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+        self._discard()
+
+    def _discard(self) -> None:
+        """Forget the child, closing our ends of its pipes."""
+        if self.proc is not None:
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream is not None:
+                    stream.close()
+            self.proc = None
 
 
 @pytest.fixture(scope="module")
