@@ -17,6 +17,7 @@ from typing import Any
 from lakeshore.errors import Conflict, InvalidArgument, NotFound
 from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, id_index, probe_prefix
 from lakeshore.model.record import Record
+from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps
 from lakeshore.run import DataRoot, data_root
@@ -76,6 +77,7 @@ class Plane:
         self.max_payload_bytes = max_payload_bytes
         self.registry: dict[str, Declared] = {}
         self._ops: dict[str, QueueOps] = {}
+        self._claimers: dict[tuple[str, str], Claimer] = {}
         self.settings = QueueSettings(self.store, self.ns)
         self._data = (data or os.environ.get("LAKESHORE_DATA") or "", data_options, cache_dir)
         self._data_root: DataRoot | None = None
@@ -110,6 +112,19 @@ class Plane:
         """Queues this plane knows in this process (declared by ``@udf`` or used)."""
         names = {u.queue for u in self.registry.values()} | set(self._ops)
         return sorted(names or {DEFAULT_QUEUE})
+
+    def claimer(self, queue: str, worker: str) -> Claimer:
+        """The claim scheduler of ``worker`` on ``queue`` (one per worker id and queue, so
+        what it remembers lasts across ``run_worker`` calls of this process with that id;
+        workers with other ids have their own and compete as separate processes would)."""
+        with self._lock:
+            key = (queue, worker)
+            found = self._claimers.get(key)
+        if found is None:
+            ops = self.ops(queue)
+            with self._lock:
+                found = self._claimers.setdefault(key, Claimer(ops, worker))
+        return found
 
     def ops(self, queue: str) -> QueueOps:
         """The protocol steps of ``queue`` (one object per queue per plane, shared by the

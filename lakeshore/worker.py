@@ -196,7 +196,7 @@ def run_worker(
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
     ops = [plane.ops(name) for name in names]
-    claimers = [Claimer(o, state.worker_id) for o in ops]  # this worker's, its slots share
+    claimers = [plane.claimer(name, state.worker_id) for name in names]  # its slots share
     if hooks.on_start is not None and isolation != "process":
         try:
             hooks.on_start()  # bodies run in this process
@@ -424,7 +424,8 @@ def _serve(
     turn = 0
     idle = False
     while not state.stop.is_set():
-        if idle and idle_exit is not None and _drained(state, claimers, idle_exit, idle_since):
+        drained = idle and idle_exit is not None
+        if drained and _drained(state, claimers, idle_exit or 0.0, idle_since, max_poll_s):
             return
         # While idle, the slots of a worker poll one at a time (each holds the turn through
         # its pause), so an idle worker costs the same however many slots it has.
@@ -477,12 +478,16 @@ def _serve(
         _maybe_sweep(state, claimers)
 
 
-def _drained(state: _State, claimers: list[Claimer], idle_exit: float, idle_since: float) -> bool:
+def _drained(
+    state: _State, claimers: list[Claimer], idle_exit: float, idle_since: float, max_poll_s: float
+) -> bool:
     """Idle for ``idle_exit`` seconds, and (when draining) no retry this worker has read is
-    still to come: a retry is work, so the worker stays for a claim pass after it is due."""
+    still to come: a retry is work, so the worker stays for a claim pass after it is due
+    (one pause between polls later at most)."""
     if time.monotonic() - idle_since < idle_exit:
         return False
-    return not (state.wait_retries and any(c.retry_pending() for c in claimers))
+    grace = max_poll_s + 1.0
+    return not (state.wait_retries and any(c.retry_pending(grace) for c in claimers))
 
 
 def _claim(

@@ -86,7 +86,13 @@ class Claimer:
         # that began after it was due (``retry_pending``)
         self._retry_due = 0.0
         self._retry_read = 0.0
-        self._polled = -math.inf  # store time a claim pass that found nothing began
+        self._retry_wait = 0.0  # how far off it was due when read
+        # the store time by which every ticket had been judged in a pass that found nothing
+        # to claim in the whole queue (see _passed)
+        self._polled = -math.inf
+        self._passes: list[float] = []  # store times the passes in flight began
+        self._listing_now = -math.inf  # the store time the listing was judged at
+        self._listing_whole = False  # and whether it looked at every ticket
         self._listing: list[ObjectInfo] = []
         self._listed_at = -1e9  # time.monotonic() of the listing
         self._trying: set[str] = set()  # ticket keys a slot of this worker is reading now
@@ -112,18 +118,29 @@ class Claimer:
             self._misses.pop(key, None)
             self._promoted.discard(key)
 
-    def retry_pending(self) -> bool:
-        """A retry this worker has read is backing off, or came due after the last claim
-        pass that found nothing began: draining the queue includes it. Held at most the
-        longest backoff (and a clock's slack) from when it was read, so a store clock that
+    def retry_pending(self, grace: float = 0.0) -> bool:
+        """A retry this worker has read is backing off, or came due and no pass over the
+        whole queue that found nothing has judged every ticket since: draining the queue
+        includes it. Held at most as long as it had to wait when read, plus a clock's slack
+        and ``grace`` (the caller's longest pause between polls), so a store clock that
         steps back cannot hold a worker for long; a record claiming a later time than a
         real backoff is not waited for at all."""
         with self._lock:
             return (
                 self._retry_due > 0.0
                 and self._polled <= self._retry_due
-                and self._ticks() - self._retry_read < lifecycle.MAX_BACKOFF_S + _SLACK_S
+                and self._ticks() - self._retry_read < self._retry_wait + _SLACK_S + grace
             )
+
+    def _passed(self, began: float) -> None:
+        """A pass that began at ``began`` found nothing to claim. If its listing looked at
+        every ticket, each was judged no earlier than the earliest of: this pass's start,
+        the listing's own time (another slot's, reused), and any pass still in flight (a
+        slot may hold a ticket this pass skipped)."""
+        with self._lock:
+            if self._listing_whole:
+                judged = min(began, self._listing_now, *self._passes)
+                self._polled = max(self._polled, judged)
 
     def _skipped(self, info: ObjectInfo, now: float) -> bool:
         seen = self._later.get(info.key)
@@ -155,18 +172,34 @@ class Claimer:
         corrupt records are marked failed so they never block the queue; invocations
         backing off before a retry are skipped without a GET until they are due.
         """
+        now = max(now, self.ops.store.now())
+        began = now
+        with self._lock:
+            self._passes.append(began)
+        try:
+            return self._pass(now, began, lease_s, stopping)
+        finally:
+            with self._lock:
+                self._passes.remove(began)
+
+    def _pass(
+        self,
+        now: float,
+        began: float,
+        lease_s: float | None,
+        stopping: Callable[[], bool] | None,
+    ) -> Claimed | None:
         lists = 0
-        began = None
         while True:
             if stopping is not None and stopping():
                 return None
             now = max(now, self.ops.store.now())
-            began = now if began is None else began
             info = self._next_candidate(now)
             if info is None:
-                if lists >= _LISTS_PER_CLAIM or not self._list(now):
-                    with self._lock:  # every ticket of this pass was judged at `began` or later
-                        self._polled = max(self._polled, began)
+                if lists >= _LISTS_PER_CLAIM:
+                    return None  # out of listings for this pass: not a pass over everything
+                if not self._list(now):
+                    self._passed(began)
                     return None
                 lists += 1
                 continue
@@ -197,8 +230,10 @@ class Claimer:
                     return bool(self._listing)
             fresh: list[ObjectInfo] = []
             seen: set[str] = set()
+            whole = True
             for scanned, info in enumerate(self.ops.tickets()):
                 if scanned >= _SCAN or len(fresh) >= _LISTING:
+                    whole = False
                     break
                 seen.add(info.key)
                 if not self._skipped(info, now):
@@ -208,6 +243,7 @@ class Claimer:
                 self._promoted &= seen
                 self._listing = fresh
                 self._listed_at = time.monotonic()
+                self._listing_now, self._listing_whole = now, whole
             return bool(fresh)
 
     def _next_candidate(self, now: float) -> ObjectInfo | None:
@@ -340,6 +376,7 @@ class Claimer:
                 with self._lock:
                     if rec.not_before > self._retry_due:
                         self._retry_due, self._retry_read = rec.not_before, self._ticks()
+                        self._retry_wait = rec.not_before - now
             return None, moved
         return (rec, etag, ticket_etag), moved
 

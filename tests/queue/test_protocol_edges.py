@@ -15,6 +15,7 @@ import lakeshore.submit as sub
 from lakeshore import codec
 from lakeshore.model import lifecycle
 from lakeshore.model.record import SCHEMA_VERSION
+from lakeshore.protocol import claims
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
@@ -288,3 +289,60 @@ def test_two_workers_of_one_process_delete_each_ticket_once() -> None:
     assert [q.result(i, timeout=1) for i in ids] == list(range(1, 41))
     assert sorted(store.tickets_deleted) == sorted(set(store.tickets_deleted))
     assert len(store.tickets_deleted) == 40
+
+
+def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Scaled down: one ticket per listing, one listing per pass (real: 1000 and 4).
+    monkeypatch.setattr(claims, "_LISTING", 1)
+    monkeypatch.setattr(claims, "_LISTS_PER_CLAIM", 1)
+    store = _FlakyClock()
+    store.t = 1000.0
+    q = make_plane(store)
+    ops = q.ops("default")
+    f = q.udf(jobs.add_one)
+    a1, a2, k = f.submit(1), f.submit(2), f.submit(3)
+    rec, etag = ops.read(k)
+    ops.cas(rec.next_write(not_before=1100.0), etag)
+    other, mine = Claimer(ops, "other"), Claimer(ops, "mine")
+    held = [other.claim(store.now(), lease_s=100.0), other.claim(store.now(), lease_s=100.0)]
+    assert {h.record.id for h in held if h is not None} == {a1, a2}
+    for _ in range(6):  # one ticket a pass (a full ticket of a claimed job costs two)
+        assert mine.claim(store.now()) is None
+        if mine.retry_pending():
+            break
+    assert mine.retry_pending()
+    store.t = 1090.0
+    held = [ops.heartbeat(h, store.now()) for h in held if h is not None]  # leases to 1190
+    store.t = 1150.0
+    mine._listed_at = -1e9  # its listing has aged out (as after claims._LISTING_S)
+    # the pass lists one running job and has no listing left: K was never looked at
+    assert mine.claim(store.now()) is None and mine.retry_pending()
+    # a pass that found nothing while another slot's pass (begun before K was due) is in
+    # flight does not count past that pass's start
+    monkeypatch.setattr(claims, "_LISTS_PER_CLAIM", 4)
+    mine._passes.append(1050.0)
+    for _ in range(4):
+        got = mine.claim(store.now())
+        if got is not None:
+            assert got.record.id == k  # it is due: claimed, not waited for
+            break
+    else:
+        raise AssertionError("the due retry was not claimed")
+    mine._passes.remove(1050.0)
+    # the wait is capped from when the retry was read: its wait, the slack and the grace
+    fresh_ticks = [0.0]
+    late = Claimer(ops, "late", ticks=lambda: fresh_ticks[0])
+    r = f.submit(4)
+    rec, etag = ops.read(r)
+    ops.cas(rec.next_write(not_before=store.now() + 280.0), etag)
+    for _ in range(10):  # a fresh scheduler reads its way down to the retry
+        assert late.claim(store.now()) is None
+        if late.retry_pending(grace=60.0):
+            break
+    assert late.retry_pending(grace=60.0)
+    fresh_ticks[0] = 280.0 + claims._SLACK_S + 59.0
+    assert late.retry_pending(grace=60.0) and not late.retry_pending(grace=0.0)
+    fresh_ticks[0] = 280.0 + claims._SLACK_S + 61.0
+    assert not late.retry_pending(grace=60.0)
