@@ -31,6 +31,7 @@ from lakeshore.keys import (
 from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Blob, Record
 from lakeshore.plane import DEFAULT_URL, Plane
+from lakeshore.protocol import polling
 from lakeshore.protocol.steps import QueueOps, unclaimed
 from lakeshore.run import scope as run_scope
 from lakeshore.running.logs import follow_logs, read_logs
@@ -241,7 +242,9 @@ class Dispatch(Plane):
                     state=rec.state,
                 )
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            ops.store.pause(pause)  # polling is the only way to learn; backoff keeps it cheap
+            polling.pause(
+                ops.store, pause
+            )  # polling is the only way to learn; backoff keeps it cheap
             delay = min(delay * 1.5, 1.0)
             if unclaimed(etag) and time.monotonic() - looked < _TICKET_RECHECK_S:
                 # still the ticket's: the record appears at the first move, so one GET a

@@ -95,10 +95,11 @@ class Plane:
         if self._data_root is None:
             url, options, cache = self._data
             if not url or (options is None and url.startswith("s3://")):
-                try:
-                    base, store_options = self.store.files_location()
-                except InvalidArgument as e:
-                    base, store_options = "", {"why": e.what}
+                where = self.store.location()
+                base, store_options = where or (
+                    "",
+                    {"why": f"{type(self.store).__name__} has no default place for files"},
+                )
                 if not url:
                     url, options = (f"{base}/data/{self.ns}" if base else ""), store_options
                 elif base.startswith("s3://"):  # same endpoint and credentials

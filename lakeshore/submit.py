@@ -37,6 +37,7 @@ from lakeshore.errors import (
 )
 from lakeshore.keys import DEFAULT_QUEUE, band, check_id, new_id
 from lakeshore.model.record import MAX_COUNT, Blob, Record, check_fields, check_key_arg
+from lakeshore.protocol import polling
 from lakeshore.protocol.admission import admit, give_back_rate
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, abandoned
 from lakeshore.run import flush
@@ -325,7 +326,9 @@ def _needs_new_id(job: _Job, held: _Key) -> bool:
             if now - held.at <= KEY_REPAIR_GRACE_S:
                 # a concurrent submit still between its key and its record, most likely:
                 # it lands within milliseconds; a dead one is repaired after the grace
-                store.pause(min(pause, max(0.0, held.at + KEY_REPAIR_GRACE_S - now) + 0.01))
+                polling.pause(
+                    store, min(pause, max(0.0, held.at + KEY_REPAIR_GRACE_S - now) + 0.01)
+                )
                 pause = min(pause * 2, 0.5)
                 continue
             why = f"a submit with its key found no record {KEY_REPAIR_GRACE_S:g} s later"

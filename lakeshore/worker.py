@@ -42,6 +42,7 @@ from lakeshore.model import lifecycle
 from lakeshore.model.record import check_text
 from lakeshore.protocol.admission import sweep_rate
 from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.attempt import Attempt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
@@ -446,7 +447,7 @@ def _serve(
                             min(state.idle_delay * 2, max_poll_s),
                         )
                 idle = True
-                state.plane.store.pause(delay, state.stop)
+                pause(state.plane.store, delay, state.stop)
                 continue
         finally:
             if polling:

@@ -3,8 +3,7 @@ which override only the verbs they inject something into."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from lakeshore.store import ObjectInfo, PutMode, Store
@@ -33,11 +32,11 @@ class Forwarding(Store):
     def now(self) -> float:
         return self.inner.now()
 
-    def files_location(self) -> tuple[str, dict[str, Any]]:
-        return self.inner.files_location()
+    def location(self) -> tuple[str, dict[str, Any]] | None:
+        return self.inner.location()
 
     def probe_within(self, prefix: str) -> None:
         self.inner.probe_within(prefix)
 
-    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
-        self.inner.pause(seconds, stop)
+    def on_write(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        return self.inner.on_write(callback)

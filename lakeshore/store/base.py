@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import abc
 import re
-import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -253,28 +251,21 @@ class Store(abc.ABC):
             InvalidArgument: the prefix is malformed.
         """
 
-    def files_location(self) -> tuple[str, dict[str, Any]]:
-        """Where files kept beside this store live: an fsspec URL and the storage options
-        that reach it with this store's endpoint and credentials (the default data root of
-        a plane is a folder under it). Options may hold credentials: never log them.
+    def location(self) -> tuple[str, dict[str, Any]] | None:
+        """Where this store keeps its objects, for a filesystem client (fsspec) that should
+        keep other things beside them: a URL and the options that reach it with this store's
+        endpoint and credentials. ``None`` when no filesystem can reach that place. Options
+        may hold credentials: never log them."""
+        return None
 
-        Raises:
-            InvalidArgument: this store has no natural place for files.
-        """
-        raise InvalidArgument(
-            "data root",
-            f"{type(self).__name__} has no default place for files",
-            "pass Dispatch(..., data='<fsspec URL>')",
-        )
-
-    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
-        """Wait up to ``seconds`` before polling again; sooner when ``stop`` is set. A store
-        that sees every write (memory: one process) also returns as soon as one lands, so a
-        waiter in the same process wakes at once instead of at its next poll."""
-        if stop is not None:
-            stop.wait(seconds)
-        else:
-            time.sleep(seconds)  # polling a store that cannot notify: the pause is the backoff
+    def on_write(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Have ``callback`` called after every write this store makes (put, delete), so a
+        waiter in this process learns of it at once instead of at its next poll. Returns the
+        function that cancels the callback, or ``None`` when this store cannot see every
+        write (another process may write to the same place): then polling is the only way
+        to learn. The callback runs on the writer's thread while the store holds its lock:
+        it must only signal (set an event), never call the store."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release connections or file handles. The store must not be used afterwards."""

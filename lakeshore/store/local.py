@@ -136,7 +136,7 @@ class LocalStore(Store):
             with contextlib.suppress(OSError):
                 os.close(self._root_fd)
 
-    def files_location(self) -> tuple[str, dict[str, Any]]:
+    def location(self) -> tuple[str, dict[str, Any]] | None:
         return self.url, {}
 
     # -- paths and locks -------------------------------------------------------------------

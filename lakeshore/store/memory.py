@@ -7,6 +7,7 @@ atomic, so compare-and-swap races between threads behave exactly like a correct 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import secrets
 import threading
@@ -48,8 +49,7 @@ class MemoryStore(Store):
     def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self.url = ":memory:"
         self._lock = threading.Lock()
-        self._written = threading.Condition(self._lock)  # notified on every write
-        self._writes = 0
+        self._watchers: list[Callable[[], None]] = []  # called after every write
         self._objs: dict[str, _Obj] = {}
         self._keys: list[str] = []  # sorted; str order is code-point order = UTF-8 byte order
         self._counter = itertools.count(1)
@@ -57,7 +57,7 @@ class MemoryStore(Store):
         self._files = secrets.token_hex(6)  # ids of dead objects come back; this does not
         self._clock = TickClock(wall=wall_clock)  # a step of the wall clock does not move it
 
-    def files_location(self) -> tuple[str, dict[str, Any]]:
+    def location(self) -> tuple[str, dict[str, Any]] | None:
         # fsspec's memory filesystem is shared by the process: one folder per store.
         return f"memory://lakeshore-{self._files}", {}
 
@@ -103,20 +103,18 @@ class MemoryStore(Store):
             self._wrote()
 
     def _wrote(self) -> None:
-        self._writes += 1
-        self._written.notify_all()
+        for callback in self._watchers:
+            callback()
 
-    def pause(self, seconds: float, stop: threading.Event | None = None) -> None:
-        """Return at the next write (or after ``seconds``, or once ``stop`` is set)."""
-        deadline = time.monotonic() + seconds
+    def on_write(self, callback: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
-            seen = self._writes
-            while self._writes == seen and not (stop is not None and stop.is_set()):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                # a stop event cannot notify this condition: look at it every 50 ms
-                self._written.wait(min(left, 0.05) if stop is not None else left)
+            self._watchers.append(callback)
+
+        def cancel() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._watchers.remove(callback)
+
+        return cancel
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         check_prefix(prefix)

@@ -336,7 +336,7 @@ class S3Store(Store):
             f"{boto3.__version__} for DELETE, HEAD and the clock's Date"
         )
 
-    def files_location(self) -> tuple[str, dict[str, Any]]:
+    def location(self) -> tuple[str, dict[str, Any]] | None:
         # s3fs reaches the bucket the way our client does: same endpoint, region, addressing
         # and (when they were given explicitly) credentials; otherwise the same AWS chain.
         meta = self.client.meta

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 
 from lakeshore.errors import JobError, NotFinished
 from lakeshore.model.record import Record
+from lakeshore.protocol import polling
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.streams.journal import END, ERROR, VALUE, Frame, read_segments, to_frame
 
@@ -100,5 +101,7 @@ def follow(
         if fresh:
             delay = 0.005
             continue
-        ops.store.pause(delay)  # nothing new: poll with backoff (in-process stores wake us)
+        polling.pause(
+            ops.store, delay
+        )  # nothing new: poll with backoff (in-process stores wake us)
         delay = min(delay * 2, max_poll_s)

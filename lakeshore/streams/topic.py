@@ -37,6 +37,7 @@ from lakeshore.errors import (
     TopicClosed,
 )
 from lakeshore.keys import seq_name, topic_prefix
+from lakeshore.protocol import polling
 from lakeshore.store.base import CREATE, Store
 from lakeshore.streams.journal import (
     END,
@@ -258,7 +259,7 @@ class Topic:
                 continue
             if timeout is not None and time.monotonic() - quiet_since >= timeout:
                 return
-            self.store.pause(delay)  # no push from object storage: poll, backing off
+            polling.pause(self.store, delay)  # no push from object storage: poll, backing off
             delay = min(delay * 2, max_poll_s)
 
     def trim(self, keep_last: int | None = None, older_than_s: float | None = None) -> int:

@@ -367,10 +367,10 @@ def test_local_generator_keeps_its_scope_when_iterated_outside(fplane: Any) -> N
     assert read_text(fplane, "later", "tiles/001.txt") == "tile 1"
 
 
-def test_store_without_a_files_location_still_runs_plain_jobs(tmp_path: Path) -> None:
+def test_store_without_a_location_still_runs_plain_jobs(tmp_path: Path) -> None:
     class Wrapped(MemoryStore):
-        def files_location(self) -> tuple[str, dict[str, Any]]:
-            return Store.files_location(self)  # the base: no place for files
+        def location(self) -> tuple[str, dict[str, Any]] | None:
+            return Store.location(self)  # the base: no place for files
 
     q = make_plane(Wrapped(), cache_dir=str(tmp_path))
     plain, files = q.udf(jobs.add_one), q.udf(jobs.case_pair)

@@ -106,8 +106,8 @@ class Gate(Store):
     def now(self) -> float:
         return self.inner.now()
 
-    def files_location(self) -> tuple[str, dict[str, Any]]:
-        return self.inner.files_location()
+    def location(self) -> tuple[str, dict[str, Any]] | None:
+        return self.inner.location()
 
 
 class Run:

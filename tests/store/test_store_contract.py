@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
-from lakeshore.store import CREATE, OVERWRITE, Store, if_match
+from lakeshore.store import CREATE, OVERWRITE, MemoryStore, Store, if_match
 from tests.conftest import ALL_TIERS, OBSTORE_TIER, tier_store
 
 
@@ -213,33 +213,23 @@ def test_errors_share_one_root(store: Store) -> None:
         store.put("k", b"", CREATE)
 
 
-def test_pause_returns_once_stop_is_set(store: Store) -> None:
-    import threading
-
-    stop = threading.Event()
-    stop.set()
-    t0 = time.monotonic()
-    store.pause(30.0, stop)
-    assert time.monotonic() - t0 < 5.0  # a set stop ends the pause (30 s otherwise)
+def test_every_builtin_store_has_a_location_a_filesystem_reaches(store: Store) -> None:
+    where = store.location()
+    assert where is not None  # a store may have none; memory, local and S3 each have one
+    url, options = where
+    assert url.split("://")[0] in {"memory", "file", "s3"} and isinstance(options, dict)
 
 
-def test_memory_pause_wakes_on_a_write() -> None:
-    import threading
-
-    from lakeshore.store import MemoryStore
-
-    store = MemoryStore()
-    woke = threading.Event()
-
-    def waiter() -> None:
-        store.pause(30.0)
-        woke.set()
-
-    t = threading.Thread(target=waiter)
-    t0 = time.monotonic()
-    t.start()
-    while not woke.is_set() and time.monotonic() - t0 < 10.0:
-        store.put("k", b"v")  # a write wakes the pause whenever it has begun
-        woke.wait(0.05)
-    assert woke.is_set() and time.monotonic() - t0 < 10.0, "a write must end a 30 s pause"
-    t.join(5)
+def test_on_write_is_called_after_each_write_until_cancelled(store: Store) -> None:
+    calls: list[int] = []
+    cancel = store.on_write(lambda: calls.append(1))
+    if cancel is None:  # a store other processes write to cannot see every write
+        assert not isinstance(store, MemoryStore), "the memory store sees every write"
+        return
+    store.put("w", b"1")
+    store.delete("w")
+    assert len(calls) == 2, "a put and a delete each call the watcher once"
+    cancel()
+    cancel()  # cancelling twice is harmless
+    store.put("w", b"3")
+    assert len(calls) == 2, "a cancelled watcher is not called"

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     (
         "protocol steps",
         {"protocol", "protocol.steps", "protocol.claims", "protocol.tidy"}
-        | {"protocol.admission", "protocol.queue_record", "protocol.census"}
+        | {"protocol.admission", "protocol.queue_record", "protocol.census", "protocol.polling"}
         | {"streams.stream", "streams.topic", "running.logs", "doctor"},
     ),
     (
