@@ -213,7 +213,7 @@ def _prepare(
     try:
         return prepare_call(plane, udf, args, kwargs, key=key, **options)
     except LakeshoreError as e:
-        # the same kind, naming the call: a batch of thousands needs to say which one
+        # the same class, naming the call: a batch of thousands needs to say which one
         raise type(e)(
             op, f"call {i}: {e.what} (nothing was submitted)", e.todo, index=i, **e.details
         ) from e

@@ -241,7 +241,7 @@ class HookFailed(LakeshoreError):
 
 class Unsendable(LakeshoreError):
     """A body's result, yielded value or file cannot be sent: an error that would repeat on
-    every attempt, so the invocation fails without retries. ``kind`` names it in the job's
+    every attempt, so the invocation fails without retries. ``error_type`` names it in the job's
     error (``UnsendableValue`` unless the cause said otherwise)."""
 
 

@@ -129,24 +129,25 @@ def data_root(url: str, options: dict[str, Any] | None = None, cache_dir: str = 
 
 
 class RunContext:
-    """The files of one body run (``kind="body"``), one local call (``"local"``) or one
+    """The files of one body run (``role="body"``), one local call (``"local"``) or one
     producer block (``"producer"``). ``root`` may be a callable, resolved on first use, so a
     body that touches no files never opens anything."""
 
     def __init__(
         self,
         root: DataRoot | Callable[[], DataRoot],
-        kind: str,
+        role: str,
         prefix: str = "",
-        tag: str = "run",
+        staging_name: str = "run",
         in_child: bool = False,
         fence: Fence | None = None,
         stop: threading.Event | None = None,
     ) -> None:
         self._root = root
-        self.kind = kind
+        self.role = role
         self.prefix = prefix  # the scope returned keys are read in
-        self.tag = tag if _TAG.fullmatch(tag) else "run"  # names its staging folder
+        # names its staging folder
+        self.staging_name = staging_name if _STAGING_NAME.fullmatch(staging_name) else "run"
         self.in_child = in_child
         self.fence = fence  # a worker's body: proves the lease before each batch of uploads
         self.stop = stop  # set once the attempt stopped: upload nothing more
@@ -367,7 +368,7 @@ class RunContext:
                 if self._staging is None:
                     op = f"run.write {self._relative(full)!r}"
                     base = private_dir(self.root, "staging", op)
-                    self._staging = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=base))
+                    self._staging = Path(tempfile.mkdtemp(prefix=f"{self.staging_name}-", dir=base))
                 path = self._staging / _slot(full)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.pending[full] = path
@@ -395,7 +396,7 @@ class RunContext:
             return
         named = keys_in(value, self.prefix)
         missing = sorted(set(self.pending) - named)
-        if missing and self.kind != "producer":
+        if missing and self.role != "producer":
             shown = ", ".join(repr(self._relative(k)) for k in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise UnreturnedWrite(
@@ -515,9 +516,9 @@ class RunContext:
 
 
 _NOFOLLOW_DIR = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_DIRECTORY", 0)
-# A run's tag (``<id>-<attempt>``) names its staging folder and is globbed to remove it: only
-# plain characters, so an odd tag can never name a path outside the staging folder.
-_TAG = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_-]{0,63}")
+# A run's staging name (``<id>-<attempt>``) names its staging folder and is globbed to remove
+# it: only plain characters, so an odd name can never reach outside the staging folder.
+_STAGING_NAME = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_-]{0,63}")
 
 
 def private_dir(root: DataRoot, sub: str, op: str) -> Path:
@@ -752,16 +753,16 @@ def _put_local(path: Path, base: str, full: str) -> None:
         os.close(folder)
 
 
-def discard_staging(root: DataRoot, tag: str) -> None:
+def discard_staging(root: DataRoot, staging_name: str) -> None:
     """Remove the staging folders of a run that was killed before it could clean up (none
     if the local directory is not this user's own)."""
-    if not _TAG.fullmatch(tag):  # a '/', '..' or '*' would reach past the staging folder
+    if not _STAGING_NAME.fullmatch(staging_name):  # '/', '..' or '*' would reach past it
         return
     try:
         base = private_dir(root, "staging", "discard staging")
     except InvalidArgument:
         return
-    for path in base.glob(f"{tag}-*"):
+    for path in base.glob(f"{staging_name}-*"):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -773,7 +774,7 @@ def _fingerprint(info: dict[str, Any]) -> str:
 
 
 def _io_error(op: str, where: str, e: Exception) -> LakeshoreError:
-    """fsspec drivers raise OSError kinds; turn them into the lakeshore tree."""
+    """fsspec drivers raise OSError subclasses; turn them into the lakeshore tree."""
     if isinstance(e, LakeshoreError):
         return e
     if isinstance(e, FileNotFoundError):
@@ -854,7 +855,7 @@ def flush() -> None:
         PermissionDenied, StoreUnavailable: the upload failed.
     """
     ctx = _CTX.get()
-    if ctx is not None and ctx.kind == "producer":
+    if ctx is not None and ctx.role == "producer":
         ctx.flush(created_only=True)
 
 

@@ -33,7 +33,7 @@ STACK_BYTES = 1 << 20  # smaller than any platform's default thread stack
 
 def _segment(data: bytes) -> Any:
     attempt, first, frames = decode_segment(data, "segment")
-    return [to_frame(attempt, first + i, kind, payload) for i, (kind, payload) in enumerate(frames)]
+    return [to_frame(attempt, first + i, payload) for i, (_, payload) in enumerate(frames)]
 
 
 def _topic(data: bytes) -> Any:

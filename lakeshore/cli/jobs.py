@@ -28,18 +28,18 @@ from lakeshore.running.bodies import Declared, import_ref
 __all__ = ["register"]
 
 
-def _json_arg(text: str | None, what: str, kind: type) -> Any:
+def _json_arg(text: str | None, what: str, expected: type) -> Any:
     if text is None:
-        return kind()
+        return expected()
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise InvalidArgument(
             f"submit {what}", f"not valid JSON ({e})", "quote it: '{\"x\": 1}'"
         ) from None
-    if not isinstance(value, kind):
+    if not isinstance(value, expected):
         raise InvalidArgument(
-            f"submit {what}", f"must be a JSON {kind.__name__}", "e.g. --kwargs '{\"x\": 1}'"
+            f"submit {what}", f"must be a JSON {expected.__name__}", "e.g. --kwargs '{\"x\": 1}'"
         )
     return value
 

@@ -402,11 +402,13 @@ def _number(
         raise _Bad(name, f"must be {want}{' or None' if optional else ''}, got {_show(v)}")
 
 
-def _of_type(obj: dict[str, Any], name: str, kind: type, *, optional: bool = False) -> None:
+def _of_type(obj: dict[str, Any], name: str, expected: type, *, optional: bool = False) -> None:
     v = obj[name]
-    if (v is None and optional) or type(v) is kind:
+    if (v is None and optional) or type(v) is expected:
         return
-    raise _Bad(name, f"must be a {kind.__name__}{' or None' if optional else ''}, got {_show(v)}")
+    raise _Bad(
+        name, f"must be a {expected.__name__}{' or None' if optional else ''}, got {_show(v)}"
+    )
 
 
 def _capped(value: Any, name: str, limit: str | None = None) -> None:
@@ -514,11 +516,11 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
             _of_type(full, name, str)
         if len(v) * 4 > cap:
             _capped(v, name)
-    for name, kind, cap in _OPTIONAL_TEXT:
+    for name, expected, cap in _OPTIONAL_TEXT:
         v = full[name]
         if v is not None:
-            if type(v) is not kind:
-                _of_type(full, name, kind, optional=True)
+            if type(v) is not expected:
+                _of_type(full, name, expected, optional=True)
             if len(v) * 4 > cap:  # possibly over: _capped measures it exactly
                 _capped(v, name)
     if type(full["state"]) is not str or full["state"] not in STATES:

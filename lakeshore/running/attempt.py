@@ -322,7 +322,7 @@ def _execute(
     isolation = slot.isolation
     if isolation == "auto":
         isolation = "process" if rec.timeout_s is not None else "thread"
-    spec = RunSpec(slot.plane.data_root, rec.prefix, tag=f"{rec.id}-{rec.attempt}")
+    spec = RunSpec(slot.plane.data_root, rec.prefix, staging_name=f"{rec.id}-{rec.attempt}")
     if isolation == "process":
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks, slot.signalled)
@@ -369,8 +369,8 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         held = att.held
         rec, token = held.record, held.token
         now = ops.store.now()
-        streamed = journal.frames > 0 or (outcome.kind == "ok" and outcome.value is None)
-        if outcome.kind == "stopped" and att.why in ("released", ""):
+        streamed = journal.frames > 0 or (outcome.verdict == "ok" and outcome.value is None)
+        if outcome.verdict == "stopped" and att.why in ("released", ""):
             # released at the end of a shutdown's grace, or interrupted by a signal meant
             # for the whole worker: handed back, the attempt not counted
             att.interrupted = att.why == ""
@@ -380,7 +380,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
             except (Conflict, IllegalTransition):
                 return "fenced (record changed while releasing)"
             return "released (queued again, attempt not counted)"
-        if outcome.kind == "stopped" or att.why in ("killed", "lost"):
+        if outcome.verdict == "stopped" or att.why in ("killed", "lost"):
             _quietly(journal.close)
             if att.why == "killed":
                 ops.drop_own_ticket(held)  # the record is terminal (cancelled): ticket is stale
@@ -392,7 +392,7 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         if att.why == "timeout":
             _quietly(journal.close)
             final = _with_journal(lifecycle.time_out(rec, now, token), journal, ended=False)
-        elif outcome.kind == "ok":
+        elif outcome.verdict == "ok":
             final = _succeeded(slot, ops, rec, token, now, outcome, journal, streamed)
         else:
             err = dict(outcome.error or {})

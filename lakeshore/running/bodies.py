@@ -255,8 +255,8 @@ def _walk(module: types.ModuleType, qualname: str) -> Any:
     obj: Any = module
     for i, part in enumerate(qualname.split(".")):
         if i and not isinstance(obj, type):
-            kind = "a module" if isinstance(obj, types.ModuleType) else "not a class"
-            raise TypeError(f"{qualname.split('.')[i - 1]!r} in it is {kind}, not a class")
+            what = "a module" if isinstance(obj, types.ModuleType) else "not a class"
+            raise TypeError(f"{qualname.split('.')[i - 1]!r} in it is {what}, not a class")
         obj = _lookup(obj, part)
     return obj
 

@@ -56,10 +56,11 @@ POLL_S = 0.02  # how often a waiting supervisor or async body looks at the stop 
 
 @dataclass
 class Outcome:
-    """How an attempt ended: ``ok`` (with ``value``, None for a streaming body), ``error``
-    (with ``error``) or ``stopped`` (the stop event fired first; nothing to report)."""
+    """How an attempt ended, its ``verdict``: ``ok`` (with ``value``, None for a streaming
+    body), ``error`` (with ``error``) or ``stopped`` (the stop event fired first; nothing to
+    report)."""
 
-    kind: str
+    verdict: str
     value: bytes | None = None
     error: dict[str, str] | None = None
 
@@ -86,12 +87,12 @@ def result_bytes(kind: str, value: Any) -> bytes | None:
     try:
         return codec.encode(value, "result")
     except LakeshoreError as e:
-        raise Unsendable(e.op, e.what, e.todo, kind="UnsendableValue") from None
+        raise Unsendable(e.op, e.what, e.todo, error_type="UnsendableValue") from None
 
 
 def fatal_error(e: Unsendable) -> dict[str, str]:
     """The job's error for ``e``: named by its cause, and final (no retry)."""
-    return {**error_of(e), "type": e.details.get("kind", "UnsendableValue"), "fatal": "1"}
+    return {**error_of(e), "type": e.details.get("error_type", "UnsendableValue"), "fatal": "1"}
 
 
 Emit = Callable[[bytes], None]  # takes an encoded frame
@@ -103,17 +104,17 @@ def _frame(item: Any) -> bytes:
         check_frame(data, "stream a value")
         return data
     except InvalidArgument as e:  # refused as it is: a retry would yield it again
-        raise Unsendable(e.op, e.what, e.todo, kind="UnsendableValue") from None
+        raise Unsendable(e.op, e.what, e.todo, error_type="UnsendableValue") from None
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """The files side of an attempt: the data root, the recorded scope, a tag for staging
-    folder names. Picklable, so a child process builds its own run context from it."""
+    """The files side of an attempt: the data root, the recorded scope, the name of its
+    staging folder. Picklable, so a child process builds its own run context from it."""
 
     root: DataRoot
     prefix: str = ""
-    tag: str = "run"
+    staging_name: str = "run"
 
 
 def _files(step: Callable[[Any], None], value: Any) -> None:
@@ -122,7 +123,7 @@ def _files(step: Callable[[Any], None], value: Any) -> None:
     try:
         step(value)
     except InvalidArgument as e:
-        raise Unsendable(e.op, e.what, e.todo, kind=type(e).__name__) from None
+        raise Unsendable(e.op, e.what, e.todo, error_type=type(e).__name__) from None
     except Fenced:
         raise Stopped from None
 
@@ -151,7 +152,7 @@ def call_body(
         spec.root,
         "body",
         prefix=spec.prefix,
-        tag=spec.tag,
+        staging_name=spec.staging_name,
         in_child=in_child,
         fence=fence,
         stop=stop,

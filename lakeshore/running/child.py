@@ -330,7 +330,7 @@ class ChildProcess:
         """Kill the child mid-job, and remove what it staged (it cannot clean up now)."""
         self.kill()
         if job.spec is not None:
-            discard_staging(job.spec.root, job.spec.tag)
+            discard_staging(job.spec.root, job.spec.staging_name)
 
     def kill_now(self) -> None:
         """Kill the child without waiting (from a signal handler, before the worker exits)."""

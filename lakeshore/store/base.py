@@ -56,11 +56,11 @@ class PutMode:
     """How ``put`` treats an existing object. Build with ``OVERWRITE``, ``CREATE`` or
     :func:`if_match`."""
 
-    kind: Literal["overwrite", "create", "if_match"]
+    name: Literal["overwrite", "create", "if_match"]
     etag: str | None = None
 
     def __str__(self) -> str:
-        return f"if_match({self.etag})" if self.kind == "if_match" else self.kind
+        return f"if_match({self.etag})" if self.name == "if_match" else self.name
 
 
 OVERWRITE = PutMode("overwrite")

@@ -300,7 +300,7 @@ class LocalStore(Store):
         check_key(key, "put")
         data = check_data(data, f"put {key}")
         path = self._path(key)
-        if mode.kind == "create":
+        if mode.name == "create":
             try:
                 made = self._create_unnamed(path, data)
             except FileExistsError:
@@ -317,14 +317,14 @@ class LocalStore(Store):
             raise _os_error("put", key, e) from e
         published = False
         try:
-            if mode.kind == "create":
+            if mode.name == "create":
                 try:
                     self._publish(os.link, tmp, path)
                 except FileExistsError:
                     raise conflict("put", key, mode, self.url) from None
             else:
                 with self._locked(key):
-                    if mode.kind == "if_match" and self._current_etag(key, path) != mode.etag:
+                    if mode.name == "if_match" and self._current_etag(key, path) != mode.etag:
                         raise conflict("put", key, mode, self.url)
                     self._publish(os.rename, tmp, path)
                     published = True  # the temp file's name is gone with the rename

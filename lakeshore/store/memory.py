@@ -79,9 +79,9 @@ class MemoryStore(Store):
         data = check_data(data, f"put {key}")
         with self._lock:
             current = self._objs.get(key)
-            if mode.kind == "create" and current is not None:
+            if mode.name == "create" and current is not None:
                 raise conflict("put", key, mode, self.url)
-            if mode.kind == "if_match" and (current is None or current.etag != mode.etag):
+            if mode.name == "if_match" and (current is None or current.etag != mode.etag):
                 raise conflict("put", key, mode, self.url)
             obj = _Obj(data, self._etag(), self._clock())
             if current is None:

@@ -114,13 +114,13 @@ _OBSTORE_CLOCK_WINDOW_S = 90.0
 
 
 def _classify(e: BaseException) -> tuple[str, int | None, str]:
-    """Return ``(kind, http_status, code)`` for an exception of either client."""
+    """Return ``(cause, http_status, code)`` for an exception of either client."""
     if isinstance(e, bex.ClientError):
         err = e.response.get("Error", {})
         code = str(err.get("Code", ""))
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        kind = _BY_CODE.get(code) or _BY_STATUS.get(status or 0, "other")
-        return kind, status, code
+        cause = _BY_CODE.get(code) or _BY_STATUS.get(status or 0, "other")
+        return cause, status, code
     if isinstance(e, _TRANSIENT_IO):
         return "transient", None, type(e).__name__
     obs = sys.modules.get("lakeshore.store.s3_obstore")  # loaded only when a store uses it
@@ -375,15 +375,15 @@ class S3Store(Store):
         time.sleep(min(self.backoff_cap, self.backoff_base * 2**attempt) * (0.5 + jitter))
 
     def _error(self, op: str, key: str, e: Exception) -> LakeshoreError:
-        kind, status, code = _classify(e)
+        cause, status, code = _classify(e)
         where = f"{op} {self.url}/{key}" if key else f"{op} {self.url}"
-        if kind == "not_found" and key:
+        if cause == "not_found" and key:
             return not_found(key, self.url, op)
-        if kind == "conflict":
+        if cause == "conflict":
             err = conflict(op, key, "the request's condition", self.url)
             err.details.update(status=status, code=code)
             return err
-        if kind in ("no_bucket", "not_found"):
+        if cause in ("no_bucket", "not_found"):
             return StoreError(
                 where,
                 f"bucket {self.bucket!r} does not exist",
@@ -391,7 +391,7 @@ class S3Store(Store):
                 status=status,
                 code=code,
             )
-        if kind == "denied":
+        if cause == "denied":
             return PermissionDenied(
                 where,
                 f"the server refused the request ({code or status})",
@@ -399,7 +399,7 @@ class S3Store(Store):
                 status=status,
                 code=code,
             )
-        if kind == "unsupported":
+        if cause == "unsupported":
             return StoreError(
                 where,
                 f"the server does not implement this request ({code or status})",
@@ -407,7 +407,7 @@ class S3Store(Store):
                 status=status,
                 code=code,
             )
-        if kind == "transient":
+        if cause == "transient":
             return StoreUnavailable(
                 where,
                 f"still failing after {self.retries + 1} attempts ({code or status})",
@@ -415,7 +415,7 @@ class S3Store(Store):
                 status=status,
                 code=code,
             )
-        if kind == "config":
+        if cause == "config":
             return StoreError(
                 where, f"{code}: {e}", "check the S3 URL, endpoint and credentials", code=code
             )
@@ -458,26 +458,26 @@ class S3Store(Store):
         check_key(key, "put")
         data = check_data(data, f"put {key}")
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._k(key), "Body": data}
-        if mode.kind == "create":
+        if mode.name == "create":
             kwargs["IfNoneMatch"] = "*"
-        elif mode.kind == "if_match":
+        elif mode.name == "if_match":
             kwargs["IfMatch"] = mode.etag
         uncertain = False  # did an earlier attempt possibly reach the server and land?
         for attempt in range(self.retries + 1):
             try:
                 if self._obstore is not None:
-                    return str(self._obstore.put(kwargs["Key"], data, mode.kind, mode.etag))
+                    return str(self._obstore.put(kwargs["Key"], data, mode.name, mode.etag))
                 return str(self.client.put_object(**kwargs)["ETag"])
             except self._errors as e:
-                kind = _classify(e)[0]
-                lost = kind == "conflict" or (kind == "not_found" and mode.kind == "if_match")
+                cause = _classify(e)[0]
+                lost = cause == "conflict" or (cause == "not_found" and mode.name == "if_match")
                 if lost:
                     if uncertain:
                         mine = self._landed(key, data)
                         if mine is not None:
                             return mine
                     raise conflict("put", key, mode, self.url) from e
-                if kind != "transient" or attempt == self.retries:
+                if cause != "transient" or attempt == self.retries:
                     raise self._error("put", key, e) from e
                 uncertain = True
             self._sleep_backoff(attempt)
@@ -552,8 +552,8 @@ class S3Store(Store):
             failed = [e for e in answer.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if failed:
                 code, key = str(failed[0].get("Code", "")), str(failed[0].get("Key", ""))
-                kind = PermissionDenied if code == "AccessDenied" else StoreError
-                raise kind(
+                error = PermissionDenied if code == "AccessDenied" else StoreError
+                raise error(
                     f"delete {key}",
                     f"the server refused {len(failed)} of {len(chunk)} keys of a batch delete "
                     f"({code}: {failed[0].get('Message', '')})",

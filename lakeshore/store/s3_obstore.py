@@ -166,11 +166,11 @@ class ObstoreTransport:
         meta = result.meta
         return Fetched(int(meta["size"]), str(meta["e_tag"] or ""), lambda: bytes(result.bytes()))
 
-    def put(self, key: str, data: bytes, kind: str, etag: str | None) -> str:
+    def put(self, key: str, data: bytes, condition: str, etag: str | None) -> str:
         mode: Any = "overwrite"
-        if kind == "create":
+        if condition == "create":
             mode = "create"
-        elif kind == "if_match":
+        elif condition == "if_match":
             mode = {"e_tag": etag}
         # never multipart: a multipart upload cannot carry the write's condition
         result = obstore.put(self._store, key, data, mode=mode, use_multipart=False)

@@ -9,7 +9,7 @@ attempt that fails for good ends with one ERROR frame. Nothing else ends a journ
 
 Segment object (msgpack)::
 
-    {"a": attempt, "s": first_seq, "f": [[kind, payload], ...]}   kind: 0 VALUE, 1 END, 2 ERROR
+    {"a": attempt, "s": first_seq, "f": [[tag, payload], ...]}   tag: 0 VALUE, 1 END, 2 ERROR
 
 VALUE payloads are values encoded with :mod:`lakeshore.codec`; an ERROR payload is the error
 map (type, message, traceback) encoded the same way.
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 VALUE, END, ERROR = 0, 1, 2
-_KIND_NAMES = {VALUE: "value", END: "end", ERROR: "error"}
+_TAGS = frozenset((VALUE, END, ERROR))  # which of the three a frame is
 # The largest encoded value one frame carries (a yield, a topic post, a log chunk): the same
 # as the default max_payload_bytes of arguments and results. A writer batches frames so that
 # a segment's payloads never add up to more, so a segment is at most this plus its framing
@@ -55,13 +55,13 @@ _SEQ_NAME = re.compile(r"\d{12}\Z")
 
 @dataclass(frozen=True)
 class Frame:
-    """One frame of a stream: ``seq`` (0-based within its attempt or topic), ``value``, the
-    ``attempt`` that wrote it (0 for topics), and its ``kind`` ("value", "end" or "error")."""
+    """One value of a stream: ``seq`` (0-based within its attempt or topic), ``value``, and
+    the ``attempt`` that wrote it (0 for topics). The END and ERROR frames that close a
+    journal are read by the stream's follower and never handed out."""
 
     seq: int
     value: Any
     attempt: int = 0
-    kind: str = "value"
 
 
 def encode_segment(attempt: int, first: int, frames: list[tuple[int, bytes]]) -> bytes:
@@ -70,7 +70,7 @@ def encode_segment(attempt: int, first: int, frames: list[tuple[int, bytes]]) ->
 
 
 def decode_segment(data: bytes, where: str) -> tuple[int, int, list[tuple[int, bytes]]]:
-    """``(attempt, first_seq, [(kind, payload), ...])`` of a segment, every part checked.
+    """``(attempt, first_seq, [(tag, payload), ...])`` of a segment, every part checked.
 
     Raises:
         CorruptSegment: not a segment map, or a part of the wrong type or range.
@@ -95,10 +95,10 @@ def decode_segment(data: bytes, where: str) -> tuple[int, int, list[tuple[int, b
             type(frame) is not list
             or len(frame) != 2
             or type(frame[0]) is not int
-            or frame[0] not in _KIND_NAMES
+            or frame[0] not in _TAGS
             or type(frame[1]) is not bytes
         ):
-            raise _corrupt(where, "a frame is not a pair of a known kind and bytes")
+            raise _corrupt(where, "a frame is not a pair of a known tag and bytes")
         out.append((frame[0], frame[1]))
     return attempt, first, out
 
@@ -150,8 +150,13 @@ def fetch_segment(store: Store, key: str, max_bytes: int = MAX_SEGMENT_BYTES) ->
         ) from None
 
 
-def to_frame(attempt: int, seq: int, kind: int, payload: bytes) -> Frame:
-    return Frame(seq, codec.decode(payload, "frame"), attempt, _KIND_NAMES.get(kind, "value"))
+def to_frame(attempt: int, seq: int, payload: bytes) -> Frame:
+    """The value frame ``seq`` of ``attempt``, its payload decoded.
+
+    Raises:
+        DecodeError: the payload is not a lakeshore value.
+    """
+    return Frame(seq, codec.decode(payload, "frame"), attempt)
 
 
 class JournalWriter:
@@ -216,13 +221,13 @@ class JournalWriter:
             if len(self._pending) >= self.flush_frames or self._pending_bytes >= self.flush_bytes:
                 self._flush_locked()
 
-    def close(self, kind: int | None = None, payload: bytes = b"\xc0") -> None:
-        """Flush what is pending, with a final END or ERROR frame when ``kind`` is given."""
+    def close(self, tag: int | None = None, payload: bytes = b"\xc0") -> None:
+        """Flush what is pending, with a final END or ERROR frame when ``tag`` is given."""
         with self._lock:
             self._closed = True
             self._wake.notify()
-            if kind is not None:
-                self._pending.append((kind, payload))
+            if tag is not None:
+                self._pending.append((tag, payload))
                 self.frames += 1
             if self._pending:
                 self._flush_locked()

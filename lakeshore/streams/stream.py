@@ -62,16 +62,16 @@ def follow(
                 ops.store, ops.keys.journal_prefix(inv, attempt), last_key, since=cursor
             ):
                 last_key, fresh = key, True
-                for i, (kind, payload) in enumerate(frames):
+                for i, (tag, payload) in enumerate(frames):
                     seq = first + i
-                    if kind == VALUE:
+                    if tag == VALUE:
                         if seq >= cursor:
-                            yield to_frame(attempt, seq, kind, payload)
+                            yield to_frame(attempt, seq, payload)
                             cursor = seq + 1
                         continue
                     rec = ops.read(inv)[0]
-                    if rec.terminal and rec.attempt == attempt and kind in (END, ERROR):
-                        if kind == END and rec.state == "succeeded":
+                    if rec.terminal and rec.attempt == attempt and tag in (END, ERROR):
+                        if tag == END and rec.state == "succeeded":
                             return
                         raise job_error(rec)
                     # the end of an attempt the record does not confirm: keep following

@@ -58,7 +58,7 @@ _MAX_SEQ = 10**12 - 1
 
 
 def decode_post(data: bytes, where: str) -> tuple[int, bytes]:
-    """The kind and the encoded value of one post, its wrapping checked.
+    """The tag (VALUE or END) and the encoded value of one post, its wrapping checked.
 
     Raises:
         CorruptSegment: not a one-frame segment holding a ``{"post", "payload"}`` map.
@@ -69,13 +69,13 @@ def decode_post(data: bytes, where: str) -> tuple[int, bytes]:
         raise CorruptSegment(
             f"read {where}", f"a post holds {len(frames)} frames, not 1", "the post is corrupt"
         )
-    kind, body = frames[0]
+    tag, body = frames[0]
     inner = codec.decode(body, f"post {where}")
     if type(inner) is not dict or type(inner.get("payload")) is not bytes:
         raise CorruptSegment(
             f"read {where}", "the post does not wrap an encoded value", "the post is corrupt"
         )
-    return kind, inner["payload"]
+    return tag, inner["payload"]
 
 
 def _seq_of(key: str) -> int | None:
@@ -183,24 +183,24 @@ class Topic:
         """
         return self._append(END, codec.encode(None))
 
-    def _append(self, kind: int, payload: bytes) -> int:
+    def _append(self, tag: int, payload: bytes) -> int:
         with self._lock:
-            return self._append_locked(kind, payload)
+            return self._append_locked(tag, payload)
 
-    def _append_locked(self, kind: int, payload: bytes) -> int:
+    def _append_locked(self, tag: int, payload: bytes) -> int:
         # The post id makes every post's bytes unique (ambiguous creates resolve by read-back).
         body = codec.encode({"post": secrets.token_hex(8), "payload": payload})
         seq = self._tail()
         backoff = 0.001
         while True:
-            if seq > 0 and seq - 1 != self._own_last and self._kind_at(seq - 1) == END:
+            if seq > 0 and seq - 1 != self._own_last and self._tag_at(seq - 1) == END:
                 raise TopicClosed(
                     f"post to topic {self.name}",
                     "the topic was closed",
                     "use a new topic name, or read this one to its END",
                 )
             try:
-                self.store.put(self._key(seq), encode_segment(0, seq, [(kind, body)]), CREATE)
+                self.store.put(self._key(seq), encode_segment(0, seq, [(tag, body)]), CREATE)
             except Conflict:
                 # Another producer took this seq: find the new tail, spread out a little.
                 time.sleep(random.uniform(0, backoff))
@@ -208,20 +208,21 @@ class Topic:
                 seq = max(seq + 1, self._tail())
                 continue
             self._next = seq + 1
-            if kind == VALUE:
+            if tag == VALUE:
                 self._own_last = seq
             return seq
 
-    def _kind_at(self, seq: int) -> int:
+    def _tag_at(self, seq: int) -> int:
         return decode_post(fetch_segment(self.store, self._key(seq)), self._key(seq))[0]
 
-    def _read(self, since: int, after: str | None) -> Iterator[tuple[str, Frame]]:
+    def _read(self, since: int, after: str | None) -> Iterator[tuple[str, Frame | None]]:
+        """``(key, frame)`` of each post from ``since`` on; ``None`` for the END post."""
         for info in self.store.list(self.prefix, start_after=after):
             seq = _seq_of(info.key)
             if seq is None or seq < since:
                 continue
-            kind, payload = decode_post(fetch_segment(self.store, info.key), info.key)
-            yield info.key, to_frame(0, seq, kind, payload)
+            tag, payload = decode_post(fetch_segment(self.store, info.key), info.key)
+            yield info.key, None if tag == END else to_frame(0, seq, payload)
 
     def stream(self, since: int = 0) -> Iterator[Frame]:
         """The frames posted so far, from ``since`` on; stops at the current end (or END).
@@ -231,7 +232,7 @@ class Topic:
         """
         start = self._key(since - 1) if since > 0 else None
         for _, frame in self._read(since, start):
-            if frame.kind == "end":
+            if frame is None:  # the END post
                 return
             yield frame
 
@@ -251,7 +252,7 @@ class Topic:
             got = False
             for key, frame in self._read(since, after):
                 after, got = key, True
-                if frame.kind == "end":
+                if frame is None:  # the END post
                     return
                 yield frame
             if got:

@@ -292,7 +292,7 @@ def test_a_run_tag_that_is_not_a_plain_name_never_reaches_past_the_staging_folde
     (neighbour / "precious.txt").write_text("keep me")
     discard_staging(root, "../victim")
     assert (neighbour / "precious.txt").read_text() == "keep me"
-    ctx = RunContext(root, "body", tag="../../escaped")
+    ctx = RunContext(root, "body", staging_name="../../escaped")
     staged = Path(ctx.write("a.txt"))
     assert staged.resolve().is_relative_to((tmp_path / "cache" / "staging").resolve())
     assert not list(tmp_path.glob("escaped-*"))

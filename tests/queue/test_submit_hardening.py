@@ -505,7 +505,7 @@ class RetriedCreate(Gate):
     object it wrote: Conflict (what S3 answers a retried If-None-Match PUT)."""
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        if "/_tickets/" in key and mode.kind == "create" and self.counts["TICKET"] == 0:
+        if "/_tickets/" in key and mode.name == "create" and self.counts["TICKET"] == 0:
             self.counts["TICKET"] += 1
             self.inner.put(key, data, mode)
             raise dls.Conflict("put", "exists", "retry")

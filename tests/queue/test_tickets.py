@@ -35,7 +35,7 @@ class Tally(MemoryStore):
         try:
             return super().put(key, data, mode)
         except dls.Conflict:
-            if key.endswith("/record") and mode.kind == "create":
+            if key.endswith("/record") and mode.name == "create":
                 self.seen["lost create"] += 1
             raise
 

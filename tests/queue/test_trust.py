@@ -227,11 +227,11 @@ def test_a_child_runs_only_jobs_its_parent_approved() -> None:
         stop = threading.Event()
         job = Job(rec.fn, None, "sync", encode(((1,), {})), None, rec)  # not approved
         out = child.run(job, stop, lambda _: None, None)
-        assert out.kind == "error" and out.error is not None
+        assert out.verdict == "error" and out.error is not None
         assert out.error["type"].endswith("UnknownFunction"), out.error
         assert "did not approve" in out.error["message"]
         ok = child.run(dataclasses.replace(job, approved=True), stop, lambda _: None, None)
-        assert ok.kind == "ok"
+        assert ok.verdict == "ok"
     finally:
         child.close()
 

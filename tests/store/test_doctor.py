@@ -50,15 +50,15 @@ class _CheckThenWrite(MemoryStore):
     S3 emulator: correct alone, wrong under races."""
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
-        if mode.kind == "overwrite":
+        if mode.name == "overwrite":
             return super().put(key, data)
         try:
             current = self.get(key)[1]
         except KeyError:
             current = None
         time.sleep(0.002)  # the window between check and write that a real race falls into
-        if (mode.kind == "create" and current is not None) or (
-            mode.kind == "if_match" and current != mode.etag
+        if (mode.name == "create" and current is not None) or (
+            mode.name == "if_match" and current != mode.etag
         ):
             from lakeshore.store.base import conflict
 
