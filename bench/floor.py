@@ -1,18 +1,18 @@
-"""The S3 floor of issue 16: the fewest requests a correct queue needs per job, with raw
-boto3 against the same SeaweedFS, measured in the same run as lakeshore.
+"""The S3 floor of issue 16: the fewest requests a correct queue needs per invocation,
+with raw boto3 against the same SeaweedFS, measured in the same run as lakeshore.
 
-Per job, five requests: create the record (create-only PUT), GET it, claim it (PUT with
-If-Match), write the result (PUT with If-Match), GET the result. Listings are amortised: the
-drain lists the ready records one page of 1000 keys at a time, so a LIST costs 1/1000 of a
-request per job. The workload has lakeshore's three phases (``bench/queue.py``): submit all,
-drain, read every result; end to end is jobs over the sum of the three.
+Per invocation, five requests: create the record (create-only PUT), GET it, claim it (PUT
+with If-Match), write the result (PUT with If-Match), GET the result. Listings are amortised:
+the drain lists the ready records one page of 1000 keys at a time, so a LIST costs 1/1000 of
+a request per invocation. The workload has lakeshore's three phases (``bench/queue.py``):
+submit all, drain, read every result; end to end is invocations over the sum of the three.
 
 * :func:`serial`: one process, one thread (against lakeshore with 1 worker process);
-* :func:`concurrent`: 2 processes x 8 threads, each process on its own half of the jobs
-  (against lakeshore with 2 worker processes x 8 slots), started together at a set instant
-  after their interpreters and clients are up;
-* :func:`round_trip`: one job at a time through the whole sequence, plus the LIST an idle
-  worker needs to find it (against lakeshore's submit → result with an idle worker).
+* :func:`concurrent`: 2 processes x 8 threads, each process on its own half of the
+  invocations (against lakeshore with 2 worker processes x 8 slots), started together at a
+  set instant after their interpreters and clients are up;
+* :func:`round_trip`: one invocation at a time through the whole sequence, plus the LIST an
+  idle worker needs to find it (against lakeshore's submit → result with an idle worker).
 
 The client CPU this process spends is reported too (``cpu_ms_per_job``): the floor's share of
 the CPU target, boto3's own cost per request on this machine.
@@ -36,7 +36,7 @@ from tests.conftest import FAKE_CREDS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = 1000  # keys per LIST page: S3's maximum
-# about the size of a lakeshore record of a no-op job in each state
+# about the size of a lakeshore record of a no-op invocation in each state
 QUEUED, RUNNING, DONE = b"q" * 400, b"r" * 450, b"s" * 480
 REQUESTS_PER_JOB = 5  # plus 1/PAGE of a LIST
 
@@ -67,7 +67,8 @@ def _submit(c: Any, key: str) -> None:
 
 
 def _run(c: Any, key: str) -> None:
-    """Claim and complete one listed job: GET, If-Match PUT to running, If-Match PUT done."""
+    """Claim and complete one listed invocation: GET, If-Match PUT to running, If-Match PUT
+    done."""
     got = c.get_object(Bucket=BUCKET, Key=key)
     got["Body"].read()
     etag = c.put_object(Bucket=BUCKET, Key=key, Body=RUNNING, IfMatch=got["ETag"])["ETag"]
@@ -90,8 +91,8 @@ def _pages(c: Any, prefix: str) -> Any:
 
 
 def phases(c: Any, prefix: str, n: int, threads: int) -> dict[str, float]:
-    """Submit ``n`` jobs under ``prefix``, drain them page by page, read every result;
-    seconds of each phase and this process's CPU seconds."""
+    """Submit ``n`` invocations under ``prefix``, drain them page by page, read every
+    result; seconds of each phase and this process's CPU seconds."""
     keys = [f"{prefix}/{i:08d}" for i in range(n)]
     cpu0 = time.process_time()
     with ThreadPoolExecutor(threads) as pool:
@@ -143,9 +144,9 @@ def _child(endpoint: str, prefix: str, n: int, threads: int, start_at: float) ->
 
 
 def concurrent(endpoint: str, n: int, processes: int = 2, threads: int = 8) -> dict[str, float]:
-    """Jobs per second of ``processes`` x ``threads`` running the floor, each process on its
-    own prefix (no two claim the same job: a floor has no contention), timed from the common
-    start to the last process's end."""
+    """Invocations per second of ``processes`` x ``threads`` running the floor, each process
+    on its own prefix (no two claim the same invocation: a floor has no contention), timed from
+    the common start to the last process's end."""
     prefix = f"floor-{new_id()}"
     per = n // processes
     start_at = time.time() + 4.0  # room for the interpreters and boto3 to load on 2 cores
@@ -176,13 +177,14 @@ def concurrent(endpoint: str, n: int, processes: int = 2, threads: int = 8) -> d
 
 
 def round_trip(endpoint: str, n: int = 60) -> dict[str, float]:
-    """One job at a time: create, LIST (an idle worker finding it), GET, claim, complete,
-    GET the result. p50/p99 with the LIST and without it (the five requests alone)."""
+    """One invocation at a time: create, LIST (an idle worker finding it), GET, claim,
+    complete, GET the result. p50/p99 with the LIST and without it (the five requests
+    alone)."""
     c = client(endpoint)
     prefix = f"floor-rt-{new_id()}"
     whole, five = [], []
     last = ""
-    for i in range(-5, n):  # five warm-up jobs, not timed
+    for i in range(-5, n):  # five warm-up invocations, not timed
         key = f"{prefix}/{i + 5:08d}"
         t0 = time.perf_counter()
         _submit(c, key)

@@ -1,9 +1,10 @@
-"""Requests per job on S3, counted as HTTP requests leave botocore (issue 16's first target).
+"""Requests per invocation on S3, counted as HTTP requests leave botocore (issue 16's
+first target).
 
 Three planes on one SeaweedFS, each with a store (and boto3 client) of its own, so that no
-cache is shared: a producer submits N no-op jobs, a worker drains them, and a fresh reader,
-a ``Dispatch`` that never submitted, reads every result (what another process pays). Every
-request of the three is counted, retries and the worker's start-up and signs of life
+cache is shared: a producer submits N no-op invocations, a worker drains them, and a fresh
+reader, a ``Dispatch`` that never submitted, reads every result (what another process pays).
+Every request of the three is counted, retries and the worker's start-up and signs of life
 included, and divided by N.
 """
 

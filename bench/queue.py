@@ -1,29 +1,32 @@
 """The queue, end to end, against issue 16's targets: throughput against the S3 floor,
-requests per job, latency, client CPU, idle cost and contention — every figure next to a
-baseline measured in the same run.
+requests per invocation, latency, client CPU, idle cost and contention — every figure next
+to a baseline measured in the same run.
 
     bash scripts/bench queue            # or: .venv/bin/python -m bench.queue [--jobs N]
 
-* **Throughput**: submit N no-op jobs (``{"x": i}`` → ``x + 1``), drain with workers, read
-  and check every result; on memory, a local directory and SeaweedFS; 1 and 2 worker
-  processes, and on SeaweedFS 2 processes x 8 slots. With client CPU per job on SeaweedFS
-  (the producer while it submits and reads, the workers from their first sign of life).
-* **The S3 floor** (``bench/floor.py``): the five requests a job needs at least (create,
-  GET, claim, complete, GET the result), listings amortised one page of 1000 per LIST, with
-  raw boto3 on the same SeaweedFS: serially, by 2 processes x 8 threads, and one job at a
-  time for the round trip.
-* **Requests per job**: on SeaweedFS as HTTP requests (``bench/http_count.py``): submit,
-  run, and one result read by a plane that never submitted, with and without ``_key``; on
-  the memory store by price class; per claim with 0 and 10,000 finished invocations.
+* **Throughput**: submit N no-op invocations (``{"x": i}`` → ``x + 1``), drain with workers,
+  read and check every result; on memory, a local directory and SeaweedFS; 1 and 2 worker
+  processes, and on SeaweedFS 2 processes x 8 slots. With client CPU per invocation on
+  SeaweedFS (the producer while it submits and reads, the workers from their first sign of
+  life).
+* **The S3 floor** (``bench/floor.py``): the five requests an invocation needs at least
+  (create, GET, claim, complete, GET the result), listings amortised one page of 1000 per
+  LIST, with raw boto3 on the same SeaweedFS: serially, by 2 processes x 8 threads, and one
+  invocation at a time for the round trip.
+* **Requests per invocation**: on SeaweedFS as HTTP requests (``bench/http_count.py``):
+  submit, run, and one result read by a plane that never submitted, with and without
+  ``_key``; on the memory store by price class; per claim with 0 and 10,000 finished
+  invocations.
 * **Batch submit**: ``f.map`` of N no-op calls on SeaweedFS from one process, default
   concurrency, ids checked to be in input order.
 * **Latency**: submit → result with an idle worker, p50 and p99.
 * **Idle cost**: requests per minute of one idle worker once its backoff settled.
-* **Contention**: lost compare-and-swap attempts per claimed job, 8 workers on one queue.
+* **Contention**: lost compare-and-swap attempts per claimed invocation, 8 workers on one
+  queue.
 * **Upstream**: the same throughput workload on ``dreamlake-lakeshore`` (``bench/upstream.py``).
-  The embedded planes and upstream's run ``--local-jobs`` jobs (2000, as issue 16 measured
-  them) in ``--rounds`` rounds, each plane in turn; each of their targets is the round with
-  the median ratio, shown with the range.
+  The embedded planes and upstream's run ``--local-jobs`` invocations (2000, as issue 16
+  measured them) in ``--rounds`` rounds, each plane in turn; each of their targets is the
+  round with the median ratio, shown with the range.
 
 Results go to ``bench/results/queue.json``; the tables (``bench/targets.py``) show each
 target with its measured value, its ratio to the baseline and ok / MISSED.
@@ -72,8 +75,8 @@ def requests_per_job(keyed: bool, n: int = 1000) -> dict[str, float]:
 
 
 def job_requests(keyed: bool, n: int) -> Counter[str]:
-    """The requests of ``n`` no-op jobs, submitted, run by one worker and read back by a
-    plane that never submitted them, on a counting memory store."""
+    """The requests of ``n`` no-op invocations, submitted, run by one worker and read back
+    by a plane that never submitted them, on a counting memory store."""
     store = Counting(MemoryStore())
     q = dls.Dispatch(":memory:", store=store)
     f = q.udf(noop)
@@ -129,8 +132,8 @@ def throughput(
     slots: int,
     server_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Submit all, drain, read all: three phases, each timed, end to end = jobs / their sum.
-    The worker processes start once all of them have imported everything and wait at a
+    """Submit all, drain, read all: three phases, each timed, end to end = invocations /
+    their sum. The worker processes start once all of them have imported everything and wait at a
     gate (process start-up is not queue throughput); the drain is timed from the gate.
     With ``slots`` > 1 the producer submits and reads with as many threads as there are
     slots in all, as the concurrent S3 floor does; otherwise one at a time, as the serial
@@ -201,8 +204,9 @@ def throughput(
 
 def batch_submit(url: str, n: int, concurrency: int | None = None) -> dict[str, Any]:
     """``f.map`` of ``n`` no-op calls from one process with the default concurrency (or
-    ``concurrency``): jobs/s and producer CPU per job; then checks, outside the timing, that
-    the ids came back in input order (each record holds the argument of its position)."""
+    ``concurrency``): invocations/s and producer CPU per invocation; then checks, outside the
+    timing, that the ids came back in input order (each record holds the argument of its
+    position)."""
     q = dls.Dispatch(url, ns=f"bm{new_id().lower()[-8:]}")
     f = q.udf(noop)
     f.submit(-1)  # warm-up, not timed: the client's connections and the queue's settings
@@ -289,8 +293,8 @@ def _workers_ns(
 
 
 def _until_done(q: Any, ids: list[str]) -> None:
-    """Wait for the last job (one GET per poll, so the wait does not load the server), then
-    check the others once; any still running are waited for the same way."""
+    """Wait for the last invocation (one GET per poll, so the wait does not load the server),
+    then check the others once; any still running are waited for the same way."""
     left = list(ids)
     while left:
         while not q.get(left[-1]).terminal:
@@ -352,8 +356,8 @@ PAYLOAD = 5 * 1024 * 1024
 
 
 def payload(url: str, endpoint: str, n: int = 8) -> dict[str, float]:
-    """MB/s of jobs whose argument is 5 MiB (spilled to its own object), drained by one
-    worker process; against raw boto3 PUT + GET of the same bytes on the same server."""
+    """MB/s of invocations whose argument is 5 MiB (spilled to its own object), drained by
+    one worker process; against raw boto3 PUT + GET of the same bytes on the same server."""
     data = os.urandom(PAYLOAD)
     client = floor.client(endpoint)
     prefix = f"payload-{new_id()}"
@@ -472,8 +476,8 @@ class _Conflicts(Counting):
 
 
 def contention(inner: Store, n: int = 400, workers: int = 8) -> float:
-    """Lost CAS per claimed job. Each worker has a plane of its own (as separate processes
-    would): the slots of one plane share a listing and never race each other."""
+    """Lost CAS per claimed invocation. Each worker has a plane of its own (as separate
+    processes would): the slots of one plane share a listing and never race each other."""
     store = _Conflicts(inner)
     ns = f"ct{new_id().lower()[-8:]}"
     q = dls.Dispatch(inner.url, store=store, ns=ns)
@@ -504,12 +508,15 @@ def contention(inner: Store, n: int = 400, workers: int = 8) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="lakeshore queue benchmarks")
-    parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run on S3")
+    parser.add_argument(
+        "--jobs", type=int, default=500, help="invocations per throughput run on S3"
+    )
     parser.add_argument(
         "--local-jobs",
         type=int,
         default=2000,
-        help="jobs per throughput run of the embedded planes and upstream's (issue 16: 2000)",
+        help="invocations per throughput run of the embedded planes and upstream's "
+        "(issue 16: 2000)",
     )
     parser.add_argument(
         "--rounds",
@@ -584,7 +591,7 @@ def main(argv: list[str] | None = None) -> None:
     res["issue16"] = targets.issue16(res)
     res["held"] = targets.held(res)
     print(
-        f"\nlakeshore queue benchmarks, {n} jobs on S3, {args.local_jobs} jobs x "
+        f"\nlakeshore queue benchmarks, {n} invocations on S3, {args.local_jobs} invocations x "
         f"{args.rounds} rounds on the embedded planes (the first round shown), "
         f"{os.cpu_count()} cores, {res['date']}, S3 client {args.client}\n"
     )
@@ -626,7 +633,7 @@ def local_only(n: int, rounds: int, with_upstream: bool = True) -> None:
     res["throughput"] = res["local_rounds"][0]["throughput"]
     res["upstream"] = res["local_rounds"][0]["upstream"]
     res["local"] = targets.local(res)
-    print(f"\nlakeshore local planes, {n} jobs, {os.cpu_count()} cores, {res['date']}\n")
+    print(f"\nlakeshore local planes, {n} invocations, {os.cpu_count()} cores, {res['date']}\n")
     for i, r in enumerate(res["local_rounds"], 1):
         print(f"  round {i}")
         _phases(r["throughput"])

@@ -1,12 +1,13 @@
-"""The scale model: what a queue asks of S3 as jobs/s and workers grow, and what it costs.
+"""The scale model: what a queue asks of S3 as invocations/s and workers grow, and what it
+costs.
 
 Every figure comes from request counts measured in this run (a counting store under a real
-plane: no-op jobs submitted, run and read back by another plane; idle workers polling), then
-multiplied out. S3 serves about 3,500 writes (PUT, POST, DELETE) and 5,500 reads (GET, HEAD,
-LIST) per second per partitioned prefix; all of one queue's keys share the prefix
-``lakeshore/<ns>/<queue>/``, and its ids, which start with the time, all land at the end of
-that key range, so this model gives each queue one partition's worth. Prices: S3 Standard,
-us-east-1 ($0.005 per 1,000 PUT, POST, LIST; $0.0004 per 1,000 GET; DELETE free).
+plane: no-op invocations submitted, run and read back by another plane; idle workers
+polling), then multiplied out. S3 serves about 3,500 writes (PUT, POST, DELETE) and 5,500
+reads (GET, HEAD, LIST) per second per partitioned prefix; all of one queue's keys share the
+prefix ``lakeshore/<ns>/<queue>/``, and its ids, which start with the time, all land at the
+end of that key range, so this model gives each queue one partition's worth. Prices: S3
+Standard, us-east-1 ($0.005 per 1,000 PUT, POST, LIST; $0.0004 per 1,000 GET; DELETE free).
 
     bash scripts/bench scale
 """
@@ -29,10 +30,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def per_job(keyed: bool, n: int = 500) -> dict[str, float]:
-    """Requests per no-op job (submit, run, one result read by a plane that never submitted),
-    split into writes and reads as S3 counts them for its per-prefix limits."""
+    """Requests per no-op invocation (submit, run, one result read by a plane that never
+    submitted), split into writes and reads as S3 counts them for its per-prefix limits."""
     c = job_requests(keyed, n)
-    deleted_keys = n  # a batch delete removes one ticket per job; S3 may count each key
+    deleted_keys = n  # a batch delete removes one ticket per invocation; S3 may count each key
     return {
         "put": c["PUT"] / n,
         "get": c["GET"] / n,
@@ -54,7 +55,7 @@ def model(job: dict[str, float], idle_per_min: float) -> dict[str, Any]:
     rows = []
     for jobs_per_s in (10, 100, 1000):
         for workers in (10, 100, 1000):
-            busy = min(workers, jobs_per_s)  # a rough split: a worker per job/s is busy
+            busy = min(workers, jobs_per_s)  # a rough split: a worker per invocation/s is busy
             lists = busy * BUSY_LISTS_PER_S + (workers - busy) * idle_lists_per_s
             writes = jobs_per_s * job["writes"]
             reads = jobs_per_s * job["reads"] + lists
@@ -93,25 +94,25 @@ def main() -> None:
     (RESULTS / "scale.json").write_text(json.dumps(out, indent=2))
     m = out["model"]
     print(f"\nlakeshore scale model, {out['date']}\n")
-    for name, j in (("no-op job", plain), ("with _key", keyed)):
+    for name, j in (("no-op invocation", plain), ("with _key", keyed)):
         print(
-            f"  {name:<10} {j['requests']:.2f} requests ({j['put']:.2f} PUT, {j['get']:.2f} GET, "
+            f"  {name:<16} {j['requests']:.2f} requests ({j['put']:.2f} PUT, {j['get']:.2f} GET, "
             f"{j['list']:.3f} LIST, {j['batch_delete']:.3f} batch DELETE): {j['writes']:.2f} "
-            f"writes, {j['reads']:.2f} reads; ${j['usd_per_million']:.2f} per million jobs"
+            f"writes, {j['reads']:.2f} reads; ${j['usd_per_million']:.2f} per million invocations"
         )
     print(f"  idle worker: {m['idle_requests_per_worker_min']:.0f} requests per minute")
     print(
-        f"\n  {'jobs/s':>7} {'workers':>8} {'writes/s':>9} {'of 3500':>8} {'reads/s':>8} "
+        f"\n  {'invocations/s':>13} {'workers':>8} {'writes/s':>9} {'of 3500':>8} {'reads/s':>8} "
         f"{'of 5500':>8} {'USD/day':>9}"
     )
     for r in m["rows"]:
         print(
-            f"  {r['jobs_per_s']:>7} {r['workers']:>8} {r['writes_per_s']:>9.0f} "
+            f"  {r['jobs_per_s']:>13} {r['workers']:>8} {r['writes_per_s']:>9.0f} "
             f"{r['writes_of_limit']:>8.2f} {r['reads_per_s']:>8.0f} {r['reads_of_limit']:>8.2f} "
             f"{r['usd_per_day']:>9.2f}"
         )
     print(
-        f"\n  one queue's prefix holds up to {m['max_jobs_per_s_per_queue']:.0f} jobs/s of "
+        f"\n  one queue's prefix holds up to {m['max_jobs_per_s_per_queue']:.0f} invocations/s of "
         f"writes and {m['max_idle_workers_per_queue']:.0f} idle workers' listings; "
         f"1,000 idle workers cost ${m['idle_1000_workers_usd_per_day']:.2f} a day"
     )

@@ -11,6 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# the keys of the request counts in the results (kept as older results wrote them), and how
+# the targets name them
+_NOOP, _NOOP_KEYED = "no-op job", "no-op job with _key"
+_LABEL = {_NOOP: "no-op invocation", _NOOP_KEYED: "no-op invocation with _key"}
+
 Row = dict[str, Any]
 
 
@@ -44,9 +49,9 @@ def issue16(res: dict[str, Any]) -> list[Row]:
     fl = res.get("floor_serial", {})
     no_s3 = "no SeaweedFS in this run"
 
-    # requests per no-op job on S3: submit, run, one result read by a fresh plane
-    for name, bound in (("no-op job", 6.0), ("no-op job with _key", 7.0)):
-        target = f"S3 requests per {name} (incl. a read by another process)"
+    # requests per no-op invocation on S3: submit, run, one result read by a fresh plane
+    for name, bound in ((_NOOP, 6.0), (_NOOP_KEYED, 7.0)):
+        target = f"S3 requests per {_LABEL[name]} (incl. a read by another process)"
         got = res.get("requests_s3", {}).get(name)
         if not got:
             rows.append(_missing(target, no_s3, f"<= {bound:g}"))
@@ -87,7 +92,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
     base = req["claim, 0 finished"]["class_a"] + req["claim, 0 finished"]["class_b"]
     rows.append(
         _row(
-            "claim requests with 10,000 finished jobs",
+            "claim requests with 10,000 finished invocations",
             f"{flat:.2f} vs {base:.2f}",
             flat / base,
             "0 finished",
@@ -103,7 +108,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
         rt, frt = res["latency_seaweedfs"]["p50_ms"], res["floor_round_trip"]["p50_ms"]
         rows += [
             _ratio_row(
-                "S3 1 worker, end to end jobs/s",
+                "S3 1 worker, end to end invocations/s",
                 one["end_to_end_per_s"],
                 fl["end_to_end_per_s"],
                 ".1f",
@@ -113,7 +118,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
             ),
             _ratio_row("S3 round trip p50, ms", rt, frt, ".1f", "floor's round trip", "<=", 1.3),
             _ratio_row(
-                "S3 2 workers, drain jobs/s",
+                "S3 2 workers, drain invocations/s",
                 two["drain_per_s"],
                 one["drain_per_s"],
                 ".1f",
@@ -122,7 +127,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
                 1.6,
             ),
             _ratio_row(
-                "S3 2 workers x 8 slots, end to end jobs/s",
+                "S3 2 workers x 8 slots, end to end invocations/s",
                 many["end_to_end_per_s"],
                 res["floor_concurrent"]["end_to_end_per_s"],
                 ".1f",
@@ -131,7 +136,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
                 1.0,
             ),
             _ratio_row(
-                "S3 sequential submit, jobs/s",
+                "S3 sequential submit, invocations/s",
                 one["submit_per_s"],
                 fl["submit_per_s"],
                 ".1f",
@@ -151,13 +156,13 @@ def issue16(res: dict[str, Any]) -> list[Row]:
             rows.append(_missing(t, no_s3, ""))
     batch = res.get("batch_submit")
     if batch is None:
-        rows.append(_missing("S3 batch submit (f.map), jobs/s", no_s3, ">= 1000"))
+        rows.append(_missing("S3 batch submit (f.map), invocations/s", no_s3, ">= 1000"))
     else:
         rate = batch["submit_per_s"]
         rows.append(
             _row(
-                f"S3 batch submit (f.map, {batch['concurrency']} threads), jobs/s",
-                f"{rate:.0f} ({batch['producer_cpu_ms_per_job']:.2f} ms CPU/job)",
+                f"S3 batch submit (f.map, {batch['concurrency']} threads), invocations/s",
+                f"{rate:.0f} ({batch['producer_cpu_ms_per_job']:.2f} ms CPU/invocation)",
                 rate / 1000,
                 "target",
                 ">= 1000",
@@ -169,7 +174,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
         cpu = one["client_cpu_ms_per_job"]
         rows.append(
             _row(
-                "S3 client CPU per job (producer + worker), ms",
+                "S3 client CPU per invocation (producer + worker), ms",
                 f"{cpu:.2f} ({one['producer_cpu_ms_per_job']:.2f} + "
                 f"{one['worker_cpu_ms_per_job']:.2f})",
                 cpu / fl["cpu_ms_per_job"],
@@ -179,7 +184,7 @@ def issue16(res: dict[str, Any]) -> list[Row]:
             )
         )
     else:
-        rows.append(_missing("S3 client CPU per job", no_s3, "<= 3 ms"))
+        rows.append(_missing("S3 client CPU per invocation", no_s3, "<= 3 ms"))
 
     rows += local(res)
     return rows
@@ -217,7 +222,7 @@ def _local_rows(res: dict[str, Any]) -> list[Row]:
     if up:
         rows.append(
             _ratio_row(
-                "file:// 1 worker, end to end jobs/s",
+                "file:// 1 worker, end to end invocations/s",
                 tp["file, 1 process"]["end_to_end_per_s"],
                 up["file_1"]["end_to_end_per_s"],
                 ".0f",
@@ -230,7 +235,7 @@ def _local_rows(res: dict[str, Any]) -> list[Row]:
         rows.append(_missing("file:// 1 worker vs upstream sqlite file", why, ">= 1.5x"))
     rows.append(
         _ratio_row(
-            "file:// 2 workers, drain jobs/s",
+            "file:// 2 workers, drain invocations/s",
             tp["file, 2 processes"]["drain_per_s"],
             tp["file, 1 process"]["drain_per_s"],
             ".0f",
@@ -242,7 +247,7 @@ def _local_rows(res: dict[str, Any]) -> list[Row]:
     if up:
         rows.append(
             _ratio_row(
-                ":memory: end to end jobs/s",
+                ":memory: end to end invocations/s",
                 tp["memory, in-process"]["end_to_end_per_s"],
                 up["memory"]["end_to_end_per_s"],
                 ".0f",
@@ -278,7 +283,7 @@ def held(res: dict[str, Any]) -> list[Row]:
             v = res[key]
             rows.append(
                 _row(
-                    f"lost CAS per claimed job, 8 workers, {backend}",
+                    f"lost CAS per claimed invocation, 8 workers, {backend}",
                     f"{v:.2f}",
                     None,
                     "",
@@ -318,7 +323,7 @@ def held(res: dict[str, Any]) -> list[Row]:
         pl = res["payload_seaweedfs"]
         rows.append(
             _row(
-                "5 MiB payload jobs, SeaweedFS, MB/s",
+                "5 MiB payload invocations, SeaweedFS, MB/s",
                 f"{pl['mb_per_s']:.1f} vs {pl['raw_mb_per_s']:.1f}",
                 pl["ratio"],
                 "raw boto3 PUT + GET",
@@ -341,11 +346,11 @@ def held(res: dict[str, Any]) -> list[Row]:
                 )
             )
     req = res["requests"]
-    for name in ("no-op job", "no-op job with _key"):
+    for name in (_NOOP, _NOOP_KEYED):
         r = req[name]
         rows.append(
             _row(
-                f"memory store, class A / B / DELETE per {name}",
+                f"memory store, class A / B / DELETE per {_LABEL[name]}",
                 f"{r['class_a']:.2f} / {r['class_b']:.2f} / {r['delete']:.2f} "
                 f"(USD {r['usd_per_million']:.2f} per million)",
                 None,

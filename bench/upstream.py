@@ -8,11 +8,12 @@ temporary directory and runs it there::
 
     cp bench/upstream.py "$tmp" && cd "$tmp" && env -u PYTHONPATH "$py" upstream.py --jobs 200
 
-The workload is ``bench/queue.py``'s: submit N no-op jobs (``{"x": i}`` → ``x + 1``), drain
-them, read and check every result; submit/s, drain/s and end-to-end/s (N over the whole of
-submit + drain + read). Planes: ``Dispatch(":memory:")`` drained by a worker in this process,
-and a sqlite file, ``Dispatch(path)``, drained by 1 and by 2 worker processes that each open
-the same file. Latency: submit → result with an idle worker already running, p50/p99.
+The workload is ``bench/queue.py``'s: submit N no-op invocations (``{"x": i}`` → ``x + 1``),
+drain them, read and check every result; submit/s, drain/s and end-to-end/s (N over the
+whole of submit + drain + read). Planes: ``Dispatch(":memory:")`` drained by a worker in
+this process, and a sqlite file, ``Dispatch(path)``, drained by 1 and by 2 worker processes
+that each open the same file. Latency: submit → result with an idle worker already running,
+p50/p99.
 
 Upstream's idiomatic path throughout: ``@dls.udf(queue=...)`` on a module-level def (shipped
 by reference), ``.submit(x=i, _dispatch=plane)``, ``dls.SyncQueue(queue, dispatch=plane)``,
@@ -83,7 +84,7 @@ def throughput(path: str, n: int, processes: int) -> dict[str, Any]:
     ids = [f.submit(x=i, _dispatch=plane) for i in range(n)]
     t1 = time.perf_counter()
     if processes == 0:  # ":memory:" lives in this process: drain it here
-        calls = itertools.count()  # stop() is asked before each claim: stop after n jobs
+        calls = itertools.count()  # stop() is asked before each claim: stop after n invocations
         done = dls.run_worker(q, poll=WORKER_POLL, stop=lambda: next(calls) >= n)
         assert done == n, done
     else:
@@ -130,7 +131,7 @@ def worker(path: str, ns: str) -> None:
 def latency(
     path: str, worker_poll: float, result_poll: float | None, n: int = 60
 ) -> dict[str, float]:
-    """Submit → result, one job at a time, an idle worker thread already polling.
+    """Submit → result, one invocation at a time, an idle worker thread already polling.
     ``result_poll=None`` waits with ``q.result`` (upstream's fixed 20 ms poll)."""
     from dreamlake.lakeshore import wire
 
@@ -166,7 +167,7 @@ def latency(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="upstream dreamlake-lakeshore, same workload")
-    parser.add_argument("--jobs", type=int, default=500, help="jobs per throughput run")
+    parser.add_argument("--jobs", type=int, default=500, help="invocations per throughput run")
     parser.add_argument("--worker", metavar="DB", help=argparse.SUPPRESS)
     parser.add_argument("--ns", default="default", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Dispatch.result(poll={RESULT_POLL}) (q.result always polls every 0.02 s); "
         "both are fixed sleeps, no backoff",
         "latency_*_defaults: run_worker's default poll=0.05 and q.result",
-        "memory: one run_worker in the submitting process, stopped after N jobs "
+        "memory: one run_worker in the submitting process, stopped after N invocations "
         "(upstream's plane is one sqlite connection behind one lock: more threads only queue)",
         "file: one sqlite file (WAL, sqlite's default synchronous, so each commit may sync); "
         "each worker process opens it with Dispatch(path); drain includes their start-up, "

@@ -95,9 +95,9 @@ def produce(url: str, workers: int) -> None:
         with q.scope("survey/2026-11-30"):
             for i, station in enumerate(STATIONS):
                 Path(dls.run.write(f"raw/{station}.csv")).write_text(_raw_csv(station, i))
-            # the raw files upload here, before the first job exists
+            # the raw files upload here, before the first invocation exists
             ids = [clean.submit(s) for s in STATIONS]
-            print(f"submitted {len(ids)} cleaning jobs")
+            print(f"submitted {len(ids)} cleaning invocations")
             outputs = [q.result(i, timeout=120) for i in ids]
             for out in outputs:
                 s = json.loads(Path(dls.run.read(out["stats"])).read_text())

@@ -9,7 +9,7 @@ def f(x):
     return x + 1
 
 inv = f.submit(x=1)                   # a ULID string: the whole handle
-dls.run_worker(q, once=True)          # drain one job
+dls.run_worker(q, once=True)          # drain one invocation
 assert q.result(inv) == 2
 """
 

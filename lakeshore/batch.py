@@ -138,10 +138,12 @@ def submit_many(
     if not isinstance(progress, bool):
         raise InvalidArgument(op, f"progress={progress!r}", "pass True or False")
     per_call = _keys(keys, calls, op)
-    jobs = [_prepare(plane, udf, op, i, call, per_call[i], options) for i, call in enumerate(calls)]
-    first = _first_of_key(jobs, op)
+    preps = [
+        _prepare(plane, udf, op, i, call, per_call[i], options) for i, call in enumerate(calls)
+    ]
+    first = _first_of_key(preps, op)
     flush()  # the producer's files, once for the batch, before any record names them
-    return _publish_all(udf.ref, jobs, first, workers, progress)
+    return _publish_all(udf.ref, preps, first, workers, progress)
 
 
 # -- preparing ----------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ def _prepare(
 _OPTIONS = OPTIONS - {"key"}  # one key for every call would make them one invocation
 
 
-def _first_of_key(jobs: list[Prepared], op: str) -> list[int]:
+def _first_of_key(preps: list[Prepared], op: str) -> list[int]:
     """For each call, the index of the first call with its key (itself without a key).
 
     Raises:
@@ -230,13 +232,13 @@ def _first_of_key(jobs: list[Prepared], op: str) -> list[int]:
     """
     seen: dict[str, int] = {}
     first = []
-    for i, job in enumerate(jobs):
-        key = job.draft.key
+    for i, prep in enumerate(preps):
+        key = prep.draft.key
         if key is None:
             first.append(i)
             continue
         j = seen.setdefault(key, i)
-        if j != i and job.strict_key and jobs[j].draft.input_hash != job.draft.input_hash:
+        if j != i and prep.strict_key and preps[j].draft.input_hash != prep.draft.input_hash:
             raise KeyReused(
                 op,
                 f"calls {j} and {i} share _key {key!r} with different arguments (nothing was "
@@ -253,7 +255,7 @@ def _first_of_key(jobs: list[Prepared], op: str) -> list[int]:
 
 
 def _publish_all(
-    ref: str, jobs: list[Prepared], first: list[int], workers: int, progress: bool
+    ref: str, preps: list[Prepared], first: list[int], workers: int, progress: bool
 ) -> list[str]:
     todo = [i for i, j in enumerate(first) if i == j]
     meter = _Progress(f"map {ref}", len(todo)) if progress else None
@@ -263,7 +265,7 @@ def _publish_all(
 
     def one(i: int) -> None:
         try:
-            ids[i] = context.copy().run(publish_prepared, jobs[i])
+            ids[i] = context.copy().run(publish_prepared, preps[i])
         except Exception as e:  # every call is attempted; the failures are reported together
             errors[i] = e
         if meter is not None:
@@ -288,7 +290,7 @@ def _publish_all(
         i, e = next(iter(failed.items()))
         raise MapFailed(
             f"map {ref}",
-            f"{len(failed)} of {len(jobs)} calls were not submitted (call {i}: "
+            f"{len(failed)} of {len(preps)} calls were not submitted (call {i}: "
             f"{type(e).__name__}: {e})",
             "the other calls are queued: .ids has every id in input order (None where not "
             "submitted) and .errors the error of each failed call; submit those again (with "

@@ -38,7 +38,7 @@ __all__ = ["MAX_DEPTH", "decode", "encode", "pack_plain"]
 
 MAX_DEPTH = 100  # containers inside containers; real data stays far below it
 # msgpack's first buffer. Its default, 1 MiB, is allocated on every call: packing a tuple
-# inside a tuple (every job's arguments) then cost a fresh mmap each, 5x the rest of the
+# inside a tuple (every invocation's arguments) then cost a fresh mmap each, 5x the rest of the
 # encoding, and records churned the heap. The buffer grows as needed for large values.
 PACK_BUFFER = 4096
 _MAX_NDIM = 64  # numpy's own limit (32 before numpy 2)

@@ -46,7 +46,8 @@ __all__ = ["DEFAULT_URL", "Dispatch", "default_plane", "scope", "udf"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-_TICKET_RECHECK_S = 10.0  # a result() poll of a never-claimed job re-reads its ticket this often
+# a result() poll of an invocation never claimed re-reads its ticket this often
+_TICKET_RECHECK_S = 10.0
 
 
 class Dispatch(Plane):

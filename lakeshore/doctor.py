@@ -79,7 +79,8 @@ class Report:
             failed = ", ".join(c.name for c in self.checks if c.required and not c.ok)
             lines.append(
                 f"verdict: UNSAFE — {failed} failed; do not run lakeshore on this store "
-                "(jobs could run twice or be lost). Use AWS S3, SeaweedFS or a local directory."
+                "(invocations could run twice or be lost). Use AWS S3, SeaweedFS or a local "
+                "directory."
             )
         return "\n".join(lines)
 

@@ -9,7 +9,7 @@ programs never have to parse the text.
 Store backends translate their native failures (``botocore`` errors, ``OSError``) into this
 tree once, at the store boundary; nothing above the store layer sees a backend exception.
 
-The tree (``*``: never reaches a caller; the worker turns it into a job's outcome)::
+The tree (``*``: never reaches a caller; the worker turns it into an invocation's outcome)::
 
     LakeshoreError
     ├── NotFound (also KeyError)
@@ -236,13 +236,13 @@ class TopicClosed(LakeshoreError):
 
 
 class HookFailed(LakeshoreError):
-    """A worker lifecycle hook raised: the worker cannot serve jobs."""
+    """A worker lifecycle hook raised: the worker cannot run bodies."""
 
 
 class Unsendable(LakeshoreError):
     """A body's result, yielded value or file cannot be sent: an error that would repeat on
-    every attempt, so the invocation fails without retries. ``error_type`` names it in the job's
-    error (``UnsendableValue`` unless the cause said otherwise)."""
+    every attempt, so the invocation fails without retries. ``error_type`` names it in the
+    invocation's error (``UnsendableValue`` unless the cause said otherwise)."""
 
 
 class Stopped(Exception):

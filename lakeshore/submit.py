@@ -109,9 +109,9 @@ def submit_call(
             store failed.
     """
     check_options(options, f"submit {udf.ref}")
-    job = prepare_call(plane, udf, args, kwargs, **options)
+    prep = prepare_call(plane, udf, args, kwargs, **options)
     flush()  # uploads first: a slot or key held through slow uploads would look abandoned
-    return publish_prepared(job)
+    return publish_prepared(prep)
 
 
 def prepare_call(
@@ -186,31 +186,31 @@ def prepare_call(
         lease_s=conf.lease_s or plane.lease_s,
     )
     check_fields(draft, f"submit {udf.ref}")  # size caps, before anything is written
-    return _Job(
+    return Prepared(
         plane, plane.ops(udf.queue), conf, draft, payload, deadline_s, submit_timeout, strict_key
     )
 
 
-def publish_prepared(job: Prepared) -> str:
+def publish_prepared(prep: Prepared) -> str:
     """Write a prepared submit (admission, key, objects, record); returns its id. Safe to
     call from many threads at once, one prepared submit each.
 
     Raises:
         KeyReused, QueueFull, Conflict, StoreError: as :func:`submit_call`.
     """
-    ref, key = job.draft.fn, job.draft.key
+    ref, key = prep.draft.fn, prep.draft.key
     if key is None:
-        inv = new_id(job.draft.priority)
-        admitted, token = job.admit(inv)
-        if not _publish_admitted(job, inv, admitted, token):
+        inv = new_id(prep.draft.priority)
+        admitted, token = prep.admit(inv)
+        if not _publish_admitted(prep, inv, admitted, token):
             raise _abandoned(ref, inv)
         return inv
-    return _submit_keyed(job, ref, key, job.strict_key)
+    return _submit_keyed(prep, ref, key, prep.strict_key)
 
 
 @dataclasses.dataclass
-class _Job:
-    """One submit's settled inputs."""
+class Prepared:
+    """One submit's settled inputs: what prepare_call hands to publish_prepared."""
 
     plane: Plane
     ops: QueueOps
@@ -261,46 +261,46 @@ class _Key:
     mine: bool = False
 
 
-Prepared = _Job  # what prepare_call hands to publish_prepared
+Prepared = Prepared  # what prepare_call hands to publish_prepared
 
 _KEY_ROUNDS = 8  # a key that changes under us this often is being fought over: give up
 
 
-def _submit_keyed(job: _Job, ref: str, key: str, strict: bool) -> str:
+def _submit_keyed(prep: Prepared, ref: str, key: str, strict: bool) -> str:
     """A submit with ``_key``: return the id the key names, or make the key name a new
     invocation. The key moves to a new id (compare-and-swap on its etag) only once its old
     id is fenced: a tombstone record, so the old submit can never become live after all.
     An invocation is never published under an id whose key was taken by someone else."""
     fenced: set[str] = set()  # ids this call saw fenced: the key must move off them
     for _ in range(_KEY_ROUNDS):
-        inv = new_id(job.draft.priority)
+        inv = new_id(prep.draft.priority)
         # on a limited queue only look: admission comes before the key is taken
-        held = _read_key(job, key, inv, create=not job.limited)
-        if held is None and not job.limited:
+        held = _read_key(prep, key, inv, create=not prep.limited)
+        if held is None and not prep.limited:
             continue  # taken and removed (gc) between our create and our read: again
         move: _Key | None = None
         if held is not None and not held.mine:
-            if strict and held.input_hash != job.draft.input_hash:
+            if strict and held.input_hash != prep.draft.input_hash:
                 raise KeyReused(
                     f"submit _key={key!r}",
                     f"the key already names invocation {held.id} with different arguments",
                     "use a new key, or drop _strict_key to get the existing id back",
                     id=held.id,
                 )
-            if held.id not in fenced and not _needs_new_id(job, held):
+            if held.id not in fenced and not _needs_new_id(prep, held):
                 return held.id
             move = held
         mine = held is not None and held.mine
-        draft, token = (job.draft, None) if mine else job.admit(inv)
+        draft, token = (prep.draft, None) if mine else prep.admit(inv)
         try:
-            wrote = mine or _write_key(job, key, inv, move)
+            wrote = mine or _write_key(prep, key, inv, move)
         except BaseException:
-            _undo_admission(job.ops, inv, draft, token)
+            _undo_admission(prep.ops, inv, draft, token)
             raise
         if not wrote:
-            _undo_admission(job.ops, inv, draft, token)
+            _undo_admission(prep.ops, inv, draft, token)
             continue  # the key changed under us: look again
-        if _publish_admitted(job, inv, draft, token):
+        if _publish_admitted(prep, inv, draft, token):
             return inv
         fenced.add(inv)  # too slow, fenced out (its admission was given back)
     raise Conflict(
@@ -310,13 +310,13 @@ def _submit_keyed(job: _Job, ref: str, key: str, strict: bool) -> str:
     )
 
 
-def _needs_new_id(job: _Job, held: _Key) -> bool:
+def _needs_new_id(prep: Prepared, held: _Key) -> bool:
     """True when the id a key names will never run: a tombstone record, or no record once
     the key is older than ``KEY_REPAIR_GRACE_S`` (the first submitter died after the key;
     the id is fenced here so a slow one cannot publish later). While the key is younger
     and its record missing, wait for the record: an id is returned only once its record
     exists, so a caller never holds an id that a later repair abandons."""
-    ops, store = job.ops, job.plane.store
+    ops, store = prep.ops, prep.plane.store
     pause = 0.005
     while True:
         now = store.now()
@@ -340,19 +340,19 @@ def _needs_new_id(job: _Job, held: _Key) -> bool:
         return abandoned(rec)
 
 
-def _read_key(job: _Job, key: str, inv: str, create: bool) -> _Key | None:
+def _read_key(prep: Prepared, key: str, inv: str, create: bool) -> _Key | None:
     """Create the key object for ``inv`` (``create``), or read the one that exists; None
     when the key is free (only looking, or removed since our create failed).
 
     Raises:
         StoreError: the key object is not one lakeshore wrote.
     """
-    store, where = job.plane.store, job.ops.keys.idem(key)
+    store, where = prep.plane.store, prep.ops.keys.idem(key)
     if create:
         now = store.now()
-        body = _key_body(inv, job.draft.input_hash, now)
+        body = _key_body(inv, prep.draft.input_hash, now)
         try:
-            return _Key(inv, job.draft.input_hash, now, store.put(where, body, CREATE), True)
+            return _Key(inv, prep.draft.input_hash, now, store.put(where, body, CREATE), True)
         except Conflict:
             pass
     try:
@@ -372,13 +372,13 @@ def _read_key(job: _Job, key: str, inv: str, create: bool) -> _Key | None:
     return _Key(ident, input_hash, at, etag, mine=ident == inv)
 
 
-def _write_key(job: _Job, key: str, inv: str, replacing: _Key | None) -> bool:
+def _write_key(prep: Prepared, key: str, inv: str, replacing: _Key | None) -> bool:
     """Make the key name ``inv``: create it, or move it off ``replacing`` by compare-and-
     swap. False when someone else changed it first."""
-    store = job.plane.store
-    body = _key_body(inv, job.draft.input_hash, store.now())
+    store = prep.plane.store
+    body = _key_body(inv, prep.draft.input_hash, store.now())
     mode = CREATE if replacing is None else if_match(replacing.etag)
-    where = job.ops.keys.idem(key)
+    where = prep.ops.keys.idem(key)
     try:
         store.put(where, body, mode)
     except Conflict:
@@ -425,17 +425,19 @@ def _abandoned(ref: str, inv: str) -> Conflict:
     )
 
 
-def _publish_admitted(job: _Job, inv: str, draft: Record, token: tuple[str, str] | None) -> bool:
+def _publish_admitted(
+    prep: Prepared, inv: str, draft: Record, token: tuple[str, str] | None
+) -> bool:
     """Publish ``inv``; False when it was fenced out meanwhile (a tombstone holds its id):
     its slot and rate token are then given back. Other failures give them back too."""
     try:
-        if _publish(job, inv, draft):
+        if _publish(prep, inv, draft):
             return True
     except BaseException:
-        _undo_admission(job.ops, inv, draft, token)
+        _undo_admission(prep.ops, inv, draft, token)
         raise
-    job.ops.free_slot(dataclasses.replace(draft, id=inv, state="killed"))
-    give_back_rate(job.ops, token)
+    prep.ops.free_slot(dataclasses.replace(draft, id=inv, state="killed"))
+    give_back_rate(prep.ops, token)
     return False
 
 
@@ -453,16 +455,16 @@ def _undo_admission(ops: QueueOps, inv: str, draft: Record, token: tuple[str, st
     give_back_rate(ops, token)
 
 
-def _publish(job: _Job, inv: str, draft: Record) -> bool:
+def _publish(prep: Prepared, inv: str, draft: Record) -> bool:
     """Write the invocation's objects and its record; False when a record was at ``inv``
     already (a tombstone: this submit was fenced out)."""
-    plane, ops = job.plane, job.ops
+    plane, ops = prep.plane, prep.ops
     now = plane.store.now()
     rec = dataclasses.replace(
         draft,
         id=inv,
-        args=ops.put_args(inv, job.payload, plane.spill_bytes),
-        deadline_at=now + job.deadline_s if job.deadline_s is not None else None,
+        args=ops.put_args(inv, prep.payload, plane.spill_bytes),
+        deadline_at=now + prep.deadline_s if prep.deadline_s is not None else None,
         submitted_at=now,
     )
     if rec.queue != DEFAULT_QUEUE:

@@ -129,11 +129,11 @@ def run_worker(
             return (0 if none was claimable; pass ``idle_exit`` to wait for one).
         queues: queue names; default: every queue the plane knows in this process.
         concurrency: attempts run at the same time (slots).
-        isolation: ``"thread"`` (light jobs; a sync body cannot be stopped), ``"process"``
+        isolation: ``"thread"`` (light bodies; a sync body cannot be stopped), ``"process"``
             (each slot runs bodies in its own child process: stoppable, crash-proof) or
             ``"auto"`` (a child when the invocation has a ``timeout_s``, else a thread).
         max_jobs: return after this many attempts.
-        idle_exit: return after this many seconds without work (array jobs that drain).
+        idle_exit: return after this many seconds without work (SLURM array jobs that drain).
             A retry the worker has seen backing off is work to come: unless ``once``, a
             positive ``idle_exit`` does not end the worker before it is due and claimed.
         max_poll_s: longest pause between polls of an idle queue.
@@ -144,9 +144,9 @@ def run_worker(
         lease_s: lease length for attempts this worker claims (default: the invocation's);
             heartbeats come every third of it.
         on_start: lifecycle hook (a callable or ``"module:function"``), called as
-            ``on_start()`` once per process that runs bodies, before its first job (this
+            ``on_start()`` once per process that runs bodies, before its first attempt (this
             process in thread isolation, each slot's child in process isolation).
-        before_job: lifecycle hook called as ``before_job(record)`` before every job,
+        before_job: lifecycle hook called as ``before_job(record)`` before every attempt,
             where the body runs.
         on_stop: lifecycle hook called as ``on_stop()`` when a process that ran bodies
             shuts down in order (best effort).
@@ -161,7 +161,7 @@ def run_worker(
 
     Raises:
         InvalidArgument: a bad option, hook or ``allow`` pattern.
-        HookFailed: ``on_start`` raised (no job was run by that process).
+        HookFailed: ``on_start`` raised (no attempt was run by that process).
     """
     if (
         isolation not in _ISOLATIONS
@@ -234,7 +234,9 @@ def run_worker(
                 log.warning("on_stop hook failed: %s", e)
         for o in ops:
             if not o.flush():
-                log.warning("tickets of finished jobs on %s are still being tidied", o.keys.queue)
+                log.warning(
+                    "tickets of finished invocations on %s are still being tidied", o.keys.queue
+                )
         _announce(state, names, "stopped")
     if state.failure is not None:
         raise state.failure
@@ -323,7 +325,9 @@ def _install_signals(state: _State) -> Any:
             for child in children:  # they ignore signals: they would run on as orphans
                 child.kill_now()
             os._exit(128 + signum)
-        log.warning("signal %d: no new jobs; running ones may finish, then are released", signum)
+        log.warning(
+            "signal %d: no new claims; running attempts may finish, then are released", signum
+        )
         state.stop.set()
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -456,7 +460,7 @@ def _serve(
         with state.lock:
             state.idle_delay = 0.005
         if state.stop.is_set():
-            # the stop came while the claim was in flight: hand the job back unstarted
+            # the stop came while the claim was in flight: hand the invocation back unstarted
             _hand_back(ops, held)
             state.give_back()
             return

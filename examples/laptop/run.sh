@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Two `lakeshore worker` processes on one machine, a batch of jobs, `lakeshore status`,
-# `wait` and `logs`, then SIGTERM: a job still running is handed back to the queue.
+# Two `lakeshore worker` processes on one machine, a batch of invocations, `lakeshore status`,
+# `wait` and `logs`, then SIGTERM: an invocation still running is handed back to the queue.
 #
 #   bash examples/laptop/run.sh                  # on a fresh temporary store
 #   LAKESHORE_URL=file://~/.lakeshore bash examples/laptop/run.sh   # on the embedded default
@@ -40,8 +40,8 @@ for n in 1 2; do
   echo "worker laptop-$n: pid $!, log $logs/worker-$n.log"
 done
 
-step "submit: one long job, eight thumbnails (one of them bad input), all with --key"
-run=$(date +%s)   # part of every key, so running the script again submits new jobs
+step "submit: one long invocation, eight thumbnails (one of them bad input), all with --key"
+run=$(date +%s)   # part of every key, so running the script again submits new invocations
 long=$(lks submit tasks:long_render --kwargs '{"seconds": 60}' --key "long-$run")
 ids=()
 for i in 1 2 3 4 5 6 7; do
@@ -49,7 +49,7 @@ for i in 1 2 3 4 5 6 7; do
 done
 ids+=("$(lks submit tasks:thumbnail --kwargs '{"name": "notes.txt"}' --key "thumb-$run-bad")")
 again=$(lks submit tasks:thumbnail --kwargs '{"name": "img-1.jpg", "size": 64}' --key "thumb-$run-1")
-echo "long job: $long"
+echo "long invocation: $long"
 echo "thumbnails: ${ids[*]}"
 echo "the first thumbnail submitted again, same key: $again (the same id, nothing new queued)"
 
@@ -64,9 +64,9 @@ echo "wait exit code: $rc (1: something did not succeed)"
 
 step "lakeshore logs of a thumbnail, and the error of the bad one"
 lks logs "${ids[0]}"
-lks result "${ids[7]}" || echo "result exit code: $? (1: the job failed)"
+lks result "${ids[7]}" || echo "result exit code: $? (1: the invocation failed)"
 
-step "SIGTERM both workers while the long job runs"
+step "SIGTERM both workers while the long invocation runs"
 lks show "$long" | grep -E '^(state|worker)'
 kill -TERM "${pids[@]}"
 codes=()
@@ -77,7 +77,7 @@ for pid in "${pids[@]}"; do
 done
 echo "worker exit codes: ${codes[*]}"
 grep -h "released\|signal" "$logs"/worker-*.log | cut -c 25- || true
-echo "on_start hook runs, one per child process that ran a job: $(cat "$logs"/worker-*.log | grep -c "warming up")"
+echo "on_start hook runs, one per child process that ran an attempt: $(cat "$logs"/worker-*.log | grep -c "warming up")"
 lks show "$long" | grep -E '^(state|attempt)'
 echo "logs of the released attempt so far:"
 lks logs "$long" | tail -n 2
@@ -85,7 +85,7 @@ lks logs "$long" | tail -n 2
 step "lakeshore ls"
 lks ls
 
-step "cancel the long job (it would need a worker for another minute)"
+step "cancel the long invocation (it would need a worker for another minute)"
 lks cancel "$long"
 
 step "done; the store stays at $LAKESHORE_URL (worker logs in $logs)"

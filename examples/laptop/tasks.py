@@ -28,7 +28,7 @@ def thumbnail(name: str, size: int = 128) -> dict[str, object]:
 
 
 def long_render(seconds: float) -> str:
-    """A job that is still running when the workers are stopped."""
+    """An invocation that is still running when the workers are stopped."""
     for i in range(int(seconds)):
         print(f"rendering frame {i}", flush=True)
         time.sleep(1)

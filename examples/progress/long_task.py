@@ -1,4 +1,4 @@
-"""The body of the progress example: a long job that reports how far it got.
+"""The body of the progress example: a long invocation that reports how far it got.
 
 Workers import it by name (``long_task:crunch``), so this folder must be on their
 ``PYTHONPATH``, and allow it (``--allow 'long_task:*'``: it is a plain function). Only the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-NS = "progress-example"  # the namespace of the example's jobs; watch.py defaults to it
+NS = "progress-example"  # the namespace of the example's invocations; watch.py defaults to it
 
 
 def crunch(steps: int, pause: float) -> Iterator[dict[str, int]]:

@@ -1,4 +1,4 @@
-"""Submit one long job and print its id, and nothing else.
+"""Submit one long invocation and print its id, and nothing else.
 
 A shell keeps the id in a variable:
 
@@ -18,7 +18,7 @@ import lakeshore as dls
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50, help="steps the job takes (default 50)")
+    parser.add_argument("--steps", type=int, default=50, help="steps the body takes (default 50)")
     parser.add_argument("--pause", type=float, default=0.2, help="seconds per step (default 0.2)")
     parser.add_argument("--url", help="store URL (default: $LAKESHORE_URL, else ~/.lakeshore)")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Follow a job's progress by its id alone, and resume where it stopped when run again.
+"""Follow an invocation's progress by its id alone, and resume where it stopped when run again.
 
 This process never saw the submit: the id, the store and the namespace are all it needs.
 
@@ -8,7 +8,7 @@ This process never saw the submit: the id, the store and the namespace are all i
 The cursor (the attempt being read and the next seq) goes to a small state file after every
 frame, so a restarted watcher asks the stream for exactly the frames it has not shown yet.
 Ctrl-C and SIGTERM stop it between two frames. After a SIGKILL, the one frame shown but not
-yet saved may be shown again. Exit codes: 0 the job succeeded, 1 it failed, was cancelled or
+yet saved may be shown again. Exit codes: 0 the invocation succeeded, 1 it failed, was cancelled or
 timed out, 2 bad id or state file, 130 / 143 stopped by SIGINT / SIGTERM.
 """
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "--state", type=Path, help="cursor file (default: one per id in the temporary directory)"
     )
     parser.add_argument("--url", help="store URL (default: $LAKESHORE_URL, else ~/.lakeshore)")
-    parser.add_argument("--ns", default="progress-example", help="namespace of the job")
+    parser.add_argument("--ns", default="progress-example", help="namespace of the invocation")
     args = parser.parse_args(argv)
     state = args.state or Path(tempfile.gettempdir()) / f"lakeshore-watch-{args.id}.json"
     try:

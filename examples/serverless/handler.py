@@ -1,11 +1,11 @@
-"""An AWS Lambda function that submits lakeshore jobs, with nothing but bucket credentials.
+"""An AWS Lambda function that submits lakeshore calls, with nothing but bucket credentials.
 
-Triggered by S3 notifications (directly, or through SQS), it submits one job per new object
-and returns the ids. Lambda delivers events at least once: an asynchronous invocation that
-fails is retried, and an SQS message comes back after its visibility timeout. Every submit
-therefore carries an idempotency key derived from the event itself (the object's key and
-etag, or the SQS message id), so a delivery seen twice returns the same ids and queues
-nothing new: the handler may fail halfway and simply be run again.
+Triggered by S3 notifications (directly, or through SQS), it submits one invocation per new
+object and returns the ids. Lambda delivers events at least once: an asynchronous Lambda
+invocation that fails is retried, and an SQS message comes back after its visibility
+timeout. Every submit therefore carries an idempotency key derived from the event itself (the
+object's key and etag, or the SQS message id), so a delivery seen twice returns the same ids
+and queues nothing new: the handler may fail halfway and simply be run again.
 
     handler setting:  handler.handler
     environment:      LAKESHORE_URL=s3://bucket/prefix   (nothing else)
@@ -45,14 +45,14 @@ def _plane() -> dls.Dispatch:
 
 
 # Module level: built once per execution environment (the cold start) and reused by every
-# warm invocation, so boto3's client and its connections are not rebuilt per event.
+# warm Lambda invocation, so boto3's client and its connections are not rebuilt per event.
 PLANE = _plane()
 DESCRIBE = PLANE.udf(queue=QUEUE)(ingest.describe_upload)
 MESSAGE = PLANE.udf(queue=QUEUE)(ingest.handle_message)
 
 
 def handler(event: Mapping[str, Any], context: object = None) -> dict[str, list[str]]:
-    """Submit one job per record of an S3 or SQS event; return their ids, in order.
+    """Submit one invocation per record of an S3 or SQS event; return their ids, in order.
 
     Raises:
         LakeshoreError: the store failed; Lambda then retries the whole event, and the
@@ -75,7 +75,7 @@ def _jobs(record: Mapping[str, Any]) -> Iterator[tuple[str, dls.Udf[Any, Any], d
         notification = _json(body)
         if isinstance(notification, dict) and "Records" in notification:
             # An S3 notification relayed by SQS: key it by the object, not the message, so
-            # that the same upload reached by two routes still makes one job.
+            # that the same upload reached by two routes still makes one invocation.
             for inner in notification["Records"]:
                 if inner.get("eventSource") == "aws:s3":
                     yield _upload(inner["s3"])
@@ -104,7 +104,7 @@ def _json(text: str) -> Any:
 
 
 if __name__ == "__main__":
-    # Local stand-in for Lambda: one invocation per event file, each result as a JSON line.
+    # Local stand-in for Lambda: one handler call per event file, each result as a JSON line.
     for path in sys.argv[1:]:
         with open(path) as f:
             print(json.dumps(handler(json.load(f), None)), flush=True)

@@ -5,10 +5,10 @@ Workers import this module by name (``jobs``), so the directory that holds it mu
 from, and allows its plain functions as bodies (``--allow 'jobs:*'``). The producer
 (``submit_batch.py``) imports it too.
 
-``simulate`` is the job: a random walk of ``steps`` steps from one seed, summarised by its
+``simulate`` is the body: a random walk of ``steps`` steps from one seed, summarised by its
 mean squared displacement. The step table it uses stands in for something expensive to
 build (a model, a lookup table): ``load_model`` builds it once per process that runs
-bodies, as the worker's ``--on-start`` hook, instead of once per job.
+bodies, as the worker's ``--on-start`` hook, instead of once per attempt.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def load_model() -> None:
 
 
 def note_job(record: Any) -> None:
-    """``--before-job`` hook: one line at the top of every job's log."""
+    """``--before-job`` hook: one line at the top of every attempt's log."""
     log.info(
         "%s attempt %d on %s (pid %d)", record.id, record.attempt, socket.gethostname(), os.getpid()
     )

@@ -1,15 +1,15 @@
 """Submit a batch of simulations and wait for it: the producer side of the SLURM example.
 
 Run it from a login node, a laptop or a CI job: anywhere the store can be reached. It does
-not need the workers to be running yet; jobs wait in the queue for them.
+not need the workers to be running yet; invocations wait in the queue for them.
 
     export LAKESHORE_URL=s3://my-bucket/lakeshore
     python submit_batch.py --jobs 500 --batch run-2026-11-30
 
-Every submit carries an idempotency key built from the batch name and the job's index
-(``_key="<batch>/<index>"``). Running the script again with the same ``--batch`` (after a
-crash, a Ctrl-C, a lost connection) returns the same ids instead of enqueueing the jobs
-twice, and then simply waits for them.
+Every submit carries an idempotency key built from the batch name and the invocation's
+index (``_key="<batch>/<index>"``). Running the script again with the same ``--batch`` (after
+a crash, a Ctrl-C, a lost connection) returns the same ids instead of enqueueing the
+invocations twice, and then simply waits for them.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", help="store URL (default: $LAKESHORE_URL, else file://~/.lakeshore)")
     p.add_argument("--ns", default="default", help="namespace (default: default)")
-    p.add_argument("--jobs", "-n", type=int, default=100, help="how many jobs (default 100)")
-    p.add_argument("--steps", type=int, default=200_000, help="walk length per job")
-    p.add_argument("--batch", default="demo", help="batch name; part of every job's _key")
+    p.add_argument("--jobs", "-n", type=int, default=100, help="how many to submit (default 100)")
+    p.add_argument("--steps", type=int, default=200_000, help="walk length per invocation")
+    p.add_argument("--batch", default="demo", help="batch name; part of every invocation's _key")
     p.add_argument("--timeout", type=float, help="give up waiting after this many seconds")
     p.add_argument("--no-wait", action="store_true", help="submit, print the ids, and exit")
     args = p.parse_args()
@@ -42,7 +42,7 @@ def main() -> int:
         simulate.submit(seed, steps=args.steps, _key=f"{args.batch}/{seed:06d}")
         for seed in range(args.jobs)
     ]
-    print(f"{len(ids)} jobs on {q.url} queue {jobs.QUEUE}, batch {args.batch!r}", flush=True)
+    print(f"{len(ids)} invocations on {q.url} queue {jobs.QUEUE}, batch {args.batch!r}", flush=True)
     if args.no_wait:
         print("\n".join(ids))
         return 0

@@ -1,7 +1,7 @@
 """The ``lakeshore`` command line.
 
 Human-readable tables by default, ``--json`` for scripts. Errors are one clear line on
-stderr and a non-zero exit. Exit codes: 0 ok; 1 the answer is "no" (a failed job, an unsafe
+stderr and a non-zero exit. Exit codes: 0 ok; 1 the answer is "no" (a failed invocation, an unsafe
 store, a wait with failures); 2 bad usage or an error; 3 still not finished when a
 ``--timeout`` ran out; 130 Ctrl-C. Whatever came from the store is printed inert (see
 ``lakeshore.cli.common.inert``).

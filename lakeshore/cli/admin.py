@@ -149,7 +149,7 @@ def register(sub: Any) -> None:
         help="show or change a queue's settings (admission, defaults)",
         description=(
             "Show a queue's record, or change fields of it by compare-and-swap: "
-            "lakeshore queue set jobs max_depth=100 on_full=block rate_limit=20/s. "
+            "lakeshore queue set thumbnails max_depth=100 on_full=block rate_limit=20/s. "
             "VALUE 'none' clears a limit. Numbers must be finite. set refuses a queue that "
             "does not exist yet unless --create is given."
         ),

@@ -25,6 +25,7 @@ from lakeshore.keys import QueueKeys, check_name
 
 __all__ = [
     "add_common",
+    "add_queues",
     "ago",
     "default_url",
     "dumps",
@@ -90,6 +91,11 @@ def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def add_queues(p: argparse.ArgumentParser, help: str) -> None:
+    """``--queue``/``-q``, repeatable, into ``args.queues`` (None when not given)."""
+    p.add_argument("--queue", "-q", dest="queues", action="append", metavar="QUEUE", help=help)
+
+
 def plane(args: argparse.Namespace, create: bool = False) -> Dispatch:
     """The plane of ``--url`` and ``--ns``. Unless ``create``, a local directory that holds
     no store is refused rather than created: a mistyped path must not look like an empty
@@ -151,7 +157,7 @@ def note_if_unknown(q: Dispatch, queue: str) -> None:
     """
     if not _queue_is_known(q, queue):
         err(
-            f"note: queue {queue!r} in namespace {q.ns!r} has no jobs and no settings — "
+            f"note: queue {queue!r} in namespace {q.ns!r} has no invocations and no settings — "
             "shown empty; check the name and --ns"
         )
 

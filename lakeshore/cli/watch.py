@@ -111,7 +111,8 @@ def register(sub: Any) -> None:
         "status",
         help="per queue: queued, running, recent outcomes, oldest queued age, workers",
         description="Counts per queue without reading finished history: queued and running "
-        "come from the tickets of live jobs, recent outcomes from the newest --recent invocations, "
+        "come from the tickets of live invocations, recent outcomes from the newest --recent "
+        "invocations, "
         "workers from their signs of life. Without QUEUE: the queues live workers serve, "
         "and default.",
     )
@@ -125,7 +126,7 @@ def register(sub: Any) -> None:
         help="list invocations of a queue, newest first",
         description="List invocations newest first, --limit per page; the last line gives "
         "the --before cursor of the next page. --state queued|running reads only the "
-        "tickets of live jobs.",
+        "tickets of live invocations.",
     )
     p.add_argument("queue", nargs="?", default="default", help="queue (default: default)")
     p.add_argument("--state", help=f"only this state ({', '.join(STATES)})")

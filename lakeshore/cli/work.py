@@ -11,6 +11,7 @@ from typing import Any
 
 from lakeshore.cli.common import (
     add_common,
+    add_queues,
     err,
     finite,
     inert,
@@ -241,16 +242,12 @@ def register(sub: Any) -> None:
         "worker",
         help="serve queues: claim invocations and run them",
         description="Run a worker until stopped (or --max-jobs / --idle-exit). SIGTERM or "
-        "SIGINT stops claiming; running jobs get --grace seconds, then are released: queued "
+        "SIGINT stops claiming; running attempts get --grace seconds, then are released: queued "
         "again at once, the attempt not counted. A second signal exits at once.",
     )
-    p.add_argument(
-        "--queue",
-        "-q",
-        dest="queues",
-        action="append",
-        metavar="QUEUE",
-        help="queue to serve (repeat for several; default: the queues of the "
+    add_queues(
+        p,
+        "queue to serve (repeat for several; default: the queues of the "
         "--import modules' @udf functions, else default)",
     )
     p.add_argument(
@@ -270,27 +267,27 @@ def register(sub: Any) -> None:
         "if need be; repeatable. Without it the worker runs only @udf functions of the "
         "--import modules",
     )
-    p.add_argument("--concurrency", "-c", type=int, default=1, help="jobs at once (default 1)")
+    p.add_argument("--concurrency", "-c", type=int, default=1, help="attempts at once (default 1)")
     p.add_argument(
         "--isolation",
         choices=["process", "thread", "auto"],
         default="process",
         help="process: a child process per slot, bodies can be killed and cannot "
-        "crash the worker (default); thread: light jobs",
+        "crash the worker (default); thread: light bodies",
     )
     p.add_argument("--max-jobs", type=int, help="exit after this many attempts")
     p.add_argument(
         "--idle-exit",
         type=finite,
         metavar="SECONDS",
-        help="exit (code 0) after this long without work: array jobs that drain (a retry "
+        help="exit (code 0) after this long without work: SLURM array jobs that drain (a retry "
         "the worker has seen backing off is work to come: it stays to run it)",
     )
     p.add_argument(
         "--lease",
         type=finite,
         metavar="SECONDS",
-        help="lease length for claimed jobs (default: the job's, 30 s); "
+        help="lease length for claimed invocations (default: the invocation's, 30 s); "
         "heartbeats every third of it",
     )
     p.add_argument(
@@ -298,7 +295,7 @@ def register(sub: Any) -> None:
         type=finite,
         default=30.0,
         metavar="SECONDS",
-        help="after SIGTERM, how long running jobs may finish (default 30)",
+        help="after SIGTERM, how long running attempts may finish (default 30)",
     )
     p.add_argument(
         "--max-poll",
@@ -311,12 +308,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--on-start",
         metavar="MODULE:FUNCTION",
-        help="hook run once per process that runs bodies, before its first job",
+        help="hook run once per process that runs bodies, before its first attempt",
     )
     p.add_argument(
         "--before-job",
         metavar="MODULE:FUNCTION",
-        help="hook run before every job, with the invocation record",
+        help="hook run before every attempt, with the invocation record",
     )
     p.add_argument(
         "--on-stop",
@@ -352,13 +349,6 @@ def register(sub: Any) -> None:
         action="store_true",
         help="delete without asking (needed when stdin is not a terminal: cron, CI)",
     )
-    p.add_argument(
-        "--queue",
-        "-q",
-        dest="queues",
-        action="append",
-        metavar="QUEUE",
-        help="only this queue (repeatable; default: every queue of the namespace)",
-    )
+    add_queues(p, "only this queue (repeatable; default: every queue of the namespace)")
     add_common(p)
     p.set_defaults(func=_cmd_gc)

@@ -129,7 +129,7 @@ def fail(
 
 def release(rec: Record, token: str, now: float) -> Record:
     """running -> queued at once, by the lease holder that is shutting down (a preempted
-    cluster job): the attempt is handed back and does not count against ``max_attempts``."""
+    scheduler's job): the attempt is handed back and does not count against ``max_attempts``."""
     if not holds(rec, token):
         raise _illegal(rec, "release")
     return rec.next_write(

@@ -469,7 +469,7 @@ def _error(v: Any) -> None:
         raise _Bad("error", "must be a map of str to str (type, message, traceback) or None")
     # Over its caps, an error map is clipped on read (see _checked_fields), not refused: it
     # is diagnostics, and 0.3.0 wrote whole error texts, even into records queued again for
-    # a retry -- refusing them would fail those jobs as corrupt and hide failed jobs' errors.
+    # a retry -- refusing them would fail those invocations as corrupt and hide failed ones' errors.
 
 
 def _journal(v: Any) -> None:

@@ -78,7 +78,7 @@ class Claimer:
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
         self._clean = 0  # claims won since the last lost race
         # ticket key -> (its etag, when to look again): read and found not claimable, skipped
-        # without a GET until then or until the ticket changes, so long-running jobs and
+        # without a GET until then or until the ticket changes, so long-running invocations and
         # retries backing off at the head of the queue never hide the work behind them
         self._later: dict[str, tuple[str, float]] = {}
         # when the last retry this worker read backing off comes due (store time), and when
@@ -471,7 +471,7 @@ class Claimer:
             if scanned >= _SCAN:
                 break
             if not self._skipped(info, now):
-                # the record first: a full ticket may stand for a running job (one more GET
+                # the record first: a full ticket may stand for a running invocation (one more GET
                 # per fresh submit, which a pass that claims nothing can afford)
                 moved += self._examine(info, now, record_first=True)[1]
         return moved

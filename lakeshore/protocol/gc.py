@@ -11,7 +11,7 @@ What goes, per expired invocation, in this order:
 
 1. its **ticket**, if a stale one is left (conditional on the etag read), before the
    record: a ticket that still holds the submitted record must never outlive the record,
-   or a claimer would take it for a job nobody claimed yet;
+   or a claimer would take it for an invocation nobody claimed yet;
 2. the **record** (one conditional delete on the etag read: an invocation retried or
    rewritten meanwhile is left alone) — from here on the invocation does not exist. A
    tombstone that fenced out a submit lives in the ticket itself: deleting that ticket is

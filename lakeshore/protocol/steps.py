@@ -10,7 +10,7 @@ that starts with ``ticket:`` (:func:`unclaimed`) stands for "no record yet" and 
 :meth:`QueueOps.cas` create the record.
 
 One invariant carries the protocol: **every live (queued or running) invocation has its
-ticket**. It is the submit's only write, it stays while the job runs (which is how expired
+ticket**. It is the submit's only write, it stays while the invocation runs (which is how expired
 leases are found: no separate lease hints), and it is deleted only after the record is
 terminal. The orders below keep the invariant through any crash between two requests:
 
@@ -18,7 +18,7 @@ terminal. The orders below keep the invariant through any crash between two requ
   tombstone holds the id: the submit was judged dead and fenced out (:meth:`QueueOps.fence`).
 * **claim**: list tickets → get the ticket (a full one: no record yet) or the record (a
   ticket rewritten to a marker: the record exists) → create or CAS the record to running.
-  The ticket stays while the job runs. Which ticket to try, and what to skip, is the
+  The ticket stays while the invocation runs. Which ticket to try, and what to skip, is the
   worker's claim scheduler's (``lakeshore.protocol.claims``); the writes are here.
 * **back to queued** (retry, release, expiry): rewrite the ticket to a marker (a new etag
   tells other workers to look again) → CAS record to queued.
@@ -493,7 +493,7 @@ class QueueOps:
         """Write the attempt's outcome (fenced by the last etag), then tidy the ticket.
 
         Back to queued (a retry, a release): the ticket is rewritten to a marker first, so
-        workers that remember the job as running look again. Terminal: the ticket (and
+        workers that remember the invocation as running look again. Terminal: the ticket (and
         admission slot) are deleted after — by a background thread with ``tidy_later`` (a
         worker: the outcome is visible at once, and a delete lost with the process only
         leaves a stale ticket for claimers to drop; ``flush`` waits for them).
@@ -563,7 +563,7 @@ def _decode(data: bytes, keys: QueueKeys, inv: str) -> Record:
 def decode_ticket(data: bytes, keys: QueueKeys, ticket: str) -> Record:
     """The queued record a ticket holds. It must be the record of the id at the end of the
     ticket's key, made for the ticket's band, and queued or terminal (a tombstone): a
-    producer that can write tickets must not be able to start a job anywhere else.
+    producer that can write tickets must not be able to start an invocation anywhere else.
 
     Raises:
         RecordError: not such a record. NewerRecord: newer schema.

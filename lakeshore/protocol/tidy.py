@@ -29,23 +29,23 @@ BATCH_S = 1.0  # how long a ticket waits for others before its batch is sent
 
 
 class Tidier:
-    """A background thread for one store: runs tidying jobs in order and batches ticket
+    """A background thread for one store: runs tidying steps in order and batches ticket
     deletes. Started on first use; ``flush`` waits until everything handed in is done."""
 
     def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._clock = clock
         self._cond = threading.Condition()
-        self._jobs: list[Callable[[], object]] = []
+        self._steps: list[Callable[[], object]] = []
         self._doomed: list[str] = []
         self._doomed_since = 0.0
-        self._busy = 0  # jobs and batches taken by the thread and not yet done
+        self._busy = 0  # steps and batches taken by the thread and not yet done
         self._thread: threading.Thread | None = None
 
     def later(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the background thread (after what was handed in before)."""
         with self._cond:
-            self._jobs.append(fn)
+            self._steps.append(fn)
             self._start()
             self._cond.notify_all()
 
@@ -66,7 +66,7 @@ class Tidier:
             return self._cond.wait_for(self._idle, timeout)
 
     def _idle(self) -> bool:
-        return not self._jobs and not self._doomed and not self._busy
+        return not self._steps and not self._doomed and not self._busy
 
     def _start(self) -> None:
         if self._thread is None:
@@ -81,18 +81,18 @@ class Tidier:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs and not self._due():
+                while not self._steps and not self._due():
                     wait = None
                     if self._doomed:
                         wait = max(0.0, self._doomed_since + BATCH_S - self._clock())
                     self._cond.wait(wait)
-                jobs, self._jobs = self._jobs, []
+                steps, self._steps = self._steps, []
                 batch: list[str] = []
                 if self._due():
                     batch, self._doomed = self._doomed[:BATCH], self._doomed[BATCH:]
                     self._doomed_since = self._clock()
-                self._busy = len(jobs) + (1 if batch else 0)
-            for fn in jobs:
+                self._busy = len(steps) + (1 if batch else 0)
+            for fn in steps:
                 self._run_one(fn)
             if batch:
                 self._run_one(functools.partial(self._store.delete_many, batch))

@@ -36,7 +36,7 @@ from lakeshore.model.record import Record, clip_error
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
 from lakeshore.running.call import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
-from lakeshore.running.child import ChildProcess, Hooks, Job
+from lakeshore.running.child import BodyCall, ChildProcess, Hooks
 from lakeshore.running.logs import log_writer, text_sink
 from lakeshore.streams.journal import END, ERROR, JournalWriter
 
@@ -51,7 +51,7 @@ _IDLE_TICK_S = 0.5  # a heartbeat thread looks at its slot at least this often
 
 class Heartbeats:
     """A slot's heartbeat thread, beating for the one attempt the slot runs (a thread per
-    attempt would cost more than a short job). Started on first use."""
+    attempt would cost more than a short body). Started on first use."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -92,7 +92,7 @@ class Heartbeats:
             while not self._closed:
                 att, due, now = self._att, self._due, time.monotonic()
                 if att is None or due is None or due > now:
-                    # wake up now and then on our own, so attach need not wake us each job
+                    # wake up now and then on our own, so attach need not wake us each attempt
                     wait = _IDLE_TICK_S if att is None or due is None else due - now
                     self._wake_at = now + min(wait, _IDLE_TICK_S)
                     self._cond.wait(min(wait, _IDLE_TICK_S))
@@ -166,7 +166,7 @@ class Attempt:
                 log.warning("heartbeat of %s failed: %s", rec.id, e)
             if not self.stop.is_set() and self.lease_left() < fence_margin(rec.lease_s):
                 # self-fence while the lease still holds: once it runs out, another worker
-                # may take the job over, and this body must have stopped by then
+                # may take the invocation over, and this body must have stopped by then
                 self.halt("lost")
         if self.stop.is_set():
             return None
@@ -326,9 +326,9 @@ def _execute(
     if isolation == "process":
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks, slot.signalled)
-        job = Job(rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True)  # by _load
+        call = BodyCall(rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True)  # by _load
         started = timer.start if timer else None
-        return slot.child.run(job, stop, journal.add, log_sink, started, fence)
+        return slot.child.run(call, stop, journal.add, log_sink, started, fence)
 
     if timer is not None:
         timer.start()

@@ -91,7 +91,7 @@ def result_bytes(kind: str, value: Any) -> bytes | None:
 
 
 def fatal_error(e: Unsendable) -> dict[str, str]:
-    """The job's error for ``e``: named by its cause, and final (no retry)."""
+    """The invocation's error for ``e``: named by its cause, and final (no retry)."""
     return {**error_of(e), "type": e.details.get("error_type", "UnsendableValue"), "fatal": "1"}
 
 
@@ -219,50 +219,50 @@ def _body(
 
 
 class BodyThread:
-    """A slot's thread for bodies, reused from job to job: starting a thread per job costs
-    more than a no-op job. A body that is abandoned (stopped but still running) keeps its
-    thread, which ends after it; the next job gets a fresh one. Each job runs in a fresh
-    ``contextvars`` context, as it would in a new thread."""
+    """A slot's thread for bodies, reused from attempt to attempt: starting a thread per
+    attempt costs more than a no-op body. A body that is abandoned (stopped but still running)
+    keeps its thread, which ends after it; the next attempt gets a fresh one. Each body runs in
+    a fresh ``contextvars`` context, as it would in a new thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] | None
-        self._jobs = None
+        self._calls: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] | None
+        self._calls = None
         self._idle = False
 
     def run(self, fn: Callable[[], None], done: threading.Event) -> None:
         """Start ``fn`` in the body thread; ``done`` is set when it has returned."""
         with self._lock:
-            if self._jobs is None or not self._idle:
-                if self._jobs is not None:
-                    self._jobs.put(None)  # the abandoned body's thread ends after it
-                self._jobs = queue.SimpleQueue()
+            if self._calls is None or not self._idle:
+                if self._calls is not None:
+                    self._calls.put(None)  # the abandoned body's thread ends after it
+                self._calls = queue.SimpleQueue()
                 threading.Thread(
-                    target=self._loop, args=(self._jobs,), name="lakeshore-body", daemon=True
+                    target=self._loop, args=(self._calls,), name="lakeshore-body", daemon=True
                 ).start()
             self._idle = False
-            self._jobs.put((fn, done))
+            self._calls.put((fn, done))
 
     def close(self) -> None:
         with self._lock:
-            if self._jobs is not None:
-                self._jobs.put(None)
-            self._jobs = None
+            if self._calls is not None:
+                self._calls.put(None)
+            self._calls = None
 
     def _loop(
-        self, jobs: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None]
+        self, calls: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None]
     ) -> None:
         while True:
-            job = jobs.get()
-            if job is None:
+            call = calls.get()
+            if call is None:
                 return
-            fn, done = job
+            fn, done = call
             try:
                 contextvars.Context().run(fn)
             finally:
                 with self._lock:
-                    if self._jobs is jobs:
-                        self._idle = True  # before done: the next job may reuse this thread
+                    if self._calls is calls:
+                        self._idle = True  # before done: the next body may reuse this thread
                 done.set()
 
 

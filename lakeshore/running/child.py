@@ -1,9 +1,9 @@
 """Process isolation: each worker slot keeps one child process that runs bodies, one at a time.
 
-The child is started (``spawn``) when the slot first needs it and then serves job after job,
-so the ``on_start`` hook — load a model, open a connection — runs once per child, not once
-per job. Stopping a body (cancel, timeout, lease lost, shutdown) kills the child; the next job
-starts a fresh one. A body that crashes the interpreter takes only its child down.
+The child is started (``spawn``) when the slot first needs it and then serves attempt after
+attempt, so the ``on_start`` hook — load a model, open a connection — runs once per child, not once
+per attempt. Stopping a body (cancel, timeout, lease lost, shutdown) kills the child; the next
+attempt starts a fresh one. A body that crashes the interpreter takes only its child down.
 
 Parent and child talk over a pipe. The child never touches the queue's store: yields arrive
 as encoded frames and output as log text, and the parent writes them. (The child does its own
@@ -17,7 +17,8 @@ with a conditional write of the record (:meth:`lakeshore.running.attempt.Attempt
 
 Messages, child to parent: ``("ready",)``, ``("start_failed", error)``, ``("frame", bytes)``,
 ``("log", text)``, ``("fence",)``, ``("ok", bytes | None)``, ``("error", error)``,
-``("stopped",)``. Parent to child: ``("job", Job)``, ``("fence", answer, ...)``, ``("stop",)``.
+``("stopped",)``. Parent to child: ``("call", BodyCall)``, ``("fence", answer, ...)``,
+``("stop",)``.
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ from lakeshore.running.call import (
 )
 from lakeshore.running.logs import Sink, capture
 
-__all__ = ["ChildProcess", "Hooks", "Job"]
+__all__ = ["BodyCall", "ChildProcess", "Hooks"]
 
 
 @dataclass(frozen=True)
 class Hooks:
     """Worker lifecycle hooks: ``on_start()`` once per process that runs bodies, before its
-    first job; ``before_job(record)`` before every job, in the process and context of the
+    first attempt; ``before_job(record)`` before every attempt, in the process and context of the
     body; ``on_stop()`` when that process shuts down in order (best effort: not after a
     kill). Hooks are module-level functions (a child process imports them by reference)."""
 
@@ -97,7 +98,7 @@ class Hooks:
 
 
 @dataclass(frozen=True)
-class Job:
+class BodyCall:
     """One attempt, as sent to a child (picklable). ``approved``: the worker process
     declared ``ref`` a body (or accepts pickles); a child never decides that on its own."""
 
@@ -125,7 +126,7 @@ def _serve(conn: Any, hooks: Hooks) -> None:
 
     def fence() -> bool:
         """Ask the worker whether the attempt still holds its lease; wait for the answer
-        (only this thread reads the pipe while a job runs)."""
+        (only this thread reads the pipe while a body runs)."""
         send(("fence",))
         try:
             answer = conn.recv()
@@ -150,39 +151,39 @@ def _serve(conn: Any, hooks: Hooks) -> None:
                 msg = conn.recv()
             except EOFError:
                 return
-            if msg[0] != "job":
+            if msg[0] != "call":
                 return
-            job: Job = msg[1]
+            call: BodyCall = msg[1]
             with capture(lambda text: send(("log", text))):
                 try:
                     if hooks.before_job is not None:
-                        hooks.before_job(job.record)
-                    if not job.approved:
+                        hooks.before_job(call.record)
+                    if not call.approved:
                         raise UnknownFunction(
-                            f"load {job.ref[:120]!r}",
-                            "the worker process did not approve this job; nothing was "
+                            f"load {call.ref[:120]!r}",
+                            "the worker process did not approve this body; nothing was "
                             "imported or called",
-                            "send jobs to a child only after lakeshore.running.attempt._load",
+                            "send bodies to a child only after lakeshore.running.attempt._load",
                         )
                     target = (
-                        unpickle(job.fn_pickle)
-                        if job.fn_pickle is not None
-                        else import_ref(job.ref)  # approved by the worker process
+                        unpickle(call.fn_pickle)
+                        if call.fn_pickle is not None
+                        else import_ref(call.ref)  # approved by the worker process
                     )
                     fn = target.fn if isinstance(target, Declared) else target
-                    args, kwargs = codec.decode(job.payload, "arguments")
+                    args, kwargs = codec.decode(call.payload, "arguments")
 
                     def emit(data: bytes) -> None:
                         send(("frame", data))
 
                     data = call_body(
                         fn,
-                        job.kind,
+                        call.kind,
                         tuple(args),
                         kwargs,
                         threading.Event(),
                         emit,
-                        job.spec,
+                        call.spec,
                         True,
                         fence,
                     )
@@ -239,22 +240,22 @@ class ChildProcess:
             raise HookFailed(
                 "worker on_start",
                 f"{err['type']}: {err['message']}",
-                "fix the hook; the worker stopped without running the job",
+                "fix the hook; the worker stopped without running an attempt",
                 traceback=err.get("traceback", ""),
             )
         return True
 
     def run(
         self,
-        job: Job,
+        call: BodyCall,
         stop: threading.Event,
         emit_encoded: Callable[[bytes], None],
         log: Sink | None,
         started: Callable[[], None] | None = None,
         fence: Callable[[], bool] | None = None,
     ) -> Outcome:
-        """Run one job in the child; kill the child when ``stop`` fires. ``started`` is
-        called once the child is ready and the job is handed over (the body's clock).
+        """Run one attempt's body in the child; kill the child when ``stop`` fires. ``started`` is
+        called once the child is ready and the body is handed over (the body's clock).
         ``fence`` answers the child's requests to publish files (none: always yes).
 
         Raises:
@@ -265,11 +266,11 @@ class ChildProcess:
                 return Outcome("stopped")
             return _died(self.last_exit)
         try:
-            self.conn.send(("job", job))
+            self.conn.send(("call", call))
             if started is not None:
                 started()
-            # A child told not to publish (lease lost) ends the job by itself at once: give it
-            # a moment to say so, and keep it for the next job rather than start a new one.
+            # A child told not to publish (lease lost) ends the body by itself at once: give it
+            # a moment to say so, and keep it for the next attempt rather than start a new one.
             refused_at: float | None = None
             while True:
                 if self.conn.poll(POLL_S):
@@ -283,7 +284,7 @@ class ChildProcess:
                         try:
                             emit_encoded(rest[0])
                         except BaseException as e:
-                            self._kill_during(job)
+                            self._kill_during(call)
                             return Outcome("error", error=error_of(e))
                     elif tag == "log":
                         if log is not None:
@@ -298,12 +299,12 @@ class ChildProcess:
                 elif stop.is_set() and (
                     refused_at is None or time.monotonic() - refused_at > _WIND_UP_S
                 ):
-                    self._kill_during(job)
+                    self._kill_during(call)
                     return Outcome("stopped")
                 elif not self.proc.is_alive() and not self.conn.poll():
-                    return self._died_during(job)
+                    return self._died_during(call)
         except (EOFError, OSError):
-            return self._died_during(job)
+            return self._died_during(call)
 
     @staticmethod
     def _fence(fence: Callable[[], bool] | None) -> tuple[str, ...]:
@@ -314,23 +315,23 @@ class ChildProcess:
         except LakeshoreError as e:  # the store failed or refused: whether it holds is unknown
             return ("fence", "error", e.op, e.what, e.todo)
 
-    def _died_during(self, job: Job) -> Outcome:
+    def _died_during(self, call: BodyCall) -> Outcome:
         """The child ended without answering. Killed by SIGTERM/SIGINT — a signal for the
         whole process group (Ctrl-C, scancel) that reached it before it could ignore it —
-        the job was interrupted, not failed: the worker hands it back."""
+        the attempt was interrupted, not failed: the worker hands it back."""
         self.proc.join(5)
         code = self.proc.exitcode
-        self._kill_during(job)
+        self._kill_during(call)
         return Outcome("stopped") if self._interrupted(code) else _died(code)
 
     def _interrupted(self, code: int | None) -> bool:
         return code in _GROUP_SIGNALS and self.signalled()
 
-    def _kill_during(self, job: Job) -> None:
-        """Kill the child mid-job, and remove what it staged (it cannot clean up now)."""
+    def _kill_during(self, call: BodyCall) -> None:
+        """Kill the child mid-attempt, and remove what it staged (it cannot clean up now)."""
         self.kill()
-        if job.spec is not None:
-            discard_staging(job.spec.root, job.spec.staging_name)
+        if call.spec is not None:
+            discard_staging(call.spec.root, call.spec.staging_name)
 
     def kill_now(self) -> None:
         """Kill the child without waiting (from a signal handler, before the worker exits)."""

@@ -1,6 +1,6 @@
 """Per-attempt logs: what a body prints (stdout, stderr) and logs (``logging``), kept in storage.
 
-Capture works by routing, not by swapping streams per job: once installed, ``sys.stdout`` and
+Capture works by routing, not by swapping streams per attempt: once installed, ``sys.stdout`` and
 ``sys.stderr`` are routers that send each write to the *sink* of the attempt running in the
 current context (a context variable), or to the original stream when no attempt runs there.
 A handler on the root logger routes log records the same way. Concurrent bodies in one worker
@@ -121,7 +121,7 @@ def log_writer(store: Store, keys: QueueKeys, inv: str, attempt: int) -> Journal
 def text_sink(writer: JournalWriter) -> Sink:
     def sink(text: str) -> None:
         # Output is best effort: a store that refuses a log segment must not fail the body
-        # (its print would raise) — the segment is lost, the job goes on.
+        # (its print would raise) — the segment is lost, the body goes on.
         if text:
             with contextlib.suppress(Exception):
                 writer.add(codec.encode(text, "log text"))

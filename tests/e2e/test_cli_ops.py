@@ -175,7 +175,10 @@ def test_missing_queue_is_one_line(
     (it may be a typo, or a queue gc emptied); only `queue set` refuses (tests below)."""
     dls.Dispatch(url)  # the store exists (a missing one is refused first)
     code, _, err = run(capsys, *argv)
-    assert code == 0 and "queue 'nosuch' in namespace 'default' has no jobs" in one_line_error(err)
+    assert (
+        code == 0
+        and "queue 'nosuch' in namespace 'default' has no invocations" in one_line_error(err)
+    )
 
 
 def test_queue_set_on_a_missing_queue_is_one_line(

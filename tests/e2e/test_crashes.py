@@ -1,5 +1,5 @@
 """Crashes of real worker processes: SIGKILL at random points of the protocol, and a worker
-frozen (SIGSTOP) for longer than its lease. Asserts: nothing lost, no job ever executed by
+frozen (SIGSTOP) for longer than its lease. Asserts: nothing lost, no invocation ever executed by
 two bodies at once, a frozen worker wins nothing; reports recovery figures."""
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, report: list[str
         reruns += len(spans) - 1
         for (_s1, e1), (s2, _e2) in itertools.pairwise(spans):
             overlaps += s2 < e1  # a later execution began before the earlier one ended
-    assert overlaps == 0, "two executions of one job overlapped"
+    assert overlaps == 0, "two executions of one invocation overlapped"
     interrupted = sum(1 for r in recs if r.attempt > 1)
     assert interrupted > 0  # the kills did land inside claims and bodies
     report.append(
-        f"SIGKILL x{kills} at random points, 60 jobs: lost 0, concurrent executions 0, "
-        f"{interrupted} jobs interrupted, {reruns} bodies re-executed; all done in "
+        f"SIGKILL x{kills} at random points, 60 invocations: lost 0, concurrent executions 0, "
+        f"{interrupted} invocations interrupted, {reruns} bodies re-executed; all done in "
         f"{elapsed:.0f} s (lease {lease:.0f} s)"
     )
 

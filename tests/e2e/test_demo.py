@@ -1,4 +1,4 @@
-"""The README's main job: `lakeshore demo` runs producer, workers and reader as processes."""
+"""The README's main demo: `lakeshore demo` runs producer, workers and reader as processes."""
 
 from __future__ import annotations
 

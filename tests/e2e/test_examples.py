@@ -80,10 +80,10 @@ def test_serverless_handler_gives_the_same_ids_for_a_redelivered_event(tmp_path:
     warm = [json.loads(ln)["ids"] for ln in _run([*handler, s3, s3, sqs], _env(url)).splitlines()]
     cold = [json.loads(ln)["ids"] for ln in _run([*handler, sqs, s3], _env(url)).splitlines()]
     s3_ids, sqs_ids = warm[0], warm[2]
-    assert len(set(s3_ids)) == 2  # two records, two jobs
+    assert len(set(s3_ids)) == 2  # two records, two invocations
     assert warm[1] == cold[1] == s3_ids
     assert cold[0] == sqs_ids
-    assert sqs_ids[1] == s3_ids[0]  # the same upload, relayed by SQS: the same job
+    assert sqs_ids[1] == s3_ids[0]  # the same upload, relayed by SQS: the same invocation
 
     q = dls.Dispatch(url, ns="uploads")
     keys = QueueKeys("uploads", "ingest")
@@ -203,7 +203,7 @@ def test_progress_watcher_resumes_by_id_after_being_stopped(tmp_path: Path) -> N
         assert first.wait() == 128 + signal.SIGTERM, first.err
         seen_first = [seq for seq, _ in first.frames()]
         assert seen_first == list(range(len(seen_first)))  # in order, from the first frame
-        assert len(seen_first) < steps, "the job ended before the watcher was stopped"
+        assert len(seen_first) < steps, "the invocation ended before the watcher was stopped"
         saved = json.loads(state.read_text())
         assert saved == {"id": inv, "since": len(seen_first), "attempt": 1}
 
@@ -309,7 +309,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
     env = _script_env(LAKESHORE_URL=url)
     batch = ["--jobs", "6", "--steps", "20000", "--batch", "smoke"]
     first = _run(_submit_batch(*batch, "--no-wait"), env).splitlines()
-    assert first[0] == f"6 jobs on {url} queue sim, batch 'smoke'"
+    assert first[0] == f"6 invocations on {url} queue sim, batch 'smoke'"
     ids = first[1:]
     assert len(ids) == 6 and all(ULID_LINE.fullmatch(f"{i}\n") for i in ids), first
 
@@ -331,7 +331,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
     assert "6/6 finished  {'succeeded': 6}" in waited
     assert any(ln.startswith("mean msd over 6 walks: ") for ln in waited), waited
     assert f"(hosts: {{{host!r}: 6}})" in waited[-2]
-    assert not any("lakeshore show" in ln for ln in waited)  # no job listed as unsuccessful
+    assert not any("lakeshore show" in ln for ln in waited)  # no invocation listed as unsuccessful
 
     attempts = 0
     for task, log in enumerate(logs):
@@ -346,7 +346,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
         assert (tmp_path / f"node-{task}/lakeshore-{5000 + task}").is_dir()  # LAKESHORE_CACHE
     assert attempts == 6
     ran = re.findall(r"jobs:simulate (\w+) attempt 1 -> succeeded", "".join(logs))
-    assert sorted(ran) == sorted(ids)  # each job ran once, on one of the two tasks
+    assert sorted(ran) == sorted(ids)  # each invocation ran once, on one of the two tasks
 
     q = dls.Dispatch(url)
     keys = QueueKeys("default", "sim")
@@ -364,7 +364,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
         }
         assert result["msd"] > 0
         job_log = q.logs(inv).splitlines()
-        # --before-job: the first line of the job's log, written in the body's process
+        # --before-job: the first line of the attempt's log, written in the body's process
         m = re.search(
             rf" INFO slurm_example: {inv} attempt 1 on {re.escape(host)} \(pid (\d+)\)$", job_log[0]
         )
@@ -375,8 +375,8 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
             ln.endswith(f"INFO slurm_example: seed {seed} done: msd {result['msd']:.1f}")
             for ln in job_log
         )
-        # --on-start built the step table before the child's first job; without the hook
-        # the body builds it itself, and load_model's log line would land in a job's log
+        # --on-start built the step table before the child's first attempt; without the hook
+        # the body builds it itself, and load_model's log line would land in an attempt's log
         assert not any("step table ready" in ln for ln in job_log), job_log
 
     status = _run([sys.executable, "-m", "lakeshore", "status", "sim"], env)
@@ -386,7 +386,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
         ), status
 
 
-def test_slurm_array_task_hands_its_running_job_back_on_sigterm(tmp_path: Path) -> None:
+def test_slurm_array_task_hands_its_running_invocation_back_on_sigterm(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     env = _script_env(LAKESHORE_URL=url)
     submitted = _run(_submit_batch("--jobs", "1", "--steps", "1000000000", "--no-wait"), env)
@@ -394,13 +394,13 @@ def test_slurm_array_task_hands_its_running_job_back_on_sigterm(tmp_path: Path) 
     q = dls.Dispatch(url)
     # --grace 0 (the script's override of 90): what runs at the signal is released at once
     with _array_task(tmp_path, url, 3, LAKESHORE_GRACE="0") as (task, out):
-        poll(lambda: " attempt 1 on " in q.logs(inv), 30, "the long job's body running")
+        poll(lambda: " attempt 1 on " in q.logs(inv), 30, "the long invocation's body running")
         assert q.status(inv) == "running"
         task.send_signal(signal.SIGTERM)  # what #SBATCH --signal=B:TERM@120 sends the script
         assert task.wait(30) == 0, out.read_text()
         poll(lambda: _group_gone(task.pid), 10, "the body process ending with its worker")
     log = out.read_text()
-    assert "signal 15: no new jobs; running ones may finish, then are released" in log
+    assert "signal 15: no new claims; running attempts may finish, then are released" in log
     assert f"jobs:simulate {inv} attempt 1 -> released (queued again, attempt not counted)" in log
     assert "worker done: 1 attempt(s)" in log
     rec = q.get(inv)
@@ -449,13 +449,13 @@ def test_laptop_run_sh_shows_the_whole_loop(tmp_path: Path) -> None:
     assert list(s) == [
         "store",
         "start two workers (2 slots each, a child process per slot)",
-        "submit: one long job, eight thumbnails (one of them bad input), all with --key",
+        "submit: one long invocation, eight thumbnails (one of them bad input), all with --key",
         "lakeshore status",
         "lakeshore wait (the bad one fails after 3 attempts, with 1 s and 2 s backoff)",
         "lakeshore logs of a thumbnail, and the error of the bad one",
-        "SIGTERM both workers while the long job runs",
+        "SIGTERM both workers while the long invocation runs",
         "lakeshore ls",
-        "cancel the long job (it would need a worker for another minute)",
+        "cancel the long invocation (it would need a worker for another minute)",
         "done",
     ], out
     url = re.search(r"^== store: (file://\S+)$", out, re.M)[1]  # type: ignore[index]
@@ -463,15 +463,17 @@ def test_laptop_run_sh_shows_the_whole_loop(tmp_path: Path) -> None:
     worker_logs = sorted(tmp_path.glob("lakeshore-laptop-logs-*/worker-*.log"))
     assert [p.name for p in worker_logs] == ["worker-1.log", "worker-2.log"]
 
-    submit = s["submit: one long job, eight thumbnails (one of them bad input), all with --key"]
-    long = re.search(r"^long job: (\w+)$", submit, re.M)[1]  # type: ignore[index]
+    submit = s[
+        "submit: one long invocation, eight thumbnails (one of them bad input), all with --key"
+    ]
+    long = re.search(r"^long invocation: (\w+)$", submit, re.M)[1]  # type: ignore[index]
     ids = re.search(r"^thumbnails: (.+)$", submit, re.M)[1].split()  # type: ignore[index]
     assert len({long, *ids}) == 9
     assert f"same key: {ids[0]} (the same id, nothing new queued)" in submit
 
     status = s["lakeshore status"]
     assert re.search(r"^QUEUE +QUEUED +RUNNING +OLDEST QUEUED +LAST 100 SUBMITTED$", status, re.M)
-    assert re.search(r"^default +\d+ +[1-4] ", status, re.M), status  # the long job runs
+    assert re.search(r"^default +\d+ +[1-4] ", status, re.M), status  # the long invocation runs
     assert "workers seen in the last 5 minutes: 2" in status
     for n in (1, 2):
         assert re.search(rf"^  laptop-{n}  running ", status, re.M), status
@@ -485,17 +487,19 @@ def test_laptop_run_sh_shows_the_whole_loop(tmp_path: Path) -> None:
     logs = s["lakeshore logs of a thumbnail, and the error of the bad one"].splitlines()
     assert logs[0] == "resizing img-1.jpg to 64px"
     assert logs[1].endswith(" WARNING laptop_example: done with img-1.jpg")
-    assert logs[2] == "result exit code: 1 (1: the job failed)"
+    assert logs[2] == "result exit code: 1 (1: the invocation failed)"
     assert "remote error ValueError: 'notes.txt' is not a .jpg" in err
 
-    stop = s["SIGTERM both workers while the long job runs"]
+    stop = s["SIGTERM both workers while the long invocation runs"]
     assert re.search(r"^state +running$", stop, re.M), stop  # before the signal
     assert "worker exit codes: 0 0" in stop
-    assert stop.count("signal 15: no new jobs; running ones may finish, then are released") == 2
+    assert (
+        stop.count("signal 15: no new claims; running attempts may finish, then are released") == 2
+    )
     released = f"tasks:long_render {long} attempt 1 -> released (queued again, attempt not counted)"
     assert released in stop
-    # one warm_up per child process started: the long job's and at least one for thumbnails
-    hooks = re.search(r"one per child process that ran a job: (\d+)$", stop, re.M)
+    # one warm_up per child process started: the long invocation's and at least one for thumbnails
+    hooks = re.search(r"one per child process that ran an attempt: (\d+)$", stop, re.M)
     assert hooks and 2 <= int(hooks[1]) <= 4, stop
     assert re.search(r"^state +queued\nattempt +1 of 3 \(1 released\)$", stop, re.M), stop
     assert re.search(r"^rendering frame \d+$", stop.split("released attempt so far:")[1], re.M)
@@ -507,7 +511,7 @@ def test_laptop_run_sh_shows_the_whole_loop(tmp_path: Path) -> None:
         ids[7]: ["failed", "3"],
         **{i: ["succeeded", "1"] for i in ids[:7]},
     }
-    cancel = s["cancel the long job (it would need a worker for another minute)"]
+    cancel = s["cancel the long invocation (it would need a worker for another minute)"]
     assert cancel == f"{long}  cancelled"
 
     q = dls.Dispatch(url)

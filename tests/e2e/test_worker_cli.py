@@ -54,7 +54,7 @@ def test_worker_with_concurrency_drains_200_jobs(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert [q.result(i, timeout=5) for i in ids] == [i + 1 for i in range(200)]
-    assert out.stderr.count("-> succeeded") == 200  # one log line per job
+    assert out.stderr.count("-> succeeded") == 200  # one log line per invocation
     attempts = Counter(q.get(i).attempt for i in ids)
     assert attempts == {1: 200}  # nothing ran twice
 
@@ -72,7 +72,7 @@ def test_sigterm_releases_the_lease_without_counting_an_attempt(tmp_path: Path) 
         start_new_session=True,
     )
     try:
-        poll(lambda: q.status(inv) == "running", what="job running")
+        poll(lambda: q.status(inv) == "running", what="invocation running")
         t0 = time.monotonic()
         # like scancel or Ctrl-C: the whole process group, body processes included
         os.killpg(worker.pid, signal.SIGTERM)
@@ -144,7 +144,7 @@ def test_hooks_run_the_documented_number_of_times(tmp_path: Path, isolation: str
     stops = Counter(pid for kind, pid, *_ in lines if kind == "stop")
     job_pids = {pid for kind, pid, *_ in lines if kind == "job"}
     before = [rest[0] for kind, _pid, *rest in lines if kind == "before"]
-    # on_start: once per process that ran bodies, before its first job
+    # on_start: once per process that ran bodies, before its first invocation
     assert set(starts) == job_pids and set(starts.values()) == {1}
     if isolation == "thread":
         assert len(job_pids) == 1  # the worker process itself
@@ -238,11 +238,11 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     reader = threading.Thread(target=lambda: lines.extend(iter(worker.stderr.readline, "")))
     reader.start()
     try:
-        poll(lambda: q.status(inv) == "running", what="job running")
+        poll(lambda: q.status(inv) == "running", what="invocation running")
         pidfile = tmp_path / "never.pid"
         body_pid = int(poll(lambda: pidfile.exists() and pidfile.read_text(), what="body pid"))
         worker.send_signal(signal.SIGTERM)
-        poll(lambda: any("no new jobs" in ln for ln in lines), what="first signal handled")
+        poll(lambda: any("no new claims" in ln for ln in lines), what="first signal handled")
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
     finally:

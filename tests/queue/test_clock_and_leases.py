@@ -76,7 +76,7 @@ def test_a_claim_whose_write_came_back_after_its_lease_never_runs_the_body() -> 
 
     def meanwhile() -> None:
         # A's claim landed, but its response takes 2.5 s: the lease has run out by the
-        # store's clock, and worker B (another process) requeues and takes the job.
+        # store's clock, and worker B (another process) requeues and takes the invocation.
         store.t += 2.5
         other = QueueOps(store, q.ops("default").keys)
         taken.append(Claimer(other, "B").claim(store.now()))
@@ -342,7 +342,7 @@ def test_a_group_signal_that_ends_a_body_process_first_is_still_one_signal() -> 
 
 def test_a_body_process_killed_by_sigterm_alone_is_a_failed_attempt(tmp_path: Path) -> None:
     # no signal reached the worker: the child's death is a failure like any other, counted,
-    # so such a job cannot be handed back from worker to worker for ever
+    # so such an invocation cannot be handed back from worker to worker for ever
     q = make_plane(LocalStore(tmp_path / "store"), retry_backoff_s=0.0)
     inv = q.udf(jobs.add_one).submit(1, _max_attempts=2)
     dls.run_worker(

@@ -120,7 +120,7 @@ def test_proxy_faults_are_seen_and_survived(proxy: FaultProxy) -> None:
 def test_workers_race_through_faults(
     seaweed: Seaweed, proxy: FaultProxy, outcomes: Outcomes, report: list[str], m: int
 ) -> None:
-    """N workers race for M >= 500 jobs with ~15 % of requests faulted (5000 in the soak
+    """N workers race for M >= 500 invocations with ~15 % of requests faulted (5000 in the soak
     variant: ``LAKESHORE_SOAK=1 pytest -m soak``)."""
     if m > 500 and not os.environ.get("LAKESHORE_SOAK"):
         pytest.skip("soak variant: run by hand with LAKESHORE_SOAK=1 pytest -m soak")
@@ -174,15 +174,15 @@ def test_workers_race_through_faults(
         proxy.stats[k] for k in ("get", "head", "list", "put", "put_create", "put_match", "delete")
     )
     report.append(
-        f"faults: {m} jobs, {n_workers} workers x {slots} slots, {faults}/{requests} requests "
-        f"faulted ({100 * faults / max(1, requests):.0f} %): lost {lost}, max concurrent "
+        f"faults: {m} invocations, {n_workers} workers x {slots} slots, {faults}/{requests} "
+        f"requests faulted ({100 * faults / max(1, requests):.0f} %): lost {lost}, max concurrent "
         f"{max_live}, re-executions {reruns}, stale writes accepted {stale_accepted}, fenced "
         f"{sum(outcomes.fenced.values())}; {elapsed:.0f} s (submit {submitted:.0f} s)"
     )
     assert states == {"succeeded": m}, states
     assert [checker.result(i, timeout=5) for i in ids] == names
-    assert max_live == 1  # never two executions of one job at once
-    assert stale_accepted == 0  # one accepted outcome per job
+    assert max_live == 1  # never two executions of one invocation at once
+    assert stale_accepted == 0  # one accepted outcome per invocation
     assert 0.10 <= faults / requests <= 0.20
 
 
@@ -307,7 +307,7 @@ def test_store_unreachable_longer_than_a_lease(
     seaweed: Seaweed, proxy: FaultProxy, tmp_path: Any, report: list[str]
 ) -> None:
     """The worker loses the store for 2 leases: it stops the body itself (self-fences), and
-    once the store is back the job is run again — never by two bodies at once."""
+    once the store is back the invocation is run again — never by two bodies at once."""
     prefix = f"t/outage-{time.time_ns()}"
     lease = 3.0
     cut_off = make_plane(proxied_store(proxy, prefix, retries=1), lease_s=lease)

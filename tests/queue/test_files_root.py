@@ -2,7 +2,7 @@
 key with its own bookkeeping.
 
 * Item 4: on a ``file://`` data root, nothing a body reads or writes may lead out of the root
-  through a symbolic link: not a link planted before the job ran (the issue's scenario: a
+  through a symbolic link: not a link planted before the invocation ran (the issue's scenario: a
   producer points ``job1/out`` at a victim's folder and ``job1/in`` at a secrets folder, and a
   harmless copy body runs), not one swapped in while lakeshore creates a folder, and not one
   swapped in after ``run.read`` handed out its path. Links that stay inside the root are

@@ -112,7 +112,7 @@ def test_gc_cli_dry_run_lists_the_expired(
     data = json.loads(capsys.readouterr().out)
     assert sorted(data["queues"]["default"]["expired"]) == sorted(done)
     signs = list(q.store.list("lakeshore/default/_workers/"))
-    assert len(signs) == 1  # the worker that ran the jobs
+    assert len(signs) == 1  # the worker that ran the invocations
     assert main(["gc", "--older-than", "0s", "--yes"]) == 0
     out = capsys.readouterr().out
     assert "removed 3 invocation(s)" in out and "removed 1 sign(s) of life" in out

@@ -329,7 +329,7 @@ def test_a_pipe_or_a_link_in_a_local_store_is_neither_waited_on_nor_followed(
 
 def _odd_record(tmp_path: Path) -> tuple[Path, Any]:
     """The record file of a hand-made invocation (for the test to replace), and ``serve()``:
-    run a worker beside one good job, check the good job ran, return the odd record."""
+    run a worker beside one good invocation, check that it ran, return the odd record."""
     store = LocalStore(tmp_path / "store")
     q = make_plane(store)
     bad = keys.new_id()

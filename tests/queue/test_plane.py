@@ -55,7 +55,7 @@ def test_running_a_worker_snippet() -> None:
     import dreamlake.lakeshore as dls
 
     q = dls.Dispatch(":memory:")  # a full plane, in-process
-    dls.run_worker(q, once=True)  # drain exactly one job and return
+    dls.run_worker(q, once=True)  # drain exactly one invocation and return
     f = q.udf(jobs.add_one)
     inv = f.submit(41)
     assert dls.run_worker(q, once=True) == 1

@@ -53,11 +53,11 @@ def test_many_workers_each_job_once(atomic_plane: Any, report: list[str]) -> Non
     assert results == [f"{tag}{i}" for i in range(m)]
     assert all(q.get(i).attempt == 1 for i in ids)
     runs = [jobs.RUNS[f"{tag}{i}"] for i in range(m)]
-    assert runs == [1] * m, "some job ran twice or never"
+    assert runs == [1] * m, "some invocation ran twice or never"
     assert len(done) == 3 and sum(done) == m  # the workers' own counts agree: none ran one twice
     assert max(jobs.MAX_LIVE[f"{tag}{i}"] for i in range(m)) == 1
     report.append(
-        f"plane race {q.store.url[:40]:<40} 3 workers x 2 slots, {m} jobs: each once "
+        f"plane race {q.store.url[:40]:<40} 3 workers x 2 slots, {m} invocations: each once "
         f"({elapsed:.1f} s)"
     )
 
@@ -65,7 +65,7 @@ def test_many_workers_each_job_once(atomic_plane: Any, report: list[str]) -> Non
 def test_worker_processes_share_a_directory(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/plane"
     q = dls.Dispatch(url, retry_backoff_s=0.05)
-    # each job marks its process; a job waits until two processes have marked (else the
+    # each invocation marks its process, then waits until two processes have marked (else the
     # first process to start could drain the queue before the others are up)
     f = q.udf(jobs.once_marker_shared)
     marks = tmp_path / "marks"
@@ -152,7 +152,7 @@ def test_cancel_running_stops_the_body(atomic_store: Any, tmp_path: Path, isolat
         poll(lambda: not alive(pid), 5, "the body's process to end")
     with pytest.raises(dls.Killed):
         q.result(inv)
-    assert list(q.ops("default").tickets()) == []  # the killed job left no ticket
+    assert list(q.ops("default").tickets()) == []  # the killed invocation left no ticket
 
 
 def test_timeout_stops_a_sync_body(atomic_store: Any, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def test_the_ticket_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
     ops.put_marker(back)
     assert Claimer(ops, "w2").claim(q.store.now()) is None  # finds the ticket, must leave it
     assert [i.key for i in ops.tickets()] == [ops.keys.ticket(back.priority, inv)]
-    ops.finish(held, back)  # the retry completes: the job is findable
+    ops.finish(held, back)  # the retry completes: the invocation is findable
     time.sleep(max(0.0, back.not_before - q.store.now()) + 0.01)  # wait out the backoff itself
     other = QueueOps(q.store, ops.keys)  # another worker (the first remembers to look later)
     again = Claimer(other, "w2").claim(q.store.now())
@@ -46,8 +46,8 @@ def test_the_ticket_of_a_running_job_survives_claimers_and_reapers(q: Any) -> No
     held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None
     ticket = [i.key for i in ops.tickets()]
-    assert ticket == [ops.keys.ticket(held.record.priority, inv)]  # it stays while the job runs
-    other = QueueOps(q.store, ops.keys)  # another worker, which has never seen the job
+    assert ticket == [ops.keys.ticket(held.record.priority, inv)]  # it stays while it runs
+    other = QueueOps(q.store, ops.keys)  # another worker, which has never seen the invocation
     assert Claimer(other, "w2").claim(q.store.now()) is None
     assert Claimer(other, "").reap(q.store.now()) == 0  # the lease holds: nothing to move
     assert [i.key for i in ops.tickets()] == ticket
@@ -184,7 +184,7 @@ def test_retry_puts_back_a_ticket_dropped_while_it_ran(q: Any) -> None:
 
 
 def test_an_idle_exit_waits_for_a_retry_backing_off(q: Any, tmp_path: Path) -> None:
-    # A worker draining the queue must not leave a retry it has seen behind: the job would
+    # A worker draining the queue must not leave a retry it has seen behind: the invocation would
     # stay queued with nobody to run it (SIGKILL test, CI run of 2026-12-01).
     slow = make_plane(q.store, retry_backoff_s=0.8)
     inv = slow.udf(jobs.fail_until).submit(str(tmp_path / "n"), 1)
@@ -308,7 +308,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
     other, mine = Claimer(ops, "other"), Claimer(ops, "mine")
     held = [other.claim(store.now(), lease_s=100.0), other.claim(store.now(), lease_s=100.0)]
     assert {h.record.id for h in held if h is not None} == {a1, a2}
-    for _ in range(6):  # one ticket a pass (a full ticket of a claimed job costs two)
+    for _ in range(6):  # one ticket a pass (a full ticket of a claimed invocation costs two)
         assert mine.claim(store.now()) is None
         if mine.retry_pending():
             break
@@ -317,7 +317,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
     held = [ops.heartbeat(h, store.now()) for h in held if h is not None]  # leases to 1190
     store.t = 1150.0
     mine._listed_at = -1e9  # its listing has aged out (as after claims._LISTING_S)
-    # the pass lists one running job and has no listing left: K was never looked at
+    # the pass lists one running invocation and has no listing left: K was never looked at
     assert mine.claim(store.now()) is None and mine.retry_pending()
     # a pass that found nothing while another slot's pass (begun before K was due) is in
     # flight does not count past that pass's start

@@ -1,5 +1,5 @@
 """Review of issue 16's ticket protocol: races that lost a live invocation's ticket, a
-lookup that called an existing invocation missing, and a status that counted one job twice.
+lookup that called an existing invocation missing, and a status that counted one invocation twice.
 
 Each race is made deterministic with the ``Gate`` store wrapper of
 ``tests/queue/test_submit_hardening.py`` (one named thread stopped at an exact request); time is
@@ -110,7 +110,7 @@ def test_gc_never_deletes_the_ticket_of_a_rerun_in_flight() -> None:
 
 
 def test_a_lookup_racing_a_claim_and_completion_finds_the_invocation() -> None:
-    """``read`` tries ``<id>/record`` and then the ticket. Between the two GETs the job can
+    """``read`` tries ``<id>/record`` and then the ticket. Between the two GETs the invocation can
     be claimed, run and its ticket deleted: the lookup must still find it."""
     gate = Gate(MemoryStore())
     q = make_plane(gate)
@@ -130,7 +130,7 @@ def test_a_lookup_racing_a_claim_and_completion_finds_the_invocation() -> None:
 
 def test_status_counts_a_rerun_once_while_its_earlier_ticket_waits() -> None:
     """A rerun's ticket (``<id>.1``) and the earlier life's ticket still waiting for a
-    worker's batch delete are two tickets of one invocation: it is one queued job."""
+    worker's batch delete are two tickets of one invocation: it is one queued invocation."""
     q = make_plane(MemoryStore())
     inv, ops = _finished(q)
     rec, _ = ops.read(inv)

@@ -139,7 +139,7 @@ def test_a_queue_emptied_by_gc_reads_as_empty_and_set_asks_for_create(
     capsys.readouterr()
     for command in (["status", "jobs"], ["ls", "jobs"], ["queue", "show", "jobs"]):
         assert main([*command, "--url", url]) == 0, command
-        assert "queue 'jobs' in namespace 'default' has no jobs" in capsys.readouterr().err
+        assert "queue 'jobs' in namespace 'default' has no invocations" in capsys.readouterr().err
     assert main(["gc", "-q", "jobs", "--older-than", "0", "--yes", "--url", url]) == 0
     assert main(["queue", "set", "jobs", "max_depth=5", "--url", url]) == 2
     assert "--create" in capsys.readouterr().err

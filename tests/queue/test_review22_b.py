@@ -47,7 +47,7 @@ def _as_0_3_0_after_a_failed_attempt(q: Any, inv: str, message: str) -> None:
 
 def test_a_0_3_0_record_queued_again_after_a_long_error_is_retried_not_failed() -> None:
     """0.3.0 kept an attempt's whole error text in the record it queued again for the retry.
-    An upgraded worker must run the retry, not replace the job with a CorruptRecord stub."""
+    An upgraded worker must run the retry, not replace the invocation with a CorruptRecord stub."""
     q = make_plane(MemoryStore())
     inv = q.udf(jobs.add_one, max_attempts=3).submit(1)
     _as_0_3_0_after_a_failed_attempt(q, inv, "bad input " + "x" * 100_000)
@@ -82,7 +82,7 @@ def test_a_failed_streams_error_frame_is_clipped_like_the_record() -> None:
     """The record's error is clipped to 64 KiB a text; the ERROR frame that ends the stream
     carried the raw error map (message and traceback, each as long as the exception text), so
     a long enough message made a segment no reader fetches (CorruptSegment instead of the
-    job's error: with a 140 MiB message the segment was 294 MB, over the 257 MiB bound)."""
+    invocation's error: with a 140 MiB message the segment was 294 MB, over the 257 MiB bound)."""
     q = make_plane(MemoryStore())
     inv = q.udf(fails_loudly, max_attempts=1).submit(2 << 20)
     dls.run_worker(q, once=True, isolation="thread")
@@ -103,7 +103,7 @@ def test_a_failed_streams_error_frame_is_clipped_like_the_record() -> None:
 def test_a_hard_link_planted_in_a_shared_root_is_not_read(tmp_path: Path) -> None:
     """A symlink is refused; a hard link to a file outside the root is the same escape for a
     group member who can create one (fs.protected_hardlinks=0, macOS, or a file they may
-    write): the worker, reading with its own rights, would copy its secret into the job."""
+    write): the worker, reading with its own rights, would copy its secret into the invocation."""
     shared = tmp_path / "data" / "job1"
     shared.mkdir(parents=True)
     shared.chmod(0o2775)  # a group folder: producers of the group stage inputs here

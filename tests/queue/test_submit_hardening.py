@@ -1,5 +1,5 @@
 """Issue 15, items 3, 4, 5 and 10, the rate-limit message and hostile key objects: a submit
-that returned an id has a runnable job, gc racing a keyed resubmit loses nothing, admission
+that returned an id has a runnable invocation, gc racing a keyed resubmit loses nothing, admission
 never lets a slow submit exceed ``max_depth``.
 
 Races are made deterministic with :class:`Gate`, a store wrapper that stops one named thread
@@ -179,7 +179,7 @@ def _finish(q: Any, n: int = 1) -> None:
     dls.run_worker(q, isolation="thread", max_jobs=n, idle_exit=2.0, max_poll_s=0.02)
 
 
-# -- item 3: a slow submit loses its job --------------------------------------------------
+# -- item 3: a slow submit loses its invocation ----------------------------------------------
 
 
 def test_a_submit_stalled_before_its_ticket_longer_than_every_grace_still_runs(
@@ -200,7 +200,7 @@ def test_a_submit_stalled_before_its_ticket_longer_than_every_grace_still_runs(
     assert (report.orphans, report.expired, report.objects) == ([], [], [])
     stall.go.set()
     inv = slow.result()
-    _runnable(q, inv)  # the id submit returned is a job some worker will run
+    _runnable(q, inv)  # the id submit returned is an invocation some worker will run
     [ticket] = list(ops.tickets())
     # a claimer whose clock runs two graces ahead claims it: a fresh ticket is no orphan
     held = claimer.claim(ticket.last_modified + 2 * ORPHAN_GRACE_S)

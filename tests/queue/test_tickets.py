@@ -1,5 +1,5 @@
 """The ticket protocol's costs: what a claim and a wait spend where processes compete and
-where a job has not been claimed yet (counted on a store wrapper, never timed)."""
+where an invocation has not been claimed yet (counted on a store wrapper, never timed)."""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ def test_function_registered_on_the_worker_plane_runs(isolation: str) -> None:
 
 def test_a_child_runs_only_jobs_its_parent_approved() -> None:
     from lakeshore.codec import encode
-    from lakeshore.running.child import ChildProcess, Hooks, Job
+    from lakeshore.running.child import BodyCall, ChildProcess, Hooks
 
     store = MemoryStore()
     producer = make_plane(store)
@@ -225,12 +225,12 @@ def test_a_child_runs_only_jobs_its_parent_approved() -> None:
         import threading
 
         stop = threading.Event()
-        job = Job(rec.fn, None, "sync", encode(((1,), {})), None, rec)  # not approved
-        out = child.run(job, stop, lambda _: None, None)
+        call = BodyCall(rec.fn, None, "sync", encode(((1,), {})), None, rec)  # not approved
+        out = child.run(call, stop, lambda _: None, None)
         assert out.verdict == "error" and out.error is not None
         assert out.error["type"].endswith("UnknownFunction"), out.error
         assert "did not approve" in out.error["message"]
-        ok = child.run(dataclasses.replace(job, approved=True), stop, lambda _: None, None)
+        ok = child.run(dataclasses.replace(call, approved=True), stop, lambda _: None, None)
         assert ok.verdict == "ok"
     finally:
         child.close()
@@ -238,7 +238,7 @@ def test_a_child_runs_only_jobs_its_parent_approved() -> None:
 
 def test_a_module_another_thread_is_importing_is_waited_for_not_judged_half_made() -> None:
     """Found by the crash suite: slots of a worker with ``--allow`` met the module one of
-    them was importing, in sys.modules without its functions yet, and failed the job."""
+    them was importing, in sys.modules without its functions yet, and failed the invocation."""
     name = "tests.trust_slow"
     sys.modules.pop(name, None)
     jobs.IMPORT_GATE.clear()

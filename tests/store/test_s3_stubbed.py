@@ -2,7 +2,7 @@
 409 ConditionalRequestConflict, the ambiguous 412 of a retried conditional PUT, 404 on
 If-Match, throttling, a missing bucket, a refusal, and LocalStack's 501 on DELETE with
 If-Match (then also end to end: SeaweedFS behind a proxy that answers such deletes the way
-LocalStack does, with the doctor and a job on top)."""
+LocalStack does, with the doctor and an invocation on top)."""
 
 from __future__ import annotations
 
@@ -372,7 +372,7 @@ def test_a_server_without_conditional_deletes_end_to_end(
         assert r.safe, r.render()  # conditional PUTs are atomic here: still SAFE
         assert proxy.refused == 1  # one 501, then HEAD + DELETE for every later probe
 
-        # The queue keeps working; its conditional deletes (the finished job's admission
+        # The queue keeps working; its conditional deletes (the finished invocation's admission
         # slot) go through the emulation of a fresh store, which finds out on its own.
         with S3Store(TEST_BUCKET, prefix, endpoint_url=proxy.endpoint, **FAKE_CREDS) as store:
             q = make_plane(store)

@@ -101,7 +101,7 @@ PUBLIC = {
     "Killed", "TimedOut", "NotFinished", "QueueFull", "KeyReused", "MapFailed",
     "UnknownFunction", "TopicClosed", "HookFailed",
 }  # fmt: skip
-# in the tree, never raised to a caller: the worker turns them into a job's outcome
+# in the tree, never raised to a caller: the worker turns them into an invocation's outcome
 INTERNAL_ERRORS = {"Unsendable", "Stopped"}
 
 
