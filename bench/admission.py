@@ -4,7 +4,7 @@ without limits, measured in the same run.
     bash scripts/bench admission     # or: .venv/bin/python -m bench.admission [--jobs N]
 
 Four configurations of one queue: no limits, ``max_depth``, ``rate_limit``, both. For each:
-requests per submit by kind (PUT / GET / LIST / DELETE), counted by a wrapper around the store,
+requests per submit by verb (PUT / GET / LIST / DELETE), counted by a wrapper around the store,
 and submits per second on a local directory and on SeaweedFS (started here, on loopback), as a
 ratio of the unlimited queue's rate in the same run.
 """

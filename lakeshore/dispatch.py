@@ -242,10 +242,9 @@ class Dispatch(Plane):
                     id=inv,
                     state=rec.state,
                 )
-            pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            polling.pause(
-                ops.store, pause
-            )  # polling is the only way to learn; backoff keeps it cheap
+            wait = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+            # polling is the only way to learn; the backoff keeps it cheap
+            polling.pause(ops.store, wait)
             delay = min(delay * 1.5, 1.0)
             if unclaimed(etag) and time.monotonic() - looked < _TICKET_RECHECK_S:
                 # still the ticket's: the record appears at the first move, so one GET a

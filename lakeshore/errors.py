@@ -1,6 +1,6 @@
 """The one error tree of lakeshore: every error class it defines lives here.
 
-Every error raised by lakeshore derives from :class:`LakeshoreError`. Kinds are coarse on
+Every error raised by lakeshore derives from :class:`LakeshoreError`. The classes are few on
 purpose: callers branch on *what they can do about it* (retry after a re-read, fix the input,
 check the store), not on which server said what. Messages follow one form,
 ``"<op>: <what happened> — <what to do>"``, and the pieces are kept as attributes so that

@@ -261,8 +261,6 @@ class _Key:
     mine: bool = False
 
 
-Prepared = Prepared  # what prepare_call hands to publish_prepared
-
 _KEY_ROUNDS = 8  # a key that changes under us this often is being fought over: give up
 
 

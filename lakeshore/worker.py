@@ -89,14 +89,16 @@ class _State:
     failure: BaseException | None = None
     signalled: Callable[[float], bool] = field(default=lambda wait=0.0: False)  # SIGTERM/INT
 
-    def take_slot(self) -> bool:
+    def count_attempt(self) -> bool:
+        """Count one more attempt against ``max_jobs``; False when none is left."""
         with self.lock:
             if self.max_jobs is not None and self.started >= self.max_jobs:
                 return False
             self.started += 1
             return True
 
-    def give_back(self) -> None:
+    def uncount_attempt(self) -> None:
+        """Undo ``count_attempt``: the claim found nothing, or was handed back unstarted."""
         with self.lock:
             self.started -= 1
 
@@ -438,11 +440,11 @@ def _serve(
             continue
         polling = idle
         try:
-            if not state.take_slot():
+            if not state.count_attempt():
                 return
             held, ops, turn = _claim(state, claimers, turn)
             if held is None:
-                state.give_back()
+                state.uncount_attempt()
                 _maybe_sweep(state, claimers)
                 if polling:  # the backoff is the worker's, not the slot's: one poll per pause
                     with state.lock:
@@ -462,7 +464,7 @@ def _serve(
         if state.stop.is_set():
             # the stop came while the claim was in flight: hand the invocation back unstarted
             _hand_back(ops, held)
-            state.give_back()
+            state.uncount_attempt()
             return
         try:
             att = run_attempt(slot, ops, held, _Tracked(state))

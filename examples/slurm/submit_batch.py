@@ -4,7 +4,7 @@ Run it from a login node, a laptop or a CI job: anywhere the store can be reache
 not need the workers to be running yet; invocations wait in the queue for them.
 
     export LAKESHORE_URL=s3://my-bucket/lakeshore
-    python submit_batch.py --jobs 500 --batch run-2026-11-30
+    python submit_batch.py --count 500 --batch run-2026-11-30
 
 Every submit carries an idempotency key built from the batch name and the invocation's
 index (``_key="<batch>/<index>"``). Running the script again with the same ``--batch`` (after
@@ -28,7 +28,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", help="store URL (default: $LAKESHORE_URL, else file://~/.lakeshore)")
     p.add_argument("--ns", default="default", help="namespace (default: default)")
-    p.add_argument("--jobs", "-n", type=int, default=100, help="how many to submit (default 100)")
+    p.add_argument("--count", "-n", type=int, default=100, help="how many to submit (default 100)")
     p.add_argument("--steps", type=int, default=200_000, help="walk length per invocation")
     p.add_argument("--batch", default="demo", help="batch name; part of every invocation's _key")
     p.add_argument("--timeout", type=float, help="give up waiting after this many seconds")
@@ -40,7 +40,7 @@ def main() -> int:
     t0 = time.monotonic()
     ids = [
         simulate.submit(seed, steps=args.steps, _key=f"{args.batch}/{seed:06d}")
-        for seed in range(args.jobs)
+        for seed in range(args.count)
     ]
     print(f"{len(ids)} invocations on {q.url} queue {jobs.QUEUE}, batch {args.batch!r}", flush=True)
     if args.no_wait:

@@ -242,8 +242,9 @@ def register(sub: Any) -> None:
         "worker",
         help="serve queues: claim invocations and run them",
         description="Run a worker until stopped (or --max-jobs / --idle-exit). SIGTERM or "
-        "SIGINT stops claiming; running attempts get --grace seconds, then are released: queued "
-        "again at once, the attempt not counted. A second signal exits at once.",
+        "SIGINT stops claiming; running attempts get --grace seconds, then are released: their "
+        "invocations are queued again at once, the attempt not counted. A second signal exits "
+        "at once.",
     )
     add_queues(
         p,

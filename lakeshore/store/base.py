@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -51,6 +52,12 @@ __all__ = [
 MAX_KEY_BYTES = 1024  # S3's limit; every backend enforces it so behaviour never differs
 
 
+_RENAMED_HOOKS = {
+    "files_location": "location() -> (url, options) | None",
+    "pause": "on_write(callback); waiting is lakeshore.protocol.polling.pause",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class PutMode:
     """How ``put`` treats an existing object. Build with ``OVERWRITE``, ``CREATE`` or
@@ -61,6 +68,12 @@ class PutMode:
 
     def __str__(self) -> str:
         return f"if_match({self.etag})" if self.name == "if_match" else self.name
+
+    @property
+    def kind(self) -> str:
+        """Deprecated since 0.5: ``name``."""
+        warnings.warn("PutMode.kind is now PutMode.name", DeprecationWarning, stacklevel=2)
+        return self.name
 
 
 OVERWRITE = PutMode("overwrite")
@@ -175,6 +188,16 @@ class Store(abc.ABC):
 
     url: str = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # 0.4.0's hooks: an override of one would now be silently ignored (files would move)
+        for old, new in _RENAMED_HOOKS.items():
+            if old in vars(cls):
+                raise TypeError(
+                    f"{cls.__qualname__} defines {old}(), which stores no longer have: "
+                    f"implement {new} instead"
+                )
+
     @abc.abstractmethod
     def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         """Return ``(data, etag)`` of ``key``. With ``max_bytes``, an object larger than
@@ -263,8 +286,9 @@ class Store(abc.ABC):
         waiter in this process learns of it at once instead of at its next poll. Returns the
         function that cancels the callback, or ``None`` when this store cannot see every
         write (another process may write to the same place): then polling is the only way
-        to learn. The callback runs on the writer's thread while the store holds its lock:
-        it must only signal (set an event), never call the store."""
+        to learn. The callback runs on the writer's thread once the write is done, so it
+        should only signal (set an event); one that raises is logged, and neither fails the
+        write nor keeps other callbacks from running. Cancelling twice is harmless."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing

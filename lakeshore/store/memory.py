@@ -7,8 +7,8 @@ atomic, so compare-and-swap races between threads behave exactly like a correct 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
+import logging
 import secrets
 import threading
 import time
@@ -30,6 +30,8 @@ from lakeshore.store.base import (
 )
 from lakeshore.store.clock import TickClock
 
+log = logging.getLogger(__name__)
+
 __all__ = ["MemoryStore"]
 
 _PAGE = 1000  # entries copied out of the lock at a time, so a long listing never blocks writers
@@ -49,7 +51,9 @@ class MemoryStore(Store):
     def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self.url = ":memory:"
         self._lock = threading.Lock()
-        self._watchers: list[Callable[[], None]] = []  # called after every write
+        # called after every write; replaced, never changed in place, so a writer can call
+        # the ones it read without holding the lock
+        self._watchers: tuple[tuple[object, Callable[[], None]], ...] = ()
         self._objs: dict[str, _Obj] = {}
         self._keys: list[str] = []  # sorted; str order is code-point order = UTF-8 byte order
         self._counter = itertools.count(1)
@@ -87,8 +91,8 @@ class MemoryStore(Store):
             if current is None:
                 bisect.insort(self._keys, key)
             self._objs[key] = obj
-            self._wrote()
-            return obj.etag
+        self._notify()
+        return obj.etag
 
     def delete(self, key: str, if_match: str | None = None) -> None:
         check_key(key, "delete")
@@ -100,19 +104,25 @@ class MemoryStore(Store):
                 raise conflict("delete", key, PutMode("if_match", if_match), self.url)
             del self._objs[key]
             del self._keys[bisect.bisect_left(self._keys, key)]
-            self._wrote()
+        self._notify()
 
-    def _wrote(self) -> None:
-        for callback in self._watchers:
-            callback()
+    def _notify(self) -> None:
+        # after the lock is released: a watcher may read the store, and one that fails
+        # neither undoes the write nor keeps the others from hearing of it
+        for _, callback in self._watchers:
+            try:
+                callback()
+            except Exception:
+                log.exception("a watcher of %s failed", self.url)
 
     def on_write(self, callback: Callable[[], None]) -> Callable[[], None]:
+        token = object()
         with self._lock:
-            self._watchers.append(callback)
+            self._watchers = (*self._watchers, (token, callback))
 
         def cancel() -> None:
-            with self._lock, contextlib.suppress(ValueError):
-                self._watchers.remove(callback)
+            with self._lock:
+                self._watchers = tuple(w for w in self._watchers if w[0] is not token)
 
         return cancel
 

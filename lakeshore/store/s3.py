@@ -74,7 +74,7 @@ T = TypeVar("T")
 log = logging.getLogger("lakeshore.store")
 
 # The translation table: S3 error code first, HTTP status as the fallback (HEAD responses
-# carry no body, so no code). Kinds: what the caller can do about it.
+# carry no body, so no code). Causes: what the caller can do about it.
 _BY_CODE: dict[str, str] = {
     "NoSuchKey": "not_found",
     "PreconditionFailed": "conflict",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,16 @@ class Frame:
     seq: int
     value: Any
     attempt: int = 0
+
+    @property
+    def kind(self) -> str:
+        """Deprecated since 0.5: always ``"value"``, the only frames a reader is handed."""
+        warnings.warn(
+            "Frame.kind is gone: every frame handed out is a value",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return "value"
 
 
 def encode_segment(attempt: int, first: int, frames: list[tuple[int, bytes]]) -> bytes:

@@ -101,7 +101,6 @@ def follow(
         if fresh:
             delay = 0.005
             continue
-        polling.pause(
-            ops.store, delay
-        )  # nothing new: poll with backoff (in-process stores wake us)
+        # nothing new: poll with backoff (a memory store wakes us at the next write)
+        polling.pause(ops.store, delay)
         delay = min(delay * 2, max_poll_s)

@@ -70,6 +70,12 @@ def decode_post(data: bytes, where: str) -> tuple[int, bytes]:
             f"read {where}", f"a post holds {len(frames)} frames, not 1", "the post is corrupt"
         )
     tag, body = frames[0]
+    if tag not in (VALUE, END):  # only journals end in an ERROR frame
+        raise CorruptSegment(
+            f"read {where}",
+            "a post holds an ERROR frame, which no topic writes",
+            "the post is corrupt",
+        )
     inner = codec.decode(body, f"post {where}")
     if type(inner) is not dict or type(inner.get("payload")) is not bytes:
         raise CorruptSegment(

@@ -307,7 +307,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
 ) -> None:
     url, host = f"file://{tmp_path}/store", socket.gethostname()
     env = _script_env(LAKESHORE_URL=url)
-    batch = ["--jobs", "6", "--steps", "20000", "--batch", "smoke"]
+    batch = ["--count", "6", "--steps", "20000", "--batch", "smoke"]
     first = _run(_submit_batch(*batch, "--no-wait"), env).splitlines()
     assert first[0] == f"6 invocations on {url} queue sim, batch 'smoke'"
     ids = first[1:]
@@ -389,7 +389,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
 def test_slurm_array_task_hands_its_running_invocation_back_on_sigterm(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
     env = _script_env(LAKESHORE_URL=url)
-    submitted = _run(_submit_batch("--jobs", "1", "--steps", "1000000000", "--no-wait"), env)
+    submitted = _run(_submit_batch("--count", "1", "--steps", "1000000000", "--no-wait"), env)
     inv = submitted.splitlines()[1]
     q = dls.Dispatch(url)
     # --grace 0 (the script's override of 90): what runs at the signal is released at once

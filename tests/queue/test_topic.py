@@ -131,3 +131,20 @@ def test_trim_keeps_the_newest_and_the_numbering(plane: Any) -> None:
 def test_bad_topic_names(plane: Any) -> None:
     with pytest.raises(dls.InvalidArgument):
         plane.topic("Bad Name")
+
+
+def test_a_post_that_claims_to_be_an_error_is_refused_as_corrupt(q: Any) -> None:
+    """Topics end with END and never write ERROR: a post tagged ERROR (a hostile writer) is
+    not handed out as if it were a value."""
+    from lakeshore import codec
+    from lakeshore.keys import topic_seq_key
+    from lakeshore.streams.journal import ERROR, encode_segment
+
+    t = q.topic("alerts")
+    t.post("first")
+    body = codec.encode({"post": "x", "payload": codec.encode("hostile")})
+    q.store.put(topic_seq_key(q.ns, "alerts", 1), encode_segment(0, 1, [(ERROR, body)]))
+    seen: list[Any] = []
+    with pytest.raises(dls.CorruptSegment, match="ERROR frame, which no topic writes"):
+        seen.extend(f.value for f in t.stream())
+    assert seen == ["first"]

@@ -233,3 +233,52 @@ def test_on_write_is_called_after_each_write_until_cancelled(store: Store) -> No
     cancel()  # cancelling twice is harmless
     store.put("w", b"3")
     assert len(calls) == 2, "a cancelled watcher is not called"
+
+
+def test_a_watcher_that_fails_or_reads_the_store_spoils_nothing(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    heard: list[str] = []
+
+    def fails() -> None:
+        raise RuntimeError("boom")
+
+    def reads_and_leaves() -> None:
+        heard.append(store.get("w")[0].decode())  # the write is done: its object is there
+        cancel_reader()  # a watcher may cancel itself
+
+    cancels = [store.on_write(fails), store.on_write(reads_and_leaves)]
+    if cancels[0] is None:
+        return  # a store that cannot see writes takes no watchers
+    cancel_reader = cancels[1]
+    assert cancel_reader is not None
+    store.put("w", b"1")  # neither the failing watcher nor the reading one fails the write
+    store.put("w", b"2")
+    assert store.get("w")[0] == b"2" and heard == ["1"]
+    assert "a watcher of" in caplog.text and "boom" in caplog.text
+
+    def forget() -> None:
+        heard.clear()
+
+    again, twice = store.on_write(forget), store.on_write(forget)  # one function, twice
+    assert again is not None and twice is not None
+    again()
+    again()  # cancels its own registration only, however often
+    heard.append("x")
+    store.put("w", b"3")
+    assert heard == [], "the second registration of the same function still hears writes"
+    for cancel in (cancels[0], twice):
+        cancel()
+
+
+def test_a_store_that_still_defines_the_old_hooks_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"files_location\(\).*location\(\)"):
+
+        class Old(MemoryStore):
+            def files_location(self) -> tuple[str, dict[str, object]]:
+                return "memory://mine", {}
+
+    with pytest.raises(TypeError, match=r"pause\(\).*on_write"):
+
+        class Older(MemoryStore):
+            def pause(self, seconds: float) -> None: ...

@@ -130,20 +130,20 @@ def _run_procs(target: object, args_for: list[tuple[object, ...]]) -> None:
         assert p.exitcode == 0, f"racer exited with {p.exitcode}"
 
 
-@pytest.mark.parametrize("kind", ["create", "if_match"])
-def test_process_race_local(tmp_path: Path, kind: str, report: list[str]) -> None:
+@pytest.mark.parametrize("mode", ["create", "if_match"])
+def test_process_race_local(tmp_path: Path, mode: str, report: list[str]) -> None:
     root, procs, rounds = str(tmp_path / "store"), 4, 40
     s = LocalStore(root)
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(procs), ctx.Queue()
-    if kind == "create":
+    if mode == "create":
         _run_procs(_proc_create, [(root, rounds, barrier, out, i) for i in range(procs)])
     else:
         etags = [s.put(f"pm/{r}", b"start") for r in range(rounds)]
         _run_procs(_proc_if_match, [(root, etags, barrier, out, i) for i in range(procs)])
     results = [out.get(timeout=10) for _ in range(procs * rounds)]
     winners = [sum(1 for r, _, won in results if r == rnd and won) for rnd in range(rounds)]
-    report.append(_line(f"process race {kind}", "local", rounds, f"{procs} processes", winners))
+    report.append(_line(f"process race {mode}", "local", rounds, f"{procs} processes", winners))
     assert winners == [1] * rounds
 
 

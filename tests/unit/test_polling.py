@@ -13,13 +13,23 @@ from lakeshore.store import LocalStore, MemoryStore
 from lakeshore.store.base import Store
 
 
-def test_a_pause_returns_once_stop_is_set() -> None:
-    store = MemoryStore()
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_a_pause_returns_once_stop_is_set(kind: str, tmp_path: Path) -> None:
+    store: Store = MemoryStore() if kind == "memory" else LocalStore(tmp_path)
     stop = threading.Event()
     stop.set()
     t0 = time.monotonic()
     pause(store, 30.0, stop)
     assert time.monotonic() - t0 < 5.0  # a set stop ends the pause (30 s otherwise)
+
+
+def test_a_stop_set_during_a_pause_ends_it(tmp_path: Path) -> None:
+    for store in (MemoryStore(), LocalStore(tmp_path)):
+        stop = threading.Event()
+        threading.Timer(0.1, stop.set).start()
+        t0 = time.monotonic()
+        pause(store, 30.0, stop)
+        assert time.monotonic() - t0 < 5.0, f"{store!r}: a stop set meanwhile ends the pause"
 
 
 @pytest.mark.parametrize("with_stop", [False, True])
