@@ -237,11 +237,13 @@ def read_sign_of_life(data: bytes, where: str = "sign of life") -> dict[str, Any
             out[name] = obj[name]
     queues = obj.get("queues")
     if type(queues) is list:
-        out["queues"] = [q for q in queues if _queue_name(q)]
+        out["queues"] = [name for name in queues if _queue_name(name)]
     by_queue = obj.get("running_by_queue")
     if type(by_queue) is dict:
         out["running_by_queue"] = {
-            q: n for q, n in by_queue.items() if _queue_name(q) and type(n) is int and n >= 0
+            name: n
+            for name, n in by_queue.items()
+            if _queue_name(name) and type(n) is int and n >= 0
         }
     return out
 
