@@ -56,7 +56,8 @@ class Dispatch(Plane):
     Args:
         url: ``":memory:"``, ``"file:///dir"`` or ``"s3://bucket/prefix"``; default
             ``$LAKESHORE_URL``, else the embedded default ``file://~/.lakeshore`` that every
-            process of this user on this machine shares.
+            process of this user on this machine shares. An empty string is refused: it is
+            a URL that went missing, not a request for the default.
         ns: namespace; queues and idempotency keys are per namespace.
         store: an already opened store (overrides ``url``).
         spill_bytes: arguments and results larger than this go to their own object.
@@ -364,8 +365,12 @@ def _job_error(rec: Record) -> JobError:
     err = rec.error or {}
     cls = {"failed": Failed, "killed": Killed, "timeout": TimedOut}[rec.state]
     remote = f"{err.get('type', '?')}: {err.get('message', '')}"
+    fix = "fix the body or its input and submit again"
+    if err.get("traceback", "").strip():
+        # For Python callers; `lakeshore result` prints the traceback and says so instead.
+        fix = f"this error's remote_traceback shows where the body raised; {fix}"
     todo = {
-        "failed": "see .remote_traceback; fix the body or its input and submit again",
+        "failed": fix,
         "killed": "it was cancelled; submit again if it should run",
         "timeout": "raise timeout_s / the deadline, or make the body faster",
     }[rec.state]

@@ -22,7 +22,7 @@ from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps
 from lakeshore.run import DataRoot, data_root
 from lakeshore.running.bodies import Declared
-from lakeshore.store import Store, open_store
+from lakeshore.store import MemoryStore, Store, open_store
 from lakeshore.store.base import CREATE
 from lakeshore.streams.topic import Topic
 
@@ -51,6 +51,13 @@ class Plane:
         cache_dir: str | None = None,
         max_payload_bytes: int = 256 * 1024 * 1024,
     ) -> None:
+        if url == "":  # a variable that was meant to hold a URL, most likely: never the default
+            raise InvalidArgument(
+                "Dispatch",
+                "the store URL is empty",
+                "give one (file:///dir, s3://bucket/prefix, :memory:), or pass None for "
+                "$LAKESHORE_URL, else the default store",
+            )
         self.url = url or os.environ.get("LAKESHORE_URL") or DEFAULT_URL
         self.ns = check_name(ns, "namespace")
         if (
@@ -108,6 +115,12 @@ class Plane:
                 data_root(url, options, cache or "") if url else DataRoot("", options or {})
             )
         return self._data_root
+
+    @property
+    def in_process(self) -> bool:
+        """The store lives in this process (``:memory:``): every worker of it is here, so a
+        function known only to this plane's registry can still be run."""
+        return isinstance(self.store, MemoryStore)
 
     def queues(self) -> list[str]:
         """Queues this plane knows in this process (declared by ``@udf`` or used)."""

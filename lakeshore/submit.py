@@ -136,6 +136,7 @@ def prepare_call(
         InvalidArgument: unsendable arguments or a bad option.
         RecordError: the queue record is corrupt.
     """
+    udf.check_reachable(plane.in_process)
     conf = plane.settings.get(udf.queue)
     prio = priority if priority is not None else (udf.priority if udf.priority is not None else 5)
     band(prio)  # validates the priority before anything is written

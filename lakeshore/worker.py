@@ -22,6 +22,7 @@ import os
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from lakeshore.running.attempt import Attempt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks
 from lakeshore.store.base import OVERWRITE
+from lakeshore.text import inert
 
 if TYPE_CHECKING:
     from lakeshore.plane import Plane
@@ -88,6 +90,7 @@ class _State:
     slots: list[Slot] = field(default_factory=list)
     failure: BaseException | None = None
     signalled: Callable[[float], bool] = field(default=lambda wait=0.0: False)  # SIGTERM/INT
+    said_idle: bool = False  # "nothing to claim" is said once a worker, not once a poll
 
     def count_attempt(self) -> bool:
         """Count one more attempt against ``max_jobs``; False when none is left."""
@@ -101,6 +104,28 @@ class _State:
         """Undo ``count_attempt``: the claim found nothing, or was handed back unstarted."""
         with self.lock:
             self.started -= 1
+
+
+def _say(message: str) -> None:
+    """What a worker is doing, for whoever started it: an INFO line where logging is set up
+    (the command line, an application), else one line on stderr. A worker started from a
+    plain script or a notebook must not sit there saying nothing."""
+    if log.hasHandlers():
+        log.info("%s", message)
+    else:
+        print(f"lakeshore: {inert(message)}", file=sys.stderr, flush=True)
+
+
+def _say_idle_once(state: _State, idle_exit: float | None) -> None:
+    with state.lock:
+        if state.said_idle:
+            return
+        state.said_idle = True
+    if idle_exit == 0:  # once, or a single pass: it returns now
+        _say(f"worker {state.worker_id}: nothing to claim")
+        return
+    leaves = f"; leaves after {idle_exit:g} s without work" if idle_exit else ""
+    _say(f"worker {state.worker_id}: nothing to claim yet, waiting{leaves}")
 
 
 def run_worker(
@@ -198,6 +223,11 @@ def run_worker(
     )
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
+    _say(
+        f"worker {state.worker_id} on {plane.store.url} namespace {plane.ns}: queues "
+        f"{','.join(names)}, concurrency {1 if once else concurrency}, isolation {isolation}"
+        + (f", allow {' '.join(f'{m}:{q}' for m, q in allowed.patterns)}" if allowed else "")
+    )
     ops = [plane.ops(name) for name in names]
     claimers = [plane.claimer(name, state.worker_id) for name in names]  # its slots share
     if hooks.on_start is not None and isolation != "process":
@@ -445,6 +475,7 @@ def _serve(
             held, ops, turn = _claim(state, claimers, turn)
             if held is None:
                 state.uncount_attempt()
+                _say_idle_once(state, idle_exit)
                 _maybe_sweep(state, claimers)
                 if polling:  # the backoff is the worker's, not the slot's: one poll per pause
                     with state.lock:

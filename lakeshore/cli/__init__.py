@@ -3,13 +3,15 @@
 Human-readable tables by default, ``--json`` for scripts. Errors are one clear line on
 stderr and a non-zero exit. Exit codes: 0 ok; 1 the answer is "no" (a failed invocation, an unsafe
 store, a wait with failures); 2 bad usage or an error; 3 still not finished when a
-``--timeout`` ran out; 130 Ctrl-C. Whatever came from the store is printed inert (see
-``lakeshore.cli.common.inert``).
+``--timeout`` ran out; 130 Ctrl-C; 141 the reader of stdout went away (``| head``), as a
+shell reports a process that SIGPIPE ended. Whatever came from the store is printed inert (see
+``lakeshore.text.inert``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +38,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
+    try:
+        try:
+            code = _run(argv)
+        except SystemExit:  # argparse's --help and usage errors: what they printed, too
+            _flush()
+            raise
+        _flush()
+        return code
+    except BrokenPipeError:
+        # the reader left (`| head -1`): nothing is left to say, and no one to say it to
+        _silence_stdout()
+        return 141
+
+
+def _flush() -> None:
+    """Flush stdout here, where a closed pipe can be caught: what is still buffered would
+    otherwise meet it in the interpreter's last flush, after main returned."""
+    if sys.stdout is not None:  # None when started with stdout closed (>&-)
+        sys.stdout.flush()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter flushes it once more on the way out, and
+    that flush must not meet the closed pipe again."""
+    if sys.stdout is None:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass  # stdout is no file (a test's capture): there is no last flush to spoil
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

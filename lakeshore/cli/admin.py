@@ -10,14 +10,15 @@ from lakeshore.cli.common import (
     add_common,
     default_url,
     dumps,
-    inert,
     note_if_unknown,
     plane,
     require_queue,
+    store_url,
 )
 from lakeshore.dispatch import DEFAULT_URL
 from lakeshore.doctor import Check
 from lakeshore.errors import InvalidArgument
+from lakeshore.text import inert
 
 __all__ = ["register"]
 
@@ -120,6 +121,7 @@ def register(sub: Any) -> None:
     doctor.add_argument(
         "url",
         nargs="?",
+        type=store_url,
         help=f"store URL (':memory:', 'file:///dir', 's3://bucket/prefix'); "
         f"default: $LAKESHORE_URL, else {DEFAULT_URL}",
     )
@@ -141,7 +143,10 @@ def register(sub: Any) -> None:
         ),
     )
     demo.add_argument(
-        "url", nargs="?", help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}"
+        "url",
+        nargs="?",
+        type=store_url,
+        help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}",
     )
     demo.set_defaults(func=_cmd_demo)
     queue = sub.add_parser(

@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 from lakeshore.dispatch import DEFAULT_URL, Dispatch
 from lakeshore.errors import NotFound
 from lakeshore.keys import QueueKeys, check_name
+from lakeshore.text import inert, inert_json
 
 __all__ = [
     "add_common",
@@ -31,41 +31,18 @@ __all__ = [
     "dumps",
     "err",
     "finite",
-    "inert",
     "note_if_unknown",
     "plane",
     "print_json",
     "require_queue",
+    "store_url",
     "table",
 ]
-
-# C0 controls, DEL, C1 controls (0x9b alone is a CSI on some terminals), and the Unicode
-# format characters that reorder or split what is shown (bidi overrides, line separators)
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_MULTILINE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
-)
-# JSON escapes C0 itself; the rest can only occur inside strings, where a \u escape of
-# the code point decodes to the same text
-_UNSAFE_JSON = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(m: re.Match[str]) -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-
-def inert(text: object, multiline: bool = False) -> str:
-    """``text`` safe to print on a terminal: control characters shown as ``\\x1b``-style
-    escapes. ``multiline`` keeps newlines and tabs (log output); a carriage return is always
-    escaped, since it lets a line overwrite what came before it."""
-    return (_UNSAFE_MULTILINE if multiline else _UNSAFE).sub(_escape, str(text))
 
 
 def dumps(data: Any, indent: int | None = 2) -> str:
     """JSON for stdout: non-ASCII text stays readable, terminal controls are escaped."""
-    text = json.dumps(data, indent=indent, ensure_ascii=False, default=str)
-    return _UNSAFE_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return inert_json(json.dumps(data, indent=indent, ensure_ascii=False, default=str))
 
 
 def finite(text: str) -> float:
@@ -84,8 +61,19 @@ def default_url() -> str:
     return os.environ.get("LAKESHORE_URL") or DEFAULT_URL
 
 
+def store_url(text: str) -> str:
+    """An argparse type: a store URL, never empty (an empty one would mean the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty URL names no store — give one, or leave it out for the default"
+        )
+    return text
+
+
 def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
-    p.add_argument("--url", help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}")
+    p.add_argument(
+        "--url", type=store_url, help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}"
+    )
     p.add_argument("--ns", default="default", help="namespace (default: default)")
     if json_output:
         p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -15,15 +15,15 @@ from lakeshore.cli.common import (
     dumps,
     err,
     finite,
-    inert,
     plane,
     print_json,
     wall,
 )
-from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound
+from lakeshore.errors import Failed, InvalidArgument, JobError, LakeshoreError, NotFound
 from lakeshore.keys import check_id
 from lakeshore.model.record import TERMINAL, Record
 from lakeshore.running.bodies import Declared, import_ref
+from lakeshore.text import inert
 
 __all__ = ["register"]
 
@@ -135,18 +135,51 @@ def _cmd_show(args: argparse.Namespace) -> int:
         rows.append(("error", f"{rec.error.get('type')}: {rec.error.get('message')}"))
     for name, value in rows:
         print(f"{name:<10} {inert(value)}")  # fn, key, worker, error: written by others
+    trace = rec.error.get("traceback", "") if rec.error else ""
+    if trace.strip():  # the last field: its lines follow, indented
+        print("traceback")
+        print(_indented(trace))
     return 0
+
+
+def _indented(text: str) -> str:
+    """A remote traceback to print: inert (written on a worker, read from the store: anyone
+    who can write the record chose it) but keeping its lines, each indented by four."""
+    return "\n".join("    " + line for line in inert(text, multiline=True).rstrip().splitlines())
 
 
 def _cmd_result(args: argparse.Namespace) -> int:
     check_id(args.id)
     q = plane(args)
-    value = q.result(args.id, timeout=args.timeout)
+    try:
+        value = q.result(args.id, timeout=args.timeout)
+    except JobError as e:
+        if not _told_with_traceback(e):
+            raise
+        return 1
     if args.json or not isinstance(value, str):
         print(dumps(codec_plain(value), indent=None))
     else:
         print(inert(value, multiline=True))  # the body's own text: keep its lines
     return 0
+
+
+def _told_with_traceback(e: JobError) -> bool:
+    """For a body that raised: print its remote traceback on stderr, then the error line
+    pointing at it (the exit code stays 1, as for every JobError). False, with nothing
+    printed, when nothing raised on the worker (a cancel, a timeout, a body that never
+    loaded): the error line says it all.
+
+    The exception's own message points Python callers at its ``remote_traceback``, which a
+    shell user cannot reach: the traceback is printed instead, on stderr like the error line,
+    so that stdout holds only values."""
+    trace = e.remote_traceback
+    if not isinstance(e, Failed) or not trace.strip():
+        return False
+    print(inert(trace, multiline=True).rstrip(), file=sys.stderr)
+    todo = "the traceback above shows where the body raised; fix the body or its input"
+    err(f"{e.op}: {e.what} — {todo} and submit again")
+    return True
 
 
 def codec_plain(value: Any) -> Any:
@@ -166,18 +199,27 @@ def codec_plain(value: Any) -> Any:
 def _cmd_tail(args: argparse.Namespace) -> int:
     check_id(args.id)
     q = plane(args)
-    for frame in q.stream(args.id, since=args.since, timeout=args.timeout):
-        if args.json:
-            print(
-                json.dumps(
-                    {"seq": frame.seq, "attempt": frame.attempt, "value": codec_plain(frame.value)},
-                    default=repr,
-                ),
-                flush=True,
-            )
-        else:
-            print(f"{frame.seq}\t{json.dumps(codec_plain(frame.value), default=repr)}", flush=True)
+    try:
+        for frame in q.stream(args.id, since=args.since, timeout=args.timeout):
+            _print_frame(frame, args.json)
+    except JobError as e:  # after the frames it streamed
+        if not _told_with_traceback(e):
+            raise
+        return 1
     return 0
+
+
+def _print_frame(frame: Any, as_json: bool) -> None:
+    if as_json:
+        print(
+            json.dumps(
+                {"seq": frame.seq, "attempt": frame.attempt, "value": codec_plain(frame.value)},
+                default=repr,
+            ),
+            flush=True,
+        )
+    else:
+        print(f"{frame.seq}\t{json.dumps(codec_plain(frame.value), default=repr)}", flush=True)
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -290,7 +332,8 @@ def register(sub: Any) -> None:
         "show",
         help="an invocation's record, readable",
         description="Print the record of an invocation: state, attempts, "
-        "times, worker, error. --json prints every field.",
+        "times, worker, error (and where the body raised, its traceback). --json "
+        "prints every field.",
     )
     p.add_argument("id")
     add_common(p)
@@ -301,7 +344,8 @@ def register(sub: Any) -> None:
         help="wait for an invocation and print its value",
         description="Wait for the invocation to finish and print its result "
         "(JSON unless it is a string). Exit 1 if it failed, was killed or "
-        "timed out; the remote error is the message.",
+        "timed out; the remote error is the message, on stderr after the "
+        "body's traceback when it raised.",
     )
     p.add_argument("id")
     p.add_argument("--timeout", type=finite, help="seconds to wait (default: for good)")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lakeshore.cli.common import add_common, ago, inert, note_if_unknown, plane, print_json, table
+from lakeshore.cli.common import add_common, ago, note_if_unknown, plane, print_json, table
 from lakeshore.errors import InvalidArgument
 from lakeshore.keys import QueueKeys, check_id
 from lakeshore.model.record import STATES
 from lakeshore.protocol.census import newest_ids, queue_status, records, workers_seen
+from lakeshore.text import inert
 
 __all__ = ["register"]
 

@@ -14,7 +14,6 @@ from lakeshore.cli.common import (
     add_queues,
     err,
     finite,
-    inert,
     note_if_unknown,
     plane,
     print_json,
@@ -30,6 +29,8 @@ from lakeshore.protocol.gc import (
     queue_names,
     retention_of,
 )
+from lakeshore.running.bodies import import_failure
+from lakeshore.text import inert
 from lakeshore.udf import Udf
 from lakeshore.worker import run_worker
 
@@ -43,11 +44,16 @@ def _imports(modules: list[str]) -> list[str]:
         try:
             module = importlib.import_module(name)
         except Exception as e:
-            raise InvalidArgument(
-                "worker --import",
-                f"cannot import {name!r} ({type(e).__name__}: {e})",
+            # the error line names the exception only; where it came from goes to the log
+            logging.getLogger("lakeshore.worker").debug("--import %s failed", name, exc_info=True)
+            happened, todo = import_failure(
+                name,
+                e,
                 "install the module here or fix PYTHONPATH",
-            ) from None
+                "fix the module (or install what it imports); --log-level debug shows the "
+                "traceback",
+            )
+            raise InvalidArgument("worker --import", happened, todo) from None
         queues += [v.queue for v in vars(module).values() if isinstance(v, Udf)]
     return queues
 
@@ -70,16 +76,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     queues = args.queues or sorted(set(declared)) or ["default"]
     for name in queues:
         check_name(name, "queue")
-    logging.getLogger("lakeshore.worker").info(
-        "worker on %s namespace %s, queues %s, concurrency %d, isolation %s%s",
-        q.store.url,
-        q.ns,
-        ",".join(queues),
-        args.concurrency,
-        args.isolation,
-        f", allow {' '.join(args.allow)}" if args.allow else "",
-    )
-    done = run_worker(
+    done = run_worker(  # which says what it serves, as it does from Python
         q,
         queues=queues,
         concurrency=args.concurrency,

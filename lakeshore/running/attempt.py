@@ -39,6 +39,7 @@ from lakeshore.running.call import BodyThread, Outcome, RunSpec, error_of, run_i
 from lakeshore.running.child import BodyCall, ChildProcess, Hooks
 from lakeshore.running.logs import log_writer, text_sink
 from lakeshore.streams.journal import END, ERROR, JournalWriter
+from lakeshore.text import inert
 
 if TYPE_CHECKING:
     from lakeshore.plane import Plane
@@ -279,14 +280,15 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
             timer.cancel()
         slot.heartbeats.detach()
         _quietly(logs.close)
-        final_state = _conclude(slot, att, outcome, journal)
+        final_state, why = _conclude(slot, att, outcome, journal)
     log.info(
-        "%s %s attempt %d -> %s in %.3fs",
+        "%s %s attempt %d -> %s in %.3fs%s",
         rec.fn,
         rec.id,
         rec.attempt,
         final_state,
         time.monotonic() - t0,
+        why,
     )
     att.final = final_state
     return att
@@ -322,6 +324,8 @@ def _execute(
     isolation = slot.isolation
     if isolation == "auto":
         isolation = "process" if rec.timeout_s is not None else "thread"
+    if isinstance(target, Declared) and target.local_only:
+        isolation = "thread"  # a child process could not find it: it lives in our registry
     spec = RunSpec(slot.plane.data_root, rec.prefix, staging_name=f"{rec.id}-{rec.attempt}")
     if isolation == "process":
         if slot.child is None:
@@ -357,8 +361,11 @@ def _load(rec: Record, plane: Plane, allow: Allow) -> Any:
     return unpickle(rec.fn_pickle)
 
 
-def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter) -> str:
-    """Write the attempt's outcome; returns the state it left the invocation in.
+def _conclude(
+    slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
+) -> tuple[str, str]:
+    """Write the attempt's outcome; returns the state it left the invocation in, and why
+    when that was an error (see :func:`_why`; empty otherwise), for the attempt's log line.
 
     The journal's last segment (with END, or ERROR when the failure is final) is written
     before the record's terminal CAS, so a reader that sees the terminal record finds the
@@ -378,17 +385,17 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
             try:
                 ops.finish(held, lifecycle.release(rec, token, now))
             except (Conflict, IllegalTransition):
-                return "fenced (record changed while releasing)"
-            return "released (queued again, attempt not counted)"
+                return "fenced (record changed while releasing)", ""
+            return "released (queued again, attempt not counted)", ""
         if outcome.verdict == "stopped" or att.why in ("killed", "lost"):
             _quietly(journal.close)
             if att.why == "killed":
                 ops.drop_own_ticket(held)  # the record is terminal (cancelled): ticket is stale
-                return "killed"
+                return "killed", ""
             if att.why == "lost":
-                return _after_lost(ops, held, now)
+                return _after_lost(ops, held, now), ""
             if att.why != "timeout":
-                return "fenced (lease lost; result dropped)"
+                return "fenced (lease lost; result dropped)", ""
         if att.why == "timeout":
             _quietly(journal.close)
             final = _with_journal(lifecycle.time_out(rec, now, token), journal, ended=False)
@@ -411,8 +418,32 @@ def _conclude(slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
         try:
             ops.finish(held, final, tidy_later=True)
         except Conflict:
-            return "fenced (record changed; result dropped)"
-        return final.state
+            return "fenced (record changed; result dropped)", ""
+        return final.state, _why(final, now)
+
+
+# The log line names the error; the record keeps all of it (lakeshore show, result).
+_LOG_ERROR_CHARS = 200
+
+
+def _why(rec: Record, now: float) -> str:
+    """The end of the log line of an attempt that left ``rec`` failed or queued for a retry
+    with an error: when the retry is due, then the error's type and message, cut short and
+    on one line. The message may quote a submitter's arguments: a newline in it would fake
+    a log line of its own, and a control character would reach the operator's terminal."""
+    if rec.state not in ("queued", "failed") or not rec.error:
+        return ""
+    retry = ""
+    if rec.state == "queued":
+        used = rec.attempt - rec.released
+        due = max(0.0, rec.not_before - now)
+        retry = f" (retry in {due:.1f}s; {used} of {rec.max_attempts} attempts used)"
+    kind = rec.error.get("type") or "?"
+    message = rec.error.get("message", "")
+    text = f"{kind}: {message}" if message else kind
+    if len(text) > _LOG_ERROR_CHARS:
+        text = text[: _LOG_ERROR_CHARS - 1] + "…"
+    return f"{retry}: {inert(text)}"
 
 
 def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:

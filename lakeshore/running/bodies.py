@@ -24,6 +24,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from lakeshore.errors import InvalidArgument, UnknownFunction
@@ -35,6 +36,7 @@ __all__ = [
     "Declared",
     "body_kind",
     "function_ref",
+    "import_failure",
     "import_ref",
     "load_body",
 ]
@@ -79,9 +81,14 @@ class Declared:
     """A function declared as a body: its kind, the name it travels by, and the defaults
     its submits take (queue, attempts, timeout, priority).
 
+    A function without an importable name (a lambda, a function defined inside another)
+    travels pickled when ``allow_pickle``; otherwise it is ``local_only``: its name is made
+    unique to this declaration, and only a worker of the same plane in the same process
+    finds it, in the plane's registry. Submitting it to a plane whose workers could be other
+    processes is refused (:meth:`check_reachable`).
+
     Raises:
-        InvalidArgument: bad queue name, or a function workers could not import (unless
-            ``allow_pickle``: it then travels pickled).
+        InvalidArgument: bad queue name.
     """
 
     def __init__(
@@ -97,15 +104,18 @@ class Declared:
         self.fn = fn
         self.kind = body_kind(fn)
         self._pickle: bytes | None = None
+        self.local_only = False
         try:
             self.ref = function_ref(fn)
             self._by_pickle = False
         except InvalidArgument:
-            if not allow_pickle:
-                raise
+            named = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
             # Opted in: the callable travels pickled; the ref only names it in logs.
-            self.ref = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
-            self._by_pickle = True
+            self._by_pickle = allow_pickle
+            # Else the name is this declaration's own: two closures of one qualname (a loop,
+            # a test run twice) must never be taken for each other in a registry.
+            self.local_only = not allow_pickle
+            self.ref = named if allow_pickle else f"{named}#{id(self):x}"
         self.queue = check_name(queue, "queue")
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
@@ -119,6 +129,24 @@ class Declared:
             return inspect.signature(self.fn)
         except ValueError:
             return None
+
+    def check_reachable(self, in_process: bool) -> None:
+        """Refuse to submit a local-only function where a worker could be another process:
+        it would find no function by that name, and fail.
+
+        Raises:
+            InvalidArgument: local-only, and the plane's store is reachable from elsewhere.
+        """
+        if self.local_only and not in_process:
+            raise InvalidArgument(
+                f"submit {self.ref.partition('#')[0]}",
+                f"{self.fn!r} has no importable name (a lambda, or a function defined inside "
+                "another), and this plane's workers may be other processes, which could not "
+                "find it",
+                "define it at module level; or, if every submitter and worker is trusted, "
+                "let it travel pickled: Dispatch(..., allow_pickle=True) on both sides, with "
+                "pip install 'lakeshore-queue[pickle]'",
+            )
 
     def pickled(self) -> bytes | None:
         """The pickled callable when this function travels by pickle, else None.
@@ -300,6 +328,12 @@ def load_body(
             ref=ref[:_MAX_REF],
         )
 
+    if "#" in ref and "<" in ref:  # the name of a local-only declaration (see Declared)
+        raise refuse(
+            "it has no importable name, and only the plane that declared it, in its own "
+            "process, can run it",
+            "run the worker on that plane in that process, or define the function at module level",
+        )
     bad = _malformed(ref)
     if bad is not None:
         raise refuse(
@@ -353,17 +387,61 @@ def _import(module_name: str, ref: str) -> types.ModuleType:
     try:
         return importlib.import_module(module_name)
     except Exception as e:
-        where = (
-            "it lives in a script's __main__: decorate it on this plane, or move it to a module"
-            if module_name in ("__main__", "__mp_main__")
-            else "install the module where the worker runs, or check the name"
-        )
+        if module_name in ("__main__", "__mp_main__"):
+            happened = f"{type(e).__name__}: {e}"
+            todo = (
+                "it lives in a script's __main__: decorate it on this plane, or move it to a module"
+            )
+        else:
+            happened, todo = import_failure(
+                module_name, e, "install the module where the worker runs, or check the name"
+            )
         raise UnknownFunction(
             f"load {_shown(ref)}",
-            f"cannot load the function ({type(e).__name__}: {e})",
-            where,
+            f"cannot load the function: {happened}",
+            todo,
             ref=ref[:_MAX_REF],
         ) from None
+
+
+def import_failure(
+    module_name: str,
+    e: Exception,
+    missing_todo: str,
+    failed_todo: str = "fix the module (or install what it imports)",
+) -> tuple[str, str]:
+    """What happened and what to do, when importing ``module_name`` raised ``e``.
+
+    A module that is not there is told apart from one that is there and raised while it was
+    imported (its own bug, a syntax error, a module *it* imports that is missing): no install
+    or path fixes the second, and a hint that says so sends people looking in the wrong place.
+    ``missing_todo`` is the hint for a module that is not there, unless ``./<module>.py`` (or a
+    package folder) is in the current directory: then the fix is ``PYTHONPATH=.``, since the
+    ``lakeshore`` console script does not look there.
+    """
+    missing = e.name if isinstance(e, ModuleNotFoundError) else None
+    if not missing or (missing != module_name and not module_name.startswith(missing + ".")):
+        return f"{module_name!r} failed while importing ({type(e).__name__}: {e})", failed_todo
+    top = module_name.partition(".")[0]
+    here = _beside(top) if missing == top else None
+    if here is not None:
+        return (
+            f"no module {top!r} on the import path, though {here} is in the current directory",
+            "run the command as PYTHONPATH=. lakeshore … (the lakeshore command does not "
+            "look in the current directory), or install the module",
+        )
+    return f"{module_name!r} is not importable here ({type(e).__name__}: {e})", missing_todo
+
+
+def _beside(top: str) -> str | None:
+    """``./top.py`` or ``./top/``, if the current directory holds that module, else None."""
+    if not top.isidentifier():
+        return None  # a relative or odd name: no file to look for
+    if Path(f"{top}.py").is_file():
+        return f"./{top}.py"
+    if Path(top, "__init__.py").is_file():
+        return f"./{top}/"
+    return None
 
 
 def import_ref(ref: str) -> Declared | Callable[..., Any]:

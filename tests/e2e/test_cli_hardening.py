@@ -1,12 +1,16 @@
 """CLI hardening (issue 22): untrusted text is printed inert, destructive commands process
-every id and report each, typos do not create queues or stores, and gc asks first."""
+every id and report each, typos do not create queues or stores, and gc asks first. Issue 18:
+a closed pipe ends a command quietly, and a module that cannot be imported says why."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
+import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,10 @@ from lakeshore.keys import worker_key
 PAYLOAD = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2K\rstate     succeeded\x9b31m\u202e"
 RAW = ("\x1b", "\x07", "\r", "\x9b", "\u202e")
 
+ROOT = Path(__file__).resolve().parents[2]
+# -P: as with the lakeshore console script, the current directory is not on sys.path
+LAKESHORE = [sys.executable, "-P", "-m", "lakeshore"]
+
 
 def shout(text: str) -> str:
     print(text)
@@ -30,6 +38,11 @@ def shout(text: str) -> str:
 
 def boom(text: str) -> None:
     raise ValueError(text)
+
+
+def frames(n: int) -> Iterator[str]:
+    for i in range(n):
+        yield f"frame {i}"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -103,7 +116,8 @@ def test_a_bodys_output_and_exception_text_are_shown_inert(
     assert_inert(out)
     code, _, err = run(capsys, "result", bad)
     assert code == 1
-    assert len(err.strip().splitlines()) == 1  # one line, whatever the message holds
+    lines = err.strip().splitlines()  # the remote traceback, then one line of error
+    assert [ln for ln in lines if ln.startswith("lakeshore: ")] == lines[-1:], lines
     assert_inert(err)
     code, out, _ = run(capsys, "show", bad)
     assert code == 0
@@ -212,3 +226,195 @@ def test_gc_asks_before_deleting_and_refuses_without_a_terminal(
     for i in done:
         with pytest.raises(dls.NotFound):
             q.get(i)
+
+
+# -- issue 18 item 7: a reader that goes away (| head) ends a command quietly ------------------
+
+
+def cli_env(url: str, *path: str) -> dict[str, str]:
+    """A ``lakeshore`` subprocess's environment: this checkout importable, and nothing else on
+    the import path but ``path``; stdout buffered, as in a user's shell (a buffered line
+    meets the closed pipe only when flushed, the case that escaped the command's own code)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONUNBUFFERED")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *path])
+    env["LAKESHORE_URL"] = url
+    return env
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
+    """A store listing far more than a pipe holds (64 KiB on Linux), an invocation that
+    printed and returned text, and one that streamed frames."""
+    url = f"file://{tmp_path_factory.mktemp('crowded')}/plane"
+    q = dls.Dispatch(url)
+    said = q.udf(shout).submit("hello")
+    streamed = q.udf(frames).submit(3)
+    drain(q)
+    q.udf(shout).map([str(i) for i in range(1500)])  # ~90 bytes a row in ls: ~135 KB
+    return url, said, streamed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ls", "--limit", "5"],
+        ["ls", "--limit", "5", "--json"],
+        ["status"],
+        ["status", "--json"],
+        ["show", "{said}"],
+        ["result", "{said}"],
+        ["logs", "{said}"],
+        ["tail", "{streamed}"],
+        ["--help"],
+    ],
+    ids=lambda argv: "-".join(a.strip("{}-") for a in argv if a != "5"),
+)
+def test_a_command_whose_reader_is_gone_ends_quietly_with_141(
+    crowded: tuple[str, str, str], argv: list[str]
+) -> None:
+    url, said, streamed = crowded
+    argv = [a.format(said=said, streamed=streamed) for a in argv]
+    read, write = os.pipe()
+    os.close(read)  # gone before the first byte: whatever the command prints meets it
+    with subprocess.Popen(
+        [*LAKESHORE, *argv], stdout=write, stderr=subprocess.PIPE, env=cli_env(url), text=True
+    ) as proc:
+        os.close(write)
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert proc.returncode == 141, err
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]], ids=["table", "json"])
+def test_ls_into_head_ends_quietly_with_141(
+    crowded: tuple[str, str, str], extra: list[str]
+) -> None:
+    url, _, _ = crowded
+    read, write = os.pipe()
+    with subprocess.Popen(
+        [*LAKESHORE, "ls", "--limit", "3000", *extra],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        env=cli_env(url),
+        text=True,
+    ) as proc:
+        os.close(write)
+        with open(read, "rb") as head:  # `| head -1`: one line, then the reader is gone
+            first = head.readline()
+        _, err = proc.communicate(timeout=120)
+    assert first.startswith(b"{" if extra else b"ID ")
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    # more than the pipe and one read hold: the command cannot have finished writing
+    assert proc.returncode == 141, err
+
+
+# -- issue 18 item 6: why a module cannot be imported -----------------------------------------
+
+MODULES = {
+    "raises_at_import.py": "settings: dict[str, int] = {}\nPORT = settings['port']\n",
+    "bad_syntax.py": "def f(:\n    pass\n",
+    "needs_a_dependency.py": "import no_such_dependency\n",
+    "tasks_here.py": "import lakeshore as dls\n\n\n@dls.udf\ndef fn(x):\n    return x\n",
+    "pkg_here/__init__.py": "",
+    "pkg_here/jobs.py": "import lakeshore as dls\n\n\n@dls.udf\ndef fn(x):\n    return x\n",
+}
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A folder holding modules, as a user's project folder does."""
+    for name, text in MODULES.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def lakeshore_in(folder: Path, *argv: str, here_on_path: bool) -> subprocess.CompletedProcess[str]:
+    """``lakeshore ARGV`` run from ``folder``, with ``PYTHONPATH=.`` or without."""
+    env = cli_env(f"file://{folder}/plane", *(["."] if here_on_path else []))
+    return subprocess.run(
+        [*LAKESHORE, *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    "module, error",
+    [
+        ("raises_at_import", "KeyError: 'port'"),
+        ("bad_syntax", "SyntaxError: "),
+        ("needs_a_dependency", "ModuleNotFoundError: No module named 'no_such_dependency'"),
+    ],
+    ids=["raises", "syntax-error", "missing-dependency"],
+)
+def test_worker_import_of_a_module_that_fails_says_fix_the_module(
+    folder: Path, module: str, error: str
+) -> None:
+    out = lakeshore_in(folder, "worker", "--import", module, here_on_path=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr  # the traceback only with --log-level debug
+    assert lines[0].startswith(
+        f"lakeshore: worker --import: {module!r} failed while importing ({error}"
+    ), lines
+    assert "— fix the module" in lines[0]
+    assert "install the module here" not in lines[0] and "PYTHONPATH" not in lines[0]
+
+
+def test_worker_import_logs_the_traceback_at_debug(folder: Path) -> None:
+    out = lakeshore_in(
+        folder, "worker", "--import", "raises_at_import", "--log-level", "debug", here_on_path=True
+    )
+    assert out.returncode == 2
+    assert "Traceback" in out.stderr
+    assert "raises_at_import.py" in out.stderr and "PORT = settings['port']" in out.stderr
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "lakeshore: worker --import: 'raises_at_import' failed while importing (KeyError"
+        )
+    )
+
+
+@pytest.mark.parametrize("module", ["not_anywhere", "not_anywhere.jobs", "tasks_here.jobs"])
+def test_worker_import_of_a_module_that_is_not_there_says_install_it(
+    folder: Path, module: str
+) -> None:
+    out = lakeshore_in(folder, "worker", "--import", module, here_on_path=True)
+    assert out.returncode == 2
+    line = out.stderr.strip()
+    assert line.startswith(
+        f"lakeshore: worker --import: {module!r} is not importable here (ModuleNotFoundError: "
+    ), line
+    assert line.endswith("— install the module here or fix PYTHONPATH")
+
+
+@pytest.mark.parametrize(
+    "argv, beside",
+    [
+        (["worker", "--import", "tasks_here"], "./tasks_here.py"),
+        (["worker", "--import", "pkg_here.jobs"], "./pkg_here/"),
+        (["submit", "tasks_here:fn", "--args", "[1]"], "./tasks_here.py"),
+    ],
+    ids=["worker", "worker-package", "submit"],
+)
+def test_a_module_in_the_current_directory_says_pythonpath_dot(
+    folder: Path, argv: list[str], beside: str
+) -> None:
+    argv += ["--idle-exit", "0", "--isolation", "thread"] if argv[0] == "worker" else []
+    out = lakeshore_in(folder, *argv, here_on_path=False)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert f"{beside} is in the current directory" in lines[0]
+    assert "— run the command as PYTHONPATH=. lakeshore" in lines[0]
+    followed = lakeshore_in(folder, *argv, here_on_path=True)  # the hint, taken, works
+    assert followed.returncode == 0, followed.stderr
+
+
+def test_submit_of_a_module_that_fails_says_fix_the_module(folder: Path) -> None:
+    out = lakeshore_in(folder, "submit", "raises_at_import:fn", here_on_path=True)
+    assert out.returncode == 2
+    line = out.stderr.strip()
+    assert "'raises_at_import' failed while importing (KeyError: 'port')" in line, line
+    assert "— fix the module" in line and "where the worker runs" not in line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -72,10 +73,117 @@ def test_failed_result_is_exit_1_with_the_remote_error(
     q = dls.Dispatch(url)
     inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
     dls.run_worker(q, once=True, isolation="thread")
-    code, _, err = run(capsys, "result", inv)
-    assert code == 1 and "failed" in one_line_error(err)
+    code, out, err = run(capsys, "result", inv)
+    assert code == 1 and out == ""  # stdout is for the value: nothing of the error
+    *trace, line = err.strip().splitlines()
+    # the worker's traceback first, down to the body's raising line, then the one error line
+    assert trace[0] == "Traceback (most recent call last):" and trace[-1] == "ValueError: boom"
+    assert "    raise ValueError(msg)" in trace and 'tests/jobs.py", line' in err
+    assert line.startswith(f"lakeshore: result {inv}: invocation failed after 1 attempt(s)")
+    todo = "the traceback above shows where the body raised; fix the body or its input"
+    assert line.endswith(f" — {todo} and submit again")
+    assert "remote_traceback" not in err  # a shell user has no such attribute to read
+    with pytest.raises(dls.Failed) as e:
+        q.result(inv)
+    assert "this error's remote_traceback shows where the body raised" in str(e.value)
+    assert "raise ValueError(msg)" in e.value.remote_traceback
     code, out, _ = run(capsys, "wait", inv, "--json")
     assert code == 1 and json.loads(out)["counts"] == {"failed": 1}
+
+
+def test_tail_of_a_failed_stream_ends_with_its_traceback(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.bad_stream).submit(2, _max_attempts=1)
+    dls.run_worker(q, once=True, isolation="thread")
+    code, out, err = run(capsys, "tail", inv)
+    assert code == 1 and out.splitlines() == ["0\t0", "1\t1"]  # the frames, then the error
+    *trace, line = err.strip().splitlines()
+    assert (
+        trace[0] == "Traceback (most recent call last):"
+        and '    raise KeyError("stream broke")' in trace
+    )
+    assert line.startswith("lakeshore: ") and "the traceback above shows where" in line
+    assert "remote_traceback" not in err
+
+
+def test_show_of_a_failed_invocation_ends_with_its_traceback(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
+    dls.run_worker(q, once=True, isolation="thread")
+    code, out, _ = run(capsys, "show", inv)
+    assert code == 0
+    lines = out.splitlines()
+    at = lines.index("traceback")
+    assert lines[at - 1] == "error      ValueError: boom"  # after the fields
+    trace = lines[at + 1 :]
+    assert (
+        trace[0] == "    Traceback (most recent call last):" and trace[-1] == "    ValueError: boom"
+    )
+    assert "        raise ValueError(msg)" in trace
+    assert all(ln.startswith("    ") for ln in trace)  # indented: no line reads as a field
+    code, out, _ = run(capsys, "show", inv, "--json")
+    assert code == 0 and "raise ValueError(msg)" in json.loads(out)["error"]["traceback"]
+
+
+def test_an_error_with_nothing_raised_stays_one_line(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.add_one).submit(1)
+    q.cancel(inv)
+    code, out, err = run(capsys, "result", inv)
+    assert code == 1 and out == "" and "killed" in one_line_error(err)
+    code, out, _ = run(capsys, "show", inv)
+    assert code == 0 and "error      Killed: cancelled" in out and "traceback" not in out
+
+
+# ESC ] 52 writes the clipboard, ESC [ 2K + CR erase the line, 0x9b is a one-byte CSI on some
+# terminals, U+202E reverses what follows; SHOWN is how it must be printed
+HOSTILE = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2K\rstate     succeeded\x9b31m\u202e"
+SHOWN = "\\x1b]52;c;cm0gLXJmIH4=\\x07\\x1b[2K\\x0dstate     succeeded\\x9b31m\\u202e"
+
+
+def assert_inert(text: str) -> None:
+    for c in ("\x1b", "\x07", "\r", "\x9b", "\u202e"):
+        assert c not in text, (c, text)
+
+
+def test_a_hostile_error_and_traceback_are_shown_inert(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
+    dls.run_worker(q, once=True, isolation="thread")
+    ops = q.ops("default")
+    rec, _ = ops.read(inv)
+    # anyone who can write the record can write its error: here both texts full of controls,
+    # the traceback also with two line breaks that are not newlines (U+2028, NEL)
+    head = "Traceback (most recent call last):\n  File 'x', line 1\n"
+    trace = f"{head}ValueError: {HOSTILE}\u2028\x85\n"
+    error = {"type": "ValueError", "message": HOSTILE, "traceback": trace}
+    q.store.put(ops.keys.record(inv), dataclasses.replace(rec, error=error).to_bytes())
+    code, out, err = run(capsys, "result", inv)
+    assert code == 1 and out == ""
+    assert_inert(err)
+    assert err.splitlines()[:3] == [
+        "Traceback (most recent call last):",
+        "  File 'x', line 1",
+        f"ValueError: {SHOWN}\\u2028\\x85",
+    ]  # the traceback's own lines are kept, nothing else splits one
+    assert len(err.splitlines()) == 4 and err.splitlines()[3].startswith("lakeshore: result ")
+    code, out, _ = run(capsys, "show", inv)
+    assert code == 0
+    assert_inert(out)
+    assert f"error      ValueError: {SHOWN}" in out.splitlines()
+    assert out.splitlines()[-3:] == [
+        "    Traceback (most recent call last):",
+        "      File 'x', line 1",
+        f"    ValueError: {SHOWN}\\u2028\\x85",
+    ]
 
 
 def test_tail_logs_cancel(url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,9 @@ to a block (docs/testing.md documents them):
   the reason is required.
 * ``<!-- file: <name> -->``: the block is a file of a multi-process example. It is written
   to ``<name>`` in the working directory before the next block runs, not executed.
+* ``<!-- process: <name> -->``: the block is a program the page tells the reader to run by
+  itself (a ```python or ```bash block): it is written to ``<name>`` and run as its own
+  process in the working directory, with the page's environment, and must exit 0.
 
 Blocks run as the script's ``__main__``: ``if __name__ == "__main__":`` guards run, and a
 worker that starts a child process (process isolation) re-imports the running block the way
@@ -21,7 +24,9 @@ worker that starts a child process (process isolation) re-imports the running bl
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import textwrap
 import types
@@ -35,7 +40,8 @@ import lakeshore.dispatch
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_MARKER = re.compile(r"<!--\s*(not-run|file)\s*:(.*?)-->")
+_MARKER = re.compile(r"<!--\s*(not-run|file|process)\s*:(.*?)-->")
+_SHELLS = ("bash", "sh")
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 _SNIPPET = re.compile(r"""^\s*--8<--\s+["']([^"']+)["']\s*$""")
 
@@ -50,10 +56,12 @@ class Block:
     source: str
     not_run: str | None = None  # the reason, when marked not-run
     file: str | None = None  # the file name, when marked file
+    process: str | None = None  # the file name, when marked process
 
     @property
     def runs(self) -> bool:
-        return self.lang == "python" and self.not_run is None and self.file is None
+        plain = self.lang == "python" and self.not_run is None and self.file is None
+        return plain or self.process is not None
 
 
 def parse_blocks(text: str, path: str = "<text>") -> list[Block]:
@@ -96,19 +104,22 @@ def parse_blocks(text: str, path: str = "<text>") -> list[Block]:
         else:
             raise ValueError(f"{path}:{i + 1}: the fence never closes")
         source = textwrap.dedent("\n".join(body)) if indent else "\n".join(body)
-        not_run = file = None
+        not_run = file = process = None
         if pending is not None:
-            if pending[0] != i or lang != "python":
+            langs = ("python", *_SHELLS) if pending[1] == "process" else ("python",)
+            if pending[0] != i or lang not in langs:
                 raise ValueError(
                     f"{path}:{pending[0]}: a marker must be on the line right before a "
-                    "```python fence"
+                    f"```{' or ```'.join(langs)} fence"
                 )
             if pending[1] == "not-run":
                 not_run = pending[2]
-            else:
+            elif pending[1] == "file":
                 file = pending[2]
+            else:
+                process = pending[2]
             pending = None
-        blocks.append(Block(path, i + 1, lang, source + "\n", not_run, file))
+        blocks.append(Block(path, i + 1, lang, source + "\n", not_run, file, process))
         i = j + 1
     if pending is not None:
         raise ValueError(f"{path}:{pending[0]}: the marker is not right before a fence")
@@ -133,7 +144,7 @@ def all_blocks() -> list[Block]:
         b
         for f in doc_files()
         for b in parse_blocks(f.read_text(), str(f.relative_to(ROOT)))
-        if b.lang == "python"
+        if b.lang == "python" or b.process is not None
     ]
 
 
@@ -173,12 +184,37 @@ class Notebook:
             self.done += 1
             if current.file is not None:
                 (self.cwd / current.file).write_text(expand_snippets(current.source))
+            elif current.process is not None:
+                try:
+                    self._run_process(current)
+                except BaseException:
+                    self.failed_at = current.line
+                    raise
             elif current.runs:
                 try:
                     self._exec(current)
                 except BaseException:
                     self.failed_at = current.line
                     raise
+
+    def _run_process(self, block: Block) -> None:
+        """Run the block as the reader would: its own process, from the page's folder."""
+        assert block.process is not None
+        (self.cwd / block.process).write_text(expand_snippets(block.source))
+        shell = block.lang in _SHELLS
+        argv = ["bash", "-e", block.process] if shell else [sys.executable, block.process]
+        env = dict(os.environ)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env.pop("PYTHONPATH", None)  # as a reader's shell: only what the page sets
+        done = subprocess.run(
+            argv, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=100
+        )
+        if done.returncode != 0:
+            raise AssertionError(
+                f"{block.path}:{block.line}: `{' '.join(argv[:-1])} {block.process}` exited "
+                f"{done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n"
+                f"{done.stderr[-3000:]}"
+            )
 
     def _exec(self, block: Block) -> None:
         source = expand_snippets(block.source)
@@ -271,6 +307,11 @@ not code of this page
 ```bash
 echo hi
 ```
+
+<!-- process: run.sh -->
+```bash
+echo run
+```
 """
 
 
@@ -283,8 +324,10 @@ def test_parse_blocks_reads_markers_fences_and_indentation() -> None:
         (19, "python"),
         (24, "markdown"),
         (30, "bash"),
+        (35, "bash"),
     ]
-    assert [b.runs for b in blocks] == [True, False, False, True, False, False]
+    assert [b.runs for b in blocks] == [True, False, False, True, False, False, True]
+    assert blocks[6].process == "run.sh"
     assert blocks[1].not_run == "needs AWS"
     assert blocks[2].file == "tasks.py"
     assert blocks[3].source == "if x:\n    y = 2\n"
@@ -299,8 +342,9 @@ def test_parse_blocks_reads_markers_fences_and_indentation() -> None:
         "<!-- not-run: needs AWS -->\n```bash\nls\n```\n",  # not a python block
         "<!-- file: a.py -->\nsome text\n",  # no block at all
         "```python\nx = 1\n",  # never closed
+        "<!-- process: a.txt -->\n```text\nhi\n```\n",  # not a program
     ],
-    ids=["no-reason", "blank-line-between", "not-python", "no-block", "unclosed"],
+    ids=["no-reason", "blank-line-between", "not-python", "no-block", "unclosed", "not-code"],
 )
 def test_parse_blocks_refuses_bad_markers(text: str) -> None:
     with pytest.raises(ValueError):
@@ -336,8 +380,49 @@ def test_blocks_share_a_namespace_and_see_written_files(
     assert book.module.url == f"file://{tmp_path}/plane"
 
 
+def test_process_blocks_run_as_their_own_programs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (
+        "<!-- process: write.py -->\n```python\nimport os\nopen('out.txt', 'w').write("
+        "os.environ['LAKESHORE_URL'])\nx = 1\n```\n\n"
+        "<!-- process: check.sh -->\n```bash\ntest -s out.txt\nlakeshore --version\n```\n\n"
+        "<!-- process: fails.py -->\n```python\nprint(x)\n```\n"
+    )
+    blocks = parse_blocks(text, "sample.md")
+    book = Notebook(blocks, tmp_path)
+    book.run_through(blocks[1], monkeypatch)  # the shell finds the file and the command
+    assert (book.cwd / "out.txt").read_text() == f"file://{tmp_path}/plane"
+    assert not hasattr(book.module, "x"), "a process block does not run in the page's namespace"
+    with pytest.raises(AssertionError, match=r"(?s)exited 1.*NameError: name 'x'"):
+        book.run_through(blocks[2], monkeypatch)  # so what it did not define is not there
+    assert book.failed_at == blocks[2].line
+
+
 def test_the_docs_have_runnable_examples() -> None:
     runnable = {b.path for b in _BLOCKS if b.runs}
     assert {"README.md", "docs/queue.md", "docs/quickstart.md"} <= runnable
     not_run = [b for b in _BLOCKS if b.not_run is not None]
     assert all(len(b.not_run or "") >= 8 for b in not_run), "say why a block cannot run"
+
+
+def test_install_lines_name_what_installs_and_every_extra_is_explained() -> None:
+    """The package is not on PyPI: an install step that names it bare fails for a new user.
+    The quickstart's table explains each extra pyproject.toml defines."""
+    import tomllib
+
+    bare = re.compile(r"pip install (-U )?['\"]?lakeshore-queue['\"]?\s*($|#)")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    wrong = [
+        f"{page.relative_to(ROOT)}:{n}"
+        for page in pages
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if bare.search(line)
+    ]
+    assert not wrong, f"install steps that cannot work until a release: {wrong}"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    missing = [name for name in extras if f"| `{name}` |" not in quickstart]
+    assert not missing, f"extras the quickstart does not explain: {missing}"

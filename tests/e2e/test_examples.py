@@ -335,10 +335,7 @@ def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
 
     attempts = 0
     for task, log in enumerate(logs):
-        assert (
-            f"worker on {url} namespace default, queues sim, concurrency 2, isolation process"
-            in log
-        )
+        assert f" on {url} namespace default: queues sim, concurrency 2, isolation process" in log
         assert "Traceback" not in log and " ERROR " not in log, log
         m = re.search(r"worker done: (\d+) attempt\(s\)", log)
         assert m, log

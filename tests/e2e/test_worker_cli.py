@@ -4,6 +4,7 @@ lifecycle hooks, and per-attempt logs read from another process."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,6 +171,40 @@ def test_a_failing_on_start_stops_the_worker_clearly(tmp_path: Path) -> None:
     assert "model weights missing" in out.stderr.splitlines()[-1]
     rec = q.get(inv)
     assert rec.state == "queued" and rec.released == 1  # handed back untouched
+
+
+def test_the_line_of_an_attempt_that_raised_says_why(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url, retry_backoff_s=0.05)
+    f = q.udf(jobs.fail_always)
+    bad = f.submit("bad input 3", _max_attempts=2)
+    # a message may quote a submitter's input: a newline in it must not make a log line of
+    # its own, nor a control character reach the operator's terminal; a long one is cut
+    fake = "2026-01-01 00:00:00,000 INFO lakeshore.worker: tests.jobs:f 01J attempt 1 -> succeeded"
+    hostile = f.submit(f"x\n{fake}\x1b[2K", _max_attempts=1)
+    long = f.submit("y" * 1000, _max_attempts=1)
+    out = subprocess.run(
+        worker_cmd("--idle-exit", "1", "--max-poll", "0.1"),
+        env=env_for(url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [q.status(i) for i in (bad, hostile, long)] == ["failed"] * 3
+    lines = out.stderr.splitlines()
+
+    def outcome(inv: str, attempt: int) -> str:
+        found = [ln for ln in lines if f" {inv} attempt {attempt} -> " in ln]
+        assert len(found) == 1, out.stderr
+        return found[0].split(f" {inv} attempt {attempt} -> ", 1)[1]
+
+    retry = r"queued in \d+\.\d{3}s \(retry in \d+\.\ds; 1 of 2 attempts used\)"
+    assert re.fullmatch(rf"{retry}: ValueError: bad input 3", outcome(bad, 1)), out.stderr
+    assert re.fullmatch(r"failed in \d+\.\d{3}s: ValueError: bad input 3", outcome(bad, 2))
+    assert outcome(hostile, 1).endswith(f"s: ValueError: x\\x0a{fake}\\x1b[2K")
+    assert not any(ln.startswith(fake[:10]) for ln in lines) and "\x1b" not in out.stderr
+    assert outcome(long, 1).endswith("s: ValueError: " + "y" * 187 + "…")  # 200 characters
 
 
 def test_logs_of_a_printing_body_from_another_process(tmp_path: Path) -> None:

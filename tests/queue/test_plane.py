@@ -237,8 +237,9 @@ def test_result_from_a_process_that_never_saw_the_submit(tmp_path: Path) -> None
 def test_pickled_callables_need_both_sides(plane: Any, tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     trusting = make_plane(plane.store, allow_pickle=True)
-    with pytest.raises(dls.InvalidArgument, match="no importable name"):
-        plane.udf(lambda x: x)  # without opt-in a lambda is refused at decoration
+    if not plane.in_process:  # a worker elsewhere could not find a lambda: refused at submit
+        with pytest.raises(dls.InvalidArgument, match=r"no importable name.*allow_pickle=True"):
+            plane.udf(lambda x: x).submit(1)
 
     def nested(x: int) -> int:
         canary.write_text("ran")
@@ -311,3 +312,80 @@ def test_default_plane_and_module_level_udf(
     assert plane.store.url == f"file://{tmp_path}/shared"
     assert dls.run_worker(plane, once=True) == 1
     assert dls.Dispatch().result(inv) == 5  # any plane on the same store reads it
+
+
+def test_a_worker_says_what_it_serves_and_once_that_it_waits(tmp_path: Path) -> None:
+    """From a plain script (no logging set up) a worker is not silent: one line on what it
+    serves, one when it first finds nothing, however many polls follow."""
+    import subprocess
+    import sys
+
+    url = f"file://{tmp_path}/store"
+    code = (
+        "import lakeshore as dls\n"
+        f"print(dls.run_worker(dls.Dispatch({url!r}), idle_exit=1.0, isolation='thread'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "0"
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2, out.stderr
+    assert lines[0].startswith("lakeshore: worker ") and f"on {url} namespace default" in lines[0]
+    assert "queues default, concurrency 1, isolation thread" in lines[0]
+    assert "nothing to claim yet, waiting; leaves after 1 s without work" in lines[1]
+
+
+def test_where_logging_is_set_up_the_worker_logs_instead(
+    q: Any, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with caplog.at_level("INFO", logger="lakeshore.worker"):
+        assert dls.run_worker(q, once=True, isolation="thread") == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "lakeshore.worker"]
+    assert any("queues default, concurrency 1" in m for m in said), said
+    assert sum(m.endswith(": nothing to claim") for m in said) == 1, said
+    assert "lakeshore: worker" not in capsys.readouterr().err
+
+
+def test_nested_functions_and_lambdas_run_on_a_memory_plane_in_one_process() -> None:
+    """A test or a notebook cell declares bodies where it stands: on a ":memory:" plane
+    every worker is in this process and finds them in the plane's registry."""
+    q = dls.Dispatch(":memory:")
+    made = []
+    for factor in (2, 3):  # one qualname, two closures: each keeps its own name
+
+        @q.udf
+        def scale(x: int, factor: int = factor) -> int:
+            return x * factor
+
+        made.append(scale)
+    double, triple = made
+    square = q.udf(lambda x: x * x, timeout_s=30)  # a timeout would mean a child: not here
+    ids = [double.submit(5), triple.submit(5), square.submit(4)]
+    assert double.ref != triple.ref
+    assert dls.run_worker(q, max_jobs=3, idle_exit=0, isolation="process") == 3
+    assert [q.result(i, timeout=30) for i in ids] == [10, 15, 16]
+    # a plane that did not declare it (here on the same store) never finds it by its name
+    stranger = make_plane(q.store)
+    inv = double.submit(1)
+    assert dls.run_worker(stranger, once=True, isolation="thread") == 1
+    with pytest.raises(dls.Failed) as failed:
+        q.result(inv, timeout=30)
+    assert failed.value.details["remote_type"] == "UnknownFunction"
+    assert "only the plane that declared it" in failed.value.details["remote_message"]
+
+
+def test_a_function_only_this_process_knows_is_refused_where_workers_are_elsewhere(
+    tmp_path: Path,
+) -> None:
+    q = dls.Dispatch(f"file://{tmp_path}/store")
+    f = q.udf(lambda x: x + 1)
+    assert f(1) == 2  # a local call needs no worker
+    with pytest.raises(dls.InvalidArgument) as refused:
+        f.submit(1)
+    said = str(refused.value)
+    assert "no importable name" in said and "define it at module level" in said
+    assert "allow_pickle=True" in said and "lakeshore-queue[pickle]" in said
+    assert not any("/_tickets/" in o.key for o in q.store.list("")), "nothing was submitted"
+    with pytest.raises(dls.InvalidArgument, match="no importable name"):
+        f.map([1, 2])

@@ -16,8 +16,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
     (
         "codec, keys and the stores",
-        {"codec", "keys", "scope", "store", "store.base", "store.clock", "store.local"}
-        | {"store.memory", "store.url", "store.s3", "store.s3_obstore"},
+        {"codec", "keys", "scope", "text", "store", "store.base", "store.clock"}
+        | {"store.local", "store.memory", "store.url", "store.s3", "store.s3_obstore"},
     ),
     (
         "pure records and transitions",

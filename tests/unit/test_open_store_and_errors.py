@@ -189,3 +189,22 @@ def test_local_fsync_mode_writes_and_reads(tmp_path: Path) -> None:
     s = LocalStore(tmp_path / "st", fsync=True)
     e = s.put("a/b", b"durable")
     assert s.get("a/b") == (b"durable", e)
+
+
+def test_an_empty_url_is_refused_not_taken_for_the_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A variable meant to hold a URL that came out empty must not open the home store."""
+    from lakeshore.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("LAKESHORE_URL", raising=False)
+    with pytest.raises(InvalidArgument, match="the store URL is empty"):
+        lakeshore.Dispatch("")
+    for argv in (["status", "--url", ""], ["ls", "--url", " "], ["doctor", ""], ["demo", ""]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2, argv
+        assert "an empty URL names no store" in capsys.readouterr().err, argv
+    assert not (tmp_path / ".lakeshore").exists(), "no home store was made"
+    assert lakeshore.Dispatch(None, store=MemoryStore()).url.endswith(".lakeshore")  # None: default
