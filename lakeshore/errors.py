@@ -236,7 +236,8 @@ class TopicClosed(LakeshoreError):
 
 
 class HookFailed(LakeshoreError):
-    """A worker lifecycle hook raised: the worker cannot run bodies."""
+    """A worker cannot start what runs its bodies: a lifecycle hook raised, or a body's
+    process cannot be started from the script the worker runs in. The worker stops."""
 
 
 class Unsendable(LakeshoreError):

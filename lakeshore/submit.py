@@ -42,6 +42,7 @@ from lakeshore.protocol.admission import admit, give_back_rate
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, abandoned
 from lakeshore.run import flush
 from lakeshore.running.bodies import Declared
+from lakeshore.running.child import refuse_script_rerun
 from lakeshore.scope import current_prefix
 from lakeshore.store.base import CREATE, if_match
 
@@ -136,6 +137,7 @@ def prepare_call(
         InvalidArgument: unsendable arguments or a bad option.
         RecordError: the queue record is corrupt.
     """
+    refuse_script_rerun(f"submit {udf.ref}")
     udf.check_reachable(plane.in_process)
     conf = plane.settings.get(udf.queue)
     prio = priority if priority is not None else (udf.priority if udf.priority is not None else 5)

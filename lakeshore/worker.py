@@ -47,7 +47,7 @@ from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.attempt import Attempt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
-from lakeshore.running.child import Hooks
+from lakeshore.running.child import Hooks, refuse_script_rerun
 from lakeshore.store.base import OVERWRITE
 from lakeshore.text import inert
 
@@ -125,7 +125,7 @@ def _say_idle_once(state: _State, idle_exit: float | None) -> None:
         _say(f"worker {state.worker_id}: nothing to claim")
         return
     leaves = f"; leaves after {idle_exit:g} s without work" if idle_exit else ""
-    _say(f"worker {state.worker_id}: nothing to claim yet, waiting{leaves}")
+    _say(f"worker {state.worker_id}: nothing to claim now, waiting{leaves}")
 
 
 def run_worker(
@@ -204,6 +204,7 @@ def run_worker(
             f"isolation is one of {_ISOLATIONS}; concurrency and max_jobs are >= 1; "
             "grace_s >= 0; lease_s > 0",
         )
+    refuse_script_rerun("run_worker")
     if worker_id is not None:
         check_text(worker_id, "lease.worker", "run_worker")  # it is in every lease
     if once and idle_exit is None:
@@ -497,6 +498,11 @@ def _serve(
             _hand_back(ops, held)
             state.uncount_attempt()
             return
+        # with the attempt's outcome line, what `lakeshore worker`'s status line counts as
+        # running (lakeshore.cli.progress reads the records' attempt_event, not this state)
+        rec = held.record
+        started = {"attempt_event": "started"}
+        log.debug("%s %s attempt %d started", rec.fn, rec.id, rec.attempt, extra=started)
         try:
             att = run_attempt(slot, ops, held, _Tracked(state))
             if att.interrupted:
@@ -509,7 +515,10 @@ def _serve(
         except LakeshoreError as e:
             # The outcome could not be written (store down?): the lease will expire and a
             # claimer requeues the invocation. Keep serving.
-            log.error("attempt of %s could not be concluded: %s", held.record.id, e)
+            unconcluded = {"attempt_event": "unconcluded"}
+            log.error(
+                "attempt of %s could not be concluded: %s", held.record.id, e, extra=unconcluded
+            )
         with state.lock:
             state.done += 1
         idle_since = time.monotonic()

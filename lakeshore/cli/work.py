@@ -18,6 +18,7 @@ from lakeshore.cli.common import (
     plane,
     print_json,
 )
+from lakeshore.cli.progress import show_progress, worker_log
 from lakeshore.dispatch import Dispatch
 from lakeshore.errors import InvalidArgument, LakeshoreError
 from lakeshore.keys import check_name
@@ -66,11 +67,14 @@ class _InertFormatter(logging.Formatter):
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper(), logging.INFO), handlers=[handler]
-    )
+    level = getattr(logging, args.log_level.upper(), logging.INFO)
+    formatter = _InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with worker_log(level, formatter, show_progress(args.progress, sys.stderr)):
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Import the ``--import`` modules and serve until the worker ends (inside the log)."""
     declared = _imports(args.imports or [])
     q = Dispatch(args.url, ns=args.ns, data=args.data)
     queues = args.queues or sorted(set(declared)) or ["default"]
@@ -321,6 +325,13 @@ def register(sub: Any) -> None:
     p.add_argument("--worker-id", help="name in leases and logs (default host:pid)")
     p.add_argument("--data", help="data root for dls.run files (default: beside the store)")
     p.add_argument("--log-level", default="info", help="debug, info, warning (default info)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a status line below the log: attempts running, done, failed, retried "
+        "(default: when stderr is a terminal)",
+    )
     add_common(p, json_output=False)
     p.set_defaults(func=_cmd_worker)
 

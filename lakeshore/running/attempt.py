@@ -289,6 +289,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
         final_state,
         time.monotonic() - t0,
         why,
+        extra={"attempt_event": "ended", "attempt_outcome": final_state},  # for log readers
     )
     att.final = final_state
     return att

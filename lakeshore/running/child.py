@@ -28,6 +28,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -58,7 +59,46 @@ from lakeshore.running.call import (
 )
 from lakeshore.running.logs import Sink, capture
 
-__all__ = ["BodyCall", "ChildProcess", "Hooks"]
+__all__ = ["BodyCall", "ChildProcess", "Hooks", "refuse_script_rerun"]
+
+_PROCESS_NAME = "lakeshore-body"
+# The exit code of a child that found its worker's script running again inside it: a script
+# without a __main__ guard, re-imported by spawn, submitting or starting a worker at import.
+_SCRIPT_RERAN = 78
+_GUARD_TODO = (
+    'guard the script\'s work with if __name__ == "__main__":, or run the worker with '
+    'isolation="thread"'
+)
+# True once this process serves bodies for a worker: what it runs after that is a body's
+# own doing, not its worker's script re-imported by spawn. One fact about the process.
+_serving = False
+
+
+def refuse_script_rerun(op: str) -> None:
+    """Stop a body process that is re-importing its worker's script (spawn does, to start
+    it) when that script submits or starts a worker at import: it would submit everything
+    again and start workers inside workers. Says what to do on stderr, in one line, and ends
+    the process with an exit code the worker recognises."""
+    # spawn names the child before it re-imports the script (and before parent_process())
+    if _serving or mp.current_process().name != _PROCESS_NAME:
+        return
+    print(
+        f"lakeshore: {op} ran again in a worker's body process, which re-imports the script "
+        f"that started the worker — {_GUARD_TODO}",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(_SCRIPT_RERAN)
+
+
+def _main_script_missing() -> str | None:
+    """The script spawn would re-import in a child, when that cannot work (read from stdin
+    or ``-c``: there is no file to import it from)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is None and path and not os.path.isfile(path):
+        return str(path)
+    return None
 
 
 @dataclass(frozen=True)
@@ -113,6 +153,8 @@ class BodyCall:
 
 def _serve(conn: Any, hooks: Hooks) -> None:
     """The child's main loop."""
+    global _serving
+    _serving = True
     # Ctrl-C and a cluster's SIGTERM reach the whole process group; stopping a body is the
     # worker's decision (finish within the grace, else release), so the child ignores them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -215,9 +257,19 @@ class ChildProcess:
         self.last_exit: int | None = None
 
     def _start(self, stop: threading.Event) -> bool:
+        missing = _main_script_missing()
+        if missing is not None:
+            raise HookFailed(
+                "worker body process",
+                f"a body's process would re-import the script {missing}, which is no file "
+                "(a script read from stdin or given with -c)",
+                'save the script as a file and run that, or run the worker with isolation="thread"',
+            )
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_serve, args=(child, self.hooks), daemon=True)
+        self.proc = ctx.Process(
+            target=_serve, args=(child, self.hooks), name=_PROCESS_NAME, daemon=True
+        )
         self.proc.start()
         child.close()
         self.conn = parent
@@ -226,14 +278,14 @@ class ChildProcess:
             if stop.is_set() or not self.proc.is_alive():
                 self.last_exit = self.proc.exitcode
                 self.kill()
-                return False
+                return self._check_script_reran()
         try:
             msg = parent.recv()
         except EOFError:
             self.proc.join(5)
             self.last_exit = self.proc.exitcode
             self.kill()
-            return False
+            return self._check_script_reran()
         if msg[0] == "start_failed":
             self.kill()
             err = msg[1]
@@ -244,6 +296,22 @@ class ChildProcess:
                 traceback=err.get("traceback", ""),
             )
         return True
+
+    def _check_script_reran(self) -> bool:
+        """False (the child did not start), unless it ended because the worker's script ran
+        again inside it: that would happen to every child, so the worker must stop.
+
+        Raises:
+            HookFailed: the child found the worker's script submitting or starting a worker.
+        """
+        if self.last_exit == _SCRIPT_RERAN:
+            raise HookFailed(
+                "worker body process",
+                "the script that started this worker ran again in the body's process (spawn "
+                "re-imports it) and submitted or started a worker there",
+                _GUARD_TODO,
+            ) from None
+        return False
 
     def run(
         self,

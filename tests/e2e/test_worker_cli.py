@@ -1,9 +1,11 @@
 """`lakeshore worker` as a program: concurrency, signals and lease release, --idle-exit,
-lifecycle hooks, and per-attempt logs read from another process."""
+lifecycle hooks, per-attempt logs read from another process, and its status line."""
 
 from __future__ import annotations
 
+import io
 import os
+import pty
 import re
 import signal
 import subprocess
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import lakeshore as dls
+from lakeshore.cli.progress import StatusLine
 from tests import jobs
 from tests.waiting import alive, poll
 
@@ -293,3 +296,165 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     assert rec.state == "running" and rec.released == 0  # left to its lease, as documented
     # the body's process did not outlive the worker as an orphan
     poll(lambda: not alive(body_pid), timeout=10, what="the body's process gone")
+
+
+# -- the status line ---------------------------------------------------------------------
+
+LOG_LINE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR) lakeshore\.worker: \S.*"
+)
+STATUS = re.compile(
+    r"worker: (\d+) running, (\d+) attempts? done: (\d+) succeeded, (\d+) failed"
+    r"(?:, (\d+) retried)? *"
+)
+SUMMARY = "worker: 5 attempts done: 3 succeeded, 1 failed, 1 retried"
+
+
+def _mixed_run(tmp_path: Path, *flags: str) -> str:
+    """3 invocations that succeed, 1 that fails twice (retried once): the worker's stderr."""
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url, retry_backoff_s=0.05)
+    ids = [q.udf(jobs.add_one).submit(i) for i in range(3)]
+    ids.append(q.udf(jobs.fail_always).submit("bad input", _max_attempts=2))
+    out = subprocess.run(
+        worker_cmd("--idle-exit", "1", "--max-poll", "0.1", *flags),
+        env=env_for(url),
+        capture_output=True,  # bytes: text mode would turn each \r into a newline
+        timeout=120,
+    )
+    err = out.stderr.decode()
+    assert out.returncode == 0, err[-2000:]
+    assert [q.status(i) for i in ids] == ["succeeded"] * 3 + ["failed"]
+    return err
+
+
+@pytest.mark.parametrize("flags", [(), ("--no-progress",)])
+def test_a_log_file_or_pipe_gets_log_lines_only(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    err = _mixed_run(tmp_path, *flags)
+    assert "\r" not in err and "\x1b" not in err
+    lines = err.splitlines()
+    assert all(LOG_LINE.fullmatch(ln) for ln in lines), err
+    assert sum("-> succeeded in" in ln for ln in lines) == 3
+    assert sum("-> queued in" in ln for ln in lines) == 1
+    assert sum("-> failed in" in ln for ln in lines) == 1
+    assert "attempts done" not in err
+
+
+def test_progress_forced_shows_the_counts_and_keeps_log_lines_whole(tmp_path: Path) -> None:
+    err = _mixed_run(tmp_path, "--progress")
+    pieces = err.split("\n")
+    assert pieces[-1] == ""  # the summary ends with a newline: the shell prompt goes below
+    assert pieces[-2].rsplit("\r", 1)[1] == SUMMARY
+    logs, statuses = [], []
+    for piece in pieces[:-2]:
+        # a line the terminal shows: status draws and blanks, each after a \r, then the
+        # log line that was written after the last blank
+        *drawn, written = piece.split("\r")
+        logs.append(written)
+        for text in drawn:
+            assert not text.strip() or STATUS.fullmatch(text), repr(piece)
+            statuses += [STATUS.fullmatch(text)] if text.strip() else []
+    assert all(LOG_LINE.fullmatch(ln) for ln in logs), err
+    assert sum("-> succeeded in" in ln for ln in logs) == 3
+    assert sum("-> queued in" in ln for ln in logs) == 1
+    assert sum("-> failed in" in ln for ln in logs) == 1
+    assert statuses, err  # the worker idled for a second: the line was drawn meanwhile
+    counted = 0
+    for m in statuses:  # every line drawn adds up, and counts only go up
+        running, done, ok, failed, retried = (int(g or 0) for g in m.groups())
+        assert running <= 1 and done == ok + failed + retried and done >= counted
+        counted = done
+
+
+@pytest.mark.parametrize("flags", [(), ("--no-progress",)])
+def test_on_a_terminal_the_status_line_shows_what_runs(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    url = f"file://{tmp_path}/plane"
+    gate = tmp_path / "gate"
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.wait_for_file).submit(str(gate))
+    main, sub = pty.openpty()  # stderr a terminal: the status line is on unless refused
+    worker = subprocess.Popen(
+        worker_cmd("--max-jobs", "1", "--max-poll", "0.1", *flags),
+        env=env_for(url),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=sub,
+    )
+    os.close(sub)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(main, 4096)
+            except OSError:  # EIO: every process holding the terminal has closed it
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+
+    def shown() -> str:
+        # the terminal turns each \n into \r\n: back to what the worker wrote
+        return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+    try:
+        if flags:
+            poll(lambda: q.status(inv) == "running", what="invocation running")
+        else:
+            poll(lambda: "worker: 1 running, 0 attempts done" in shown(), what="1 running")
+        gate.write_text("go")
+        assert worker.wait(60) == 0, shown()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(30)
+        reader.join(30)
+        os.close(main)
+    text = shown()
+    assert q.status(inv) == "succeeded"
+    assert "-> succeeded in" in text
+    if flags:
+        assert "\r" not in text and "attempt done" not in text, text
+    else:
+        assert text.endswith("\rworker: 1 attempt done: 1 succeeded, 0 failed\n"), text
+
+
+def test_the_status_line_changes_at_most_once_per_interval_and_steps_aside() -> None:
+    now = [0.0]
+    text = ["one"]
+    out = io.StringIO()
+    line = StatusLine(out, lambda: text[0], interval=0.25, clock=lambda: now[0])
+    line.refresh()
+    assert out.getvalue() == "\rone"
+    text[0], now[0] = "three", 0.2
+    line.refresh()
+    assert out.getvalue() == "\rone"  # changed, but too soon
+    now[0] = 0.25
+    line.refresh()
+    assert out.getvalue() == "\rone\rthree"
+    now[0] = 1.0
+    line.refresh()
+    assert out.getvalue() == "\rone\rthree"  # unchanged: nothing written
+    text[0] = "two"
+    with line.cleared():  # a log line: blanked first, drawn again after, as it was
+        out.write("a log line\n")
+    assert out.getvalue() == "\rone\rthree\r     \ra log line\n\rthree"
+    line.refresh()  # the new text, now that an interval passed; padded over the longer one
+    assert out.getvalue().endswith("a log line\n\rthree\rtwo  ")
+    text[0] = "x" * 200  # wider than the terminal (80 columns when it does not say)
+    now[0] = 2.0
+    line.refresh()
+    assert out.getvalue().endswith("\r" + "x" * 79)
+    line.close("the end")
+    assert out.getvalue().endswith("\r" + "x" * 79 + "\r" + " " * 79 + "\rthe end\n")
+    size = len(out.getvalue())
+    now[0] = 10.0
+    line.refresh()
+    with line.cleared():
+        out.write("after\n")
+    assert out.getvalue()[size:] == "after\n"  # closed: log lines alone

@@ -333,7 +333,7 @@ def test_a_worker_says_what_it_serves_and_once_that_it_waits(tmp_path: Path) -> 
     assert len(lines) == 2, out.stderr
     assert lines[0].startswith("lakeshore: worker ") and f"on {url} namespace default" in lines[0]
     assert "queues default, concurrency 1, isolation thread" in lines[0]
-    assert "nothing to claim yet, waiting; leaves after 1 s without work" in lines[1]
+    assert "nothing to claim now, waiting; leaves after 1 s without work" in lines[1]
 
 
 def test_where_logging_is_set_up_the_worker_logs_instead(
