@@ -57,7 +57,8 @@ class Dispatch(Plane):
         url: ``":memory:"``, ``"file:///dir"`` or ``"s3://bucket/prefix"``; default
             ``$LAKESHORE_URL``, else the embedded default ``file://~/.lakeshore`` that every
             process of this user on this machine shares. An empty string is refused: it is
-            a URL that went missing, not a request for the default.
+            a URL that went missing, not a request for the default (an empty
+            ``$LAKESHORE_URL`` counts as unset).
         ns: namespace; queues and idempotency keys are per namespace.
         store: an already opened store (overrides ``url``).
         spill_bytes: arguments and results larger than this go to their own object.
@@ -119,10 +120,12 @@ class Dispatch(Plane):
         timeout_s: float | None = None,
         priority: int | None = None,
     ) -> Udf[Any, Any] | Callable[[F], Udf[Any, Any]]:
-        """Decorate a function so it can be submitted to ``queue`` on this plane.
+        """Decorate a function so it can be submitted to ``queue`` on this plane. A lambda or
+        a nested function (no importable name) is submitted only where its workers are in
+        this process (``:memory:``), unless the plane allows pickling.
 
         Raises:
-            InvalidArgument: bad queue name, or a function workers could not import.
+            InvalidArgument: bad queue name.
         """
 
         def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:
@@ -422,7 +425,7 @@ def udf(
     is created on the first submit.
 
     Raises:
-        InvalidArgument: bad queue name, or a function workers could not import.
+        InvalidArgument: bad queue name.
     """
 
     def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:

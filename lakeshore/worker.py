@@ -48,6 +48,7 @@ from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.attempt import Attempt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun
+from lakeshore.running.logs import logging_is_set_up
 from lakeshore.store.base import OVERWRITE
 from lakeshore.text import inert
 
@@ -110,7 +111,7 @@ def _say(message: str) -> None:
     """What a worker is doing, for whoever started it: an INFO line where logging is set up
     (the command line, an application), else one line on stderr. A worker started from a
     plain script or a notebook must not sit there saying nothing."""
-    if log.hasHandlers():
+    if logging_is_set_up(log):
         log.info("%s", message)
     else:
         print(f"lakeshore: {inert(message)}", file=sys.stderr, flush=True)
@@ -502,7 +503,8 @@ def _serve(
         # running (lakeshore.cli.progress reads the records' attempt_event, not this state)
         rec = held.record
         started = {"attempt_event": "started"}
-        log.debug("%s %s attempt %d started", rec.fn, rec.id, rec.attempt, extra=started)
+        fn = inert(rec.fn)  # a record's text, on its way to a terminal
+        log.debug("%s %s attempt %d started", fn, rec.id, rec.attempt, extra=started)
         try:
             att = run_attempt(slot, ops, held, _Tracked(state))
             if att.interrupted:
@@ -563,9 +565,11 @@ def _hand_back(ops: QueueOps, held: Claimed) -> None:
     rec = held.record
     try:
         ops.finish(held, lifecycle.release(rec, held.token, ops.store.now()))
-        log.info("%s %s attempt %d -> released before it started", rec.fn, rec.id, rec.attempt)
+        log.info(
+            "%s %s attempt %d -> released before it started", inert(rec.fn), rec.id, rec.attempt
+        )
     except (Conflict, IllegalTransition):
-        log.info("%s %s moved meanwhile (a cancel): nothing to hand back", rec.fn, rec.id)
+        log.info("%s %s moved meanwhile (a cancel): nothing to hand back", inert(rec.fn), rec.id)
     except LakeshoreError as e:
         log.warning("handing back %s failed (its lease will expire): %s", rec.id, e)
 

@@ -1,7 +1,7 @@
 # Shared by scripts/test and scripts/demo: a project-local virtualenv with the package
 # installed in editable mode. Needs Python >= 3.11 (set PYTHON=/path/to/python3.11 to choose).
-# The install is editable, so code changes need no reinstall; it is redone only when
-# pyproject.toml (dependencies, entry points) is newer than the last install of these extras.
+# The install is editable, so code changes need no reinstall; it is redone only when what it
+# was made from changed: pyproject.toml (dependencies, entry points), the extras, the Python.
 setup_venv() {
   local extras="$1"
   local py="${PYTHON:-python3}"
@@ -11,11 +11,14 @@ setup_venv() {
       echo "lakeshore needs Python >= 3.11; set PYTHON=/path/to/python3.11" >&2
       exit 2
     fi
+    rm -rf .venv  # a venv whose interpreter is gone: start over, stamps included
     "$py" -m venv .venv
   fi
-  if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+  local made_from
+  made_from="$({ cat pyproject.toml; echo "$extras"; .venv/bin/python -V; } | cksum)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$made_from" ]; then
     return 0
   fi
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$extras"
-  touch "$stamp"
+  echo "$made_from" > "$stamp"
 }

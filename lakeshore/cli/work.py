@@ -42,6 +42,14 @@ def _imports(modules: list[str]) -> list[str]:
     """Import ``--import`` modules; return the queues of the @udf functions they define."""
     queues = []
     for name in modules:
+        if "/" in name or name.endswith(".py"):  # a path: importing it would run it as a name
+            module_name = name.removesuffix(".py").replace("/", ".").strip(".")
+            raise InvalidArgument(
+                "worker --import",
+                f"{name!r} is a file path, not a module name",
+                f"give the module's name, e.g. --import {inert(module_name)}, with the folder "
+                "its name starts from on the import path (PYTHONPATH=. for this folder)",
+            )
         try:
             module = importlib.import_module(name)
         except Exception as e:

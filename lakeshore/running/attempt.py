@@ -36,7 +36,7 @@ from lakeshore.model.record import Record, clip_error
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
 from lakeshore.running.call import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
-from lakeshore.running.child import BodyCall, ChildProcess, Hooks
+from lakeshore.running.child import BodyCall, ChildProcess, Hooks, child_can_import
 from lakeshore.running.logs import log_writer, text_sink
 from lakeshore.streams.journal import END, ERROR, JournalWriter
 from lakeshore.text import inert
@@ -283,7 +283,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
         final_state, why = _conclude(slot, att, outcome, journal)
     log.info(
         "%s %s attempt %d -> %s in %.3fs%s",
-        rec.fn,
+        inert(rec.fn),  # a record's text, on its way to a terminal
         rec.id,
         rec.attempt,
         final_state,
@@ -325,8 +325,18 @@ def _execute(
     isolation = slot.isolation
     if isolation == "auto":
         isolation = "process" if rec.timeout_s is not None else "thread"
-    if isinstance(target, Declared) and target.local_only:
-        isolation = "thread"  # a child process could not find it: it lives in our registry
+    local = isinstance(target, Declared) and target.local_only
+    if isolation == "process" and (local or not child_can_import(rec.fn, rec.fn_pickle)):
+        # a child could not find it (our registry, or a __main__ with no file to import):
+        # run it here, where it is; a timeout then ends the attempt but cannot stop the body
+        isolation = "thread"
+        if rec.timeout_s is not None:
+            log.warning(
+                "%s %s runs in a thread of the worker (a body process could not load it): "
+                "its timeout ends the attempt but cannot stop the body",
+                inert(rec.fn),
+                rec.id,
+            )
     spec = RunSpec(slot.plane.data_root, rec.prefix, staging_name=f"{rec.id}-{rec.attempt}")
     if isolation == "process":
         if slot.child is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import secrets
 import sys
 import types
 from collections.abc import Callable, Iterable
@@ -115,7 +116,8 @@ class Declared:
             # Else the name is this declaration's own: two closures of one qualname (a loop,
             # a test run twice) must never be taken for each other in a registry.
             self.local_only = not allow_pickle
-            self.ref = named if allow_pickle else f"{named}#{id(self):x}"
+            # (random, not id(): ids of freed objects come back)
+            self.ref = named if allow_pickle else f"{named}#{secrets.token_hex(8)}"
         self.queue = check_name(queue, "queue")
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
@@ -144,8 +146,8 @@ class Declared:
                 "another), and this plane's workers may be other processes, which could not "
                 "find it",
                 "define it at module level; or, if every submitter and worker is trusted, "
-                "let it travel pickled: Dispatch(..., allow_pickle=True) on both sides, with "
-                "pip install 'lakeshore-queue[pickle]'",
+                "declare it with @q.udf on a Dispatch(..., allow_pickle=True), on both sides, "
+                "with pip install 'lakeshore-queue[pickle]'",
             )
 
     def pickled(self) -> bytes | None:

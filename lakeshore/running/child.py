@@ -59,7 +59,7 @@ from lakeshore.running.call import (
 )
 from lakeshore.running.logs import Sink, capture
 
-__all__ = ["BodyCall", "ChildProcess", "Hooks", "refuse_script_rerun"]
+__all__ = ["BodyCall", "ChildProcess", "Hooks", "child_can_import", "refuse_script_rerun"]
 
 _PROCESS_NAME = "lakeshore-body"
 # The exit code of a child that found its worker's script running again inside it: a script
@@ -89,6 +89,19 @@ def refuse_script_rerun(op: str) -> None:
         flush=True,
     )
     os._exit(_SCRIPT_RERAN)
+
+
+def _main_has_no_source() -> bool:
+    """``__main__`` came from nowhere a child could import it from: ``python -c``, a REPL,
+    a notebook (no file, no module spec)."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__spec__", None) is None and not getattr(main, "__file__", None)
+
+
+def child_can_import(ref: str, pickled: bytes | None) -> bool:
+    """Whether a body process could load the function ``ref`` names: by unpickling it, or
+    by importing its module, which a ``__main__`` without a source does not allow."""
+    return pickled is not None or not (ref.startswith("__main__:") and _main_has_no_source())
 
 
 def _main_script_missing() -> str | None:
@@ -262,7 +275,7 @@ class ChildProcess:
             raise HookFailed(
                 "worker body process",
                 f"a body's process would re-import the script {missing}, which is no file "
-                "(a script read from stdin or given with -c)",
+                "(a script read from stdin)",
                 'save the script as a file and run that, or run the worker with isolation="thread"',
             )
         ctx = mp.get_context("spawn")
@@ -304,7 +317,9 @@ class ChildProcess:
         Raises:
             HookFailed: the child found the worker's script submitting or starting a worker.
         """
-        if self.last_exit == _SCRIPT_RERAN:
+        # 78 means a rerun only where spawn re-imports a script; elsewhere (an on_start hook's
+        # library, say) it is just how that child ended
+        if self.last_exit == _SCRIPT_RERAN and not _main_has_no_source():
             raise HookFailed(
                 "worker body process",
                 "the script that started this worker ran again in the body's process (spawn "

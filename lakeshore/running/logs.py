@@ -28,7 +28,7 @@ from lakeshore.keys import QueueKeys
 from lakeshore.store.base import Store
 from lakeshore.streams.journal import JournalWriter, read_segments
 
-__all__ = ["Sink", "capture", "log_writer", "read_logs"]
+__all__ = ["Sink", "capture", "log_writer", "logging_is_set_up", "read_logs"]
 
 Sink = Callable[[str], None]
 _SINK: contextvars.ContextVar[Sink | None] = contextvars.ContextVar("lakeshore_log", default=None)
@@ -79,6 +79,20 @@ class _RouteHandler(logging.Handler):
                 sink(self.format(record) + "\n")
             except Exception:  # a log line must never break the body
                 self.handleError(record)
+
+
+def logging_is_set_up(logger: logging.Logger) -> bool:
+    """Whether someone set up logging that would show ``logger``'s records: a handler on it
+    or an ancestor, other than the one capture adds to the root (which shows only what a
+    body logs, inside its capture)."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, _RouteHandler) for h in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
 
 
 def _install() -> None:

@@ -418,3 +418,43 @@ def test_submit_of_a_module_that_fails_says_fix_the_module(folder: Path) -> None
     line = out.stderr.strip()
     assert "'raises_at_import' failed while importing (KeyError: 'port')" in line, line
     assert "— fix the module" in line and "where the worker runs" not in line
+
+
+def test_doctor_without_credentials_names_the_request_and_the_cause(tmp_path: Path) -> None:
+    """No credentials anywhere: one line that names the request that needed them (not the
+    clock probe) and says what to check; nothing leaves this machine (a closed local port,
+    no instance metadata)."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    url = "s3://bkt/pfx?endpoint_url=http://127.0.0.1:9&region=us-east-1"
+    out = subprocess.run(
+        [sys.executable, "-m", "lakeshore", "doctor", url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("lakeshore: put s3://bkt/pfx/"), line
+    assert "NoCredentialsError" in line and "check the S3 URL, endpoint and credentials" in line
+    assert "clock" not in line
+
+
+@pytest.mark.parametrize("given", ["./tasks.py", "tasks.py", "pkg/tasks.py"])
+def test_worker_import_of_a_file_path_asks_for_the_module_name(
+    given: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from lakeshore.cli import main
+
+    code = main(["worker", "--import", given, "--url", f"file://{tmp_path}/s"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a file path, not a module name" in err, err
+    name = "pkg.tasks" if given.startswith("pkg/") else "tasks"
+    assert f"--import {name}," in err and "PYTHONPATH=." in err
+    assert not (tmp_path / "s").exists(), "nothing was created"

@@ -426,3 +426,17 @@ def test_install_lines_name_what_installs_and_every_extra_is_explained() -> None
     quickstart = (ROOT / "docs" / "quickstart.md").read_text()
     missing = [name for name in extras if f"| `{name}` |" not in quickstart]
     assert not missing, f"extras the quickstart does not explain: {missing}"
+
+
+def test_prose_does_not_copy_the_suite_s_size() -> None:
+    """How many tests there are goes stale with every change: the run prints it."""
+    count = re.compile(r"\b\d{3,}\+? tests\b|\ba little over \d+ tests\b")
+    for page in (ROOT / "README.md", ROOT / "docs" / "testing.md"):
+        text, inside = [], False
+        for line in page.read_text().splitlines():
+            if _FENCE.match(line):
+                inside = not inside
+            elif not inside:
+                text.append(line)
+        found = count.findall("\n".join(text))
+        assert not found, f"{page.relative_to(ROOT)} copies a test count: {found}"

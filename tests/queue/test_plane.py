@@ -389,3 +389,74 @@ def test_a_function_only_this_process_knows_is_refused_where_workers_are_elsewhe
     assert not any("/_tickets/" in o.key for o in q.store.list("")), "nothing was submitted"
     with pytest.raises(dls.InvalidArgument, match="no importable name"):
         f.map([1, 2])
+
+
+def test_a_worker_stays_audible_after_a_body_ran_in_its_thread(tmp_path: Path) -> None:
+    """Capturing a body's logging adds a handler to the root logger: it must not count as
+    logging set up, or a second worker of the script would say nothing."""
+    import subprocess
+    import sys
+
+    code = (
+        "import lakeshore as dls\n"
+        "q = dls.Dispatch(':memory:')\n"
+        "f = q.udf(lambda x: x)\n"
+        "f.submit(1)\n"
+        "dls.run_worker(q, idle_exit=0.2, isolation='thread')\n"
+        "dls.run_worker(q, idle_exit=0.2, isolation='thread')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    said = out.stderr.splitlines()
+    assert sum(" on :memory: namespace default: queues default" in s for s in said) == 2, said
+    assert sum("nothing to claim now, waiting" in s for s in said) == 2, said
+
+
+def test_a_function_of_a_script_without_a_file_runs_in_a_thread(tmp_path: Path) -> None:
+    """python -c, a REPL, a notebook: a body process could not import __main__'s functions,
+    so they run in the worker's thread (a timeout cannot stop them there: it says so)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import lakeshore as dls\n"
+        "q = dls.Dispatch(':memory:')\n"
+        "@q.udf(timeout_s=30)\n"
+        "def plus(x):\n"
+        "    return x + 1\n"
+        "inv = plus.submit(1)\n"
+        "print(dls.run_worker(q, once=True), q.result(inv, timeout=30))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["1", "2"]
+    assert "runs in a thread of the worker" in out.stderr and "cannot stop" in out.stderr
+
+
+def test_a_record_s_function_name_reaches_the_log_inert(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    q = dls.Dispatch(":memory:")
+    f = q.udf(jobs.add_one)
+    hostile = "\x1b]0;PWNED\x07\x1b[2J\rmod:fn"
+    inv = f.submit(1)
+    ops = q.ops("default")
+    rec, etag = ops.read(inv)
+    import dataclasses
+
+    ops.cas(dataclasses.replace(rec, fn=hostile), etag)  # a producer with write access
+    with caplog.at_level("DEBUG", logger="lakeshore.worker"):
+        dls.run_worker(q, once=True, isolation="thread")
+    lines = [r.getMessage() for r in caplog.records if r.name == "lakeshore.worker"]
+    assert any("attempt 1 -> failed" in ln for ln in lines), lines
+    assert not any(c in ln for ln in lines for c in "\x1b\x07\r"), lines
+
+
+def test_local_only_names_are_random_not_object_ids() -> None:
+    q = dls.Dispatch(":memory:")
+    a, b = (q.udf(lambda x: x) for _ in range(2))
+    suffixes = [u.ref.rsplit("#", 1)[1] for u in (a, b)]
+    assert suffixes[0] != suffixes[1] and all(len(s) == 16 for s in suffixes)
+    assert all(int(s, 16) != id(u) for s, u in zip(suffixes, (a, b), strict=True))
