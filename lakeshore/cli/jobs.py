@@ -274,7 +274,8 @@ def _cmd_wait(args: argparse.Namespace) -> int:
     q = plane(args)
     states = {inv: q.status(inv) for inv in args.ids}  # every id checked before waiting
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    bar = not args.json and not args.quiet
+    # redrawn with \r: on a terminal only, never into a log file or a pipe
+    bar = not args.json and not args.quiet and sys.stderr.isatty()
     delay = 0.05
     while True:
         done = sum(1 for s in states.values() if s in TERMINAL)
@@ -396,7 +397,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("ids", nargs="+", metavar="ID")
     p.add_argument("--timeout", type=finite, help="seconds to wait (default: for good)")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress bar (there is none unless stderr is a terminal)",
+    )
     add_common(p)
     p.set_defaults(func=_cmd_wait)
 

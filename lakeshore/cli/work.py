@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ def _imports(modules: list[str]) -> list[str]:
     """Import ``--import`` modules; return the queues of the @udf functions they define."""
     queues = []
     for name in modules:
-        if "/" in name or name.endswith(".py"):  # a path: importing it would run it as a name
+        if "/" in name or (name.endswith(".py") and os.path.isfile(name)):  # a path, not a name
             module_name = name.removesuffix(".py").replace("/", ".").strip(".")
             raise InvalidArgument(
                 "worker --import",

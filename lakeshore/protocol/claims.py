@@ -46,6 +46,7 @@ from lakeshore.protocol.steps import (
     unclaimed_etag,
 )
 from lakeshore.store.base import ObjectInfo
+from lakeshore.text import inert
 
 __all__ = ["Claimer"]
 
@@ -210,7 +211,8 @@ class Claimer:
             except Exception:
                 # A bug or a shape nobody foresaw: one object must not stop the worker. Pass
                 # this ticket over for a while (until it changes) and serve the others.
-                log.exception("claim on %s: passing over %s for now", self.ops.keys.queue, info.key)
+                shown = inert(info.key)  # a listed key: anyone who can write may have made it
+                log.exception("claim on %s: passing over %s for now", self.ops.keys.queue, shown)
                 self._remember(info, now + _BAD_TICKET_S)
                 continue
             finally:

@@ -24,6 +24,7 @@ from lakeshore import codec
 from lakeshore.errors import (
     Conflict,
     IllegalTransition,
+    InvalidArgument,
     LakeshoreError,
     NotFound,
     RecordError,
@@ -329,8 +330,19 @@ def _execute(
     if isolation == "process" and (local or not child_can_import(rec.fn, rec.fn_pickle)):
         # a child could not find it (our registry, or a __main__ with no file to import):
         # run it here, where it is; a timeout then ends the attempt but cannot stop the body
+        if slot.isolation == "process" and slot.hooks.on_start is not None:
+            # this worker runs on_start only in its body processes: the body would miss it
+            return _fatal(
+                InvalidArgument(
+                    f"run {rec.fn[:120]}",
+                    "the function cannot be loaded by a body process (no importable name, or "
+                    "a script with no file), and this worker's on_start hook runs only there",
+                    "define the function at module level in a file, or run the worker with "
+                    'isolation="auto" or "thread"',
+                )
+            )
         isolation = "thread"
-        if rec.timeout_s is not None:
+        if rec.timeout_s is not None and slot.isolation != "thread":
             log.warning(
                 "%s %s runs in a thread of the worker (a body process could not load it): "
                 "its timeout ends the attempt but cannot stop the body",

@@ -105,8 +105,8 @@ def child_can_import(ref: str, pickled: bytes | None) -> bool:
 
 
 def _main_script_missing() -> str | None:
-    """The script spawn would re-import in a child, when that cannot work (read from stdin
-    or ``-c``: there is no file to import it from)."""
+    """The script spawn would re-import in a child, when that cannot work (read from stdin:
+    there is no file to import it from)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if getattr(main, "__spec__", None) is None and path and not os.path.isfile(path):

@@ -79,6 +79,14 @@ class _RouteHandler(logging.Handler):
                 sink(self.format(record) + "\n")
             except Exception:  # a log line must never break the body
                 self.handleError(record)
+        else:
+            # outside a body: being on the root, this handler keeps Python from showing a
+            # warning of a program that set up no logging; show it as Python would have
+            last, source = logging.lastResort, logging.getLogger(record.name)
+            if last is not None and record.levelno >= last.level:
+                shown_elsewhere = logging_is_set_up(source)
+                if not shown_elsewhere:
+                    last.handle(record)
 
 
 def logging_is_set_up(logger: logging.Logger) -> bool:

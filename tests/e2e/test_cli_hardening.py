@@ -448,9 +448,15 @@ def test_doctor_without_credentials_names_the_request_and_the_cause(tmp_path: Pa
 
 @pytest.mark.parametrize("given", ["./tasks.py", "tasks.py", "pkg/tasks.py"])
 def test_worker_import_of_a_file_path_asks_for_the_module_name(
-    given: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    given: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from lakeshore.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tasks.py").write_text("")  # "tasks.py" is a path when that file is here
 
     code = main(["worker", "--import", given, "--url", f"file://{tmp_path}/s"])
     err = capsys.readouterr().err
@@ -458,3 +464,19 @@ def test_worker_import_of_a_file_path_asks_for_the_module_name(
     name = "pkg.tasks" if given.startswith("pkg/") else "tasks"
     assert f"--import {name}," in err and "PYTHONPATH=." in err
     assert not (tmp_path / "s").exists(), "nothing was created"
+
+
+def test_worker_import_of_a_submodule_named_py_is_a_module_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lakeshore.cli import main
+
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "py.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    argv = ["worker", "--import", "mypkg.py", "--url", ":memory:"]
+    code = main([*argv, "--max-jobs", "1", "--idle-exit", "0"])
+    err = capsys.readouterr().err
+    assert code == 0 and "file path" not in err, err

@@ -58,7 +58,7 @@ def test_submit_show_result_wait_retry(url: str, capsys: pytest.CaptureFixture[s
     code, out, _ = run(capsys, "show", inv, "--json")
     assert json.loads(out)["attempt"] == 1
     code, out, err = run(capsys, "wait", inv, again.strip())
-    assert code == 0 and "2 succeeded" in out and "2/2 finished" in err
+    assert code == 0 and "2 succeeded" in out and "\r" not in err  # no bar off a terminal
     code, out, _ = run(capsys, "retry", inv)
     assert code == 0 and "attempt 2" in out and q.status(inv) == "queued"
     code, out, err = run(capsys, "wait", inv, "--timeout", "0.2", "--quiet")
@@ -337,3 +337,18 @@ def test_bad_submit_input(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     ]:
         code, _, err = run(capsys, *argv)
         assert code == 2 and text in one_line_error(err), argv
+
+
+def test_wait_draws_its_bar_on_a_terminal_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"file://{tmp_path}/store"
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.add_one).submit(1)
+    dls.run_worker(q, once=True, isolation="thread")
+    code, out, err = run(capsys, "wait", inv, "--url", url)
+    assert code == 0 and "\r" not in err and "finished" not in err, err  # a log file, a pipe
+    assert "1 succeeded" in out
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    code, _, err = run(capsys, "wait", inv, "--url", url)
+    assert code == 0 and "\r[" in err and "1/1 finished" in err, err

@@ -460,3 +460,39 @@ def test_local_only_names_are_random_not_object_ids() -> None:
     suffixes = [u.ref.rsplit("#", 1)[1] for u in (a, b)]
     assert suffixes[0] != suffixes[1] and all(len(s) == 16 for s in suffixes)
     assert all(int(s, 16) != id(u) for s, u in zip(suffixes, (a, b), strict=True))
+
+
+def test_a_process_worker_with_on_start_refuses_what_only_its_thread_could_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its on_start runs only in body processes: a body moved to its thread would miss it."""
+    monkeypatch.setenv("LAKESHORE_TEST_HOOKS", str(tmp_path / "hooks"))
+    q = dls.Dispatch(":memory:")
+    f = q.udf(lambda x: x)
+    inv = f.submit(1)
+    assert dls.run_worker(q, once=True, isolation="process", on_start=jobs.hook_start) == 1
+    with pytest.raises(dls.Failed) as failed:
+        q.result(inv, timeout=30)
+    said = failed.value.details["remote_message"]
+    assert "on_start hook runs only there" in said and 'isolation="auto"' in said
+    assert q.get(inv).attempt == 1, "not retried: it would fail the same way"
+
+
+def test_warnings_still_show_after_a_body_s_logging_was_captured(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import lakeshore as dls\n"
+        "q = dls.Dispatch(':memory:')\n"
+        "@q.udf(timeout_s=30)\n"
+        "def plus(x):\n"
+        "    return x + 1\n"
+        "ids = [plus.submit(i) for i in range(3)]\n"
+        "print(dls.run_worker(q, max_jobs=3, idle_exit=0))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "3"
+    assert out.stderr.count("runs in a thread of the worker") == 3, out.stderr
