@@ -279,7 +279,10 @@ class LocalStore(Store):
                 op(tmp, path)
                 return
             except FileNotFoundError:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                # makedirs itself can lose a parent to a prune between its steps (it saw
+                # _tickets/, a delete emptied and removed it, mkdir of _tickets/4 then fails)
+                with contextlib.suppress(FileNotFoundError):
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
         raise StoreError(
             f"put {path}", "parent directory kept disappearing", "retry; check for a cleaner"
         )

@@ -232,3 +232,27 @@ def test_a_listing_removes_empty_directories_it_walks_into(tmp_path: Path) -> No
     assert [i.key for i in store.list()] == ["a/b/c"]
     assert not (store.root / "objects" / "a" / "empty").exists()
     assert (store.root / "objects" / "a").exists()  # not empty
+
+
+@pytest.mark.parametrize("mode", [CREATE, OVERWRITE], ids=["create", "overwrite"])
+def test_a_put_whose_parent_a_delete_prunes_mid_makedirs_still_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: Any
+) -> None:
+    """A producer writes _tickets/4/<id> while a tidier's delete empties and prunes
+    _tickets/: makedirs saw _tickets/ and then found it gone when it made _tickets/4 (a CI
+    run met this). The put retries; it never fails with "No such file or directory"."""
+    store = LocalStore(tmp_path)
+    store.put("q/_tickets/4/old", b"x")
+    store.delete("q/_tickets/4/old")  # prunes q/_tickets/4, q/_tickets and q
+    real, lost = os.makedirs, []
+
+    def makedirs_losing_a_parent(name: str, *args: Any, **kwargs: Any) -> None:
+        if not lost:  # the race, once: the parent vanished between its check and mkdir
+            lost.append(name)
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
+        real(name, *args, **kwargs)
+
+    monkeypatch.setattr(local_mod.os, "makedirs", makedirs_losing_a_parent)
+    store.put("q/_tickets/4/new", b"y", mode)
+    assert lost, "the race was injected"
+    assert store.get("q/_tickets/4/new")[0] == b"y"
