@@ -21,6 +21,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def _failed_once(url: str) -> tuple[dls.Dispatch, str]:
+    """An invocation whose body raised ValueError("boom"), failed for good after one attempt."""
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
+    dls.run_worker(q, once=True, isolation="thread")
+    return q, inv
+
+
 def one_line_error(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lakeshore: "), err
@@ -70,9 +78,7 @@ def test_submit_show_result_wait_retry(url: str, capsys: pytest.CaptureFixture[s
 def test_failed_result_is_exit_1_with_the_remote_error(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    q = dls.Dispatch(url)
-    inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
-    dls.run_worker(q, once=True, isolation="thread")
+    q, inv = _failed_once(url)
     code, out, err = run(capsys, "result", inv)
     assert code == 1 and out == ""  # stdout is for the value: nothing of the error
     *trace, line = err.strip().splitlines()
@@ -111,9 +117,7 @@ def test_tail_of_a_failed_stream_ends_with_its_traceback(
 def test_show_of_a_failed_invocation_ends_with_its_traceback(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    q = dls.Dispatch(url)
-    inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
-    dls.run_worker(q, once=True, isolation="thread")
+    _, inv = _failed_once(url)
     code, out, _ = run(capsys, "show", inv)
     assert code == 0
     lines = out.splitlines()
@@ -155,9 +159,7 @@ def assert_inert(text: str) -> None:
 def test_a_hostile_error_and_traceback_are_shown_inert(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    q = dls.Dispatch(url)
-    inv = q.udf(jobs.fail_always).submit("boom", _max_attempts=1)
-    dls.run_worker(q, once=True, isolation="thread")
+    q, inv = _failed_once(url)
     ops = q.ops("default")
     rec, _ = ops.read(inv)
     # anyone who can write the record can write its error: here both texts full of controls,

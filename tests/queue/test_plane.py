@@ -3,6 +3,8 @@ idempotent keys, spill, and bad input that must not stop a worker."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +18,22 @@ from lakeshore import codec
 from lakeshore.keys import QueueKeys
 from tests import jobs
 from tests.conftest import make_plane
+
+
+def _python_c(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as ``python -c``: a program with no file and no logging set up."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+
+
+_PLUS = (
+    "import lakeshore as dls\n"
+    "q = dls.Dispatch(':memory:')\n"
+    "@q.udf(timeout_s=30)\n"
+    "def plus(x):\n"
+    "    return x + 1\n"
+)
 
 
 @pytest.fixture
@@ -317,16 +335,10 @@ def test_default_plane_and_module_level_udf(
 def test_a_worker_says_what_it_serves_and_once_that_it_waits(tmp_path: Path) -> None:
     """From a plain script (no logging set up) a worker is not silent: one line on what it
     serves, one when it first finds nothing, however many polls follow."""
-    import subprocess
-    import sys
-
     url = f"file://{tmp_path}/store"
-    code = (
+    out = _python_c(
         "import lakeshore as dls\n"
         f"print(dls.run_worker(dls.Dispatch({url!r}), idle_exit=1.0, isolation='thread'))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "0"
     lines = out.stderr.splitlines()
@@ -394,19 +406,13 @@ def test_a_function_only_this_process_knows_is_refused_where_workers_are_elsewhe
 def test_a_worker_stays_audible_after_a_body_ran_in_its_thread(tmp_path: Path) -> None:
     """Capturing a body's logging adds a handler to the root logger: it must not count as
     logging set up, or a second worker of the script would say nothing."""
-    import subprocess
-    import sys
-
-    code = (
+    out = _python_c(
         "import lakeshore as dls\n"
         "q = dls.Dispatch(':memory:')\n"
         "f = q.udf(lambda x: x)\n"
         "f.submit(1)\n"
         "dls.run_worker(q, idle_exit=0.2, isolation='thread')\n"
         "dls.run_worker(q, idle_exit=0.2, isolation='thread')\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     said = out.stderr.splitlines()
     assert sum(" on :memory: namespace default: queues default" in s for s in said) == 2, said
@@ -416,20 +422,10 @@ def test_a_worker_stays_audible_after_a_body_ran_in_its_thread(tmp_path: Path) -
 def test_a_function_of_a_script_without_a_file_runs_in_a_thread(tmp_path: Path) -> None:
     """python -c, a REPL, a notebook: a body process could not import __main__'s functions,
     so they run in the worker's thread (a timeout cannot stop them there: it says so)."""
-    import subprocess
-    import sys
-
-    code = (
-        "import lakeshore as dls\n"
-        "q = dls.Dispatch(':memory:')\n"
-        "@q.udf(timeout_s=30)\n"
-        "def plus(x):\n"
-        "    return x + 1\n"
-        "inv = plus.submit(1)\n"
-        "print(dls.run_worker(q, once=True), q.result(inv, timeout=30))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    out = _python_c(
+        _PLUS
+        + "inv = plus.submit(1)\n"
+        + "print(dls.run_worker(q, once=True), q.result(inv, timeout=30))\n"
     )
     assert out.stdout.split() == ["1", "2"]
     assert "runs in a thread of the worker" in out.stderr and "cannot stop" in out.stderr
@@ -479,20 +475,10 @@ def test_a_process_worker_with_on_start_refuses_what_only_its_thread_could_run(
 
 
 def test_warnings_still_show_after_a_body_s_logging_was_captured(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import lakeshore as dls\n"
-        "q = dls.Dispatch(':memory:')\n"
-        "@q.udf(timeout_s=30)\n"
-        "def plus(x):\n"
-        "    return x + 1\n"
-        "ids = [plus.submit(i) for i in range(3)]\n"
-        "print(dls.run_worker(q, max_jobs=3, idle_exit=0))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    out = _python_c(
+        _PLUS
+        + "ids = [plus.submit(i) for i in range(3)]\n"
+        + "print(dls.run_worker(q, max_jobs=3, idle_exit=0))\n"
     )
     assert out.stdout.strip() == "3"
     assert out.stderr.count("runs in a thread of the worker") == 3, out.stderr
