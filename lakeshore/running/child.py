@@ -65,7 +65,7 @@ _PROCESS_NAME = "lakeshore-body"
 # The exit code of a child that found its worker's script running again inside it: a script
 # without a __main__ guard, re-imported by spawn, submitting or starting a worker at import.
 _SCRIPT_RERAN = 78
-_GUARD_TODO = (
+_GUARD_FIX = (
     'guard the script\'s work with if __name__ == "__main__":, or run the worker with '
     'isolation="thread"'
 )
@@ -84,7 +84,7 @@ def refuse_script_rerun(op: str) -> None:
         return
     print(
         f"lakeshore: {op} ran again in a worker's body process, which re-imports the script "
-        f"that started the worker — {_GUARD_TODO}",
+        f"that started the worker — {_GUARD_FIX}",
         file=sys.stderr,
         flush=True,
     )
@@ -324,7 +324,7 @@ class ChildProcess:
                 "worker body process",
                 "the script that started this worker ran again in the body's process (spawn "
                 "re-imports it) and submitted or started a worker there",
-                _GUARD_TODO,
+                _GUARD_FIX,
             ) from None
         return False
 
