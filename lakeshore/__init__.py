@@ -52,12 +52,14 @@ from lakeshore.store import open_store
 from lakeshore.streams.journal import Frame
 from lakeshore.streams.topic import Topic
 from lakeshore.udf import Udf
+from lakeshore.work_queue import AsyncWorkQueue, Job, WorkQueue
 from lakeshore.worker import run_worker
 
 __version__ = "0.4.0"
 
 __all__ = [
     "DEFAULT_URL",
+    "AsyncWorkQueue",
     "Conflict",
     "CorruptSegment",
     "DataRoot",
@@ -69,6 +71,7 @@ __all__ = [
     "HookFailed",
     "IllegalTransition",
     "InvalidArgument",
+    "Job",
     "JobError",
     "KeyReused",
     "Killed",
@@ -91,6 +94,7 @@ __all__ = [
     "Udf",
     "UnknownFunction",
     "UnreturnedWrite",
+    "WorkQueue",
     "__version__",
     "default_plane",
     "open_store",

@@ -34,7 +34,7 @@ import msgpack
 
 from lakeshore.errors import DecodeError, InvalidArgument
 
-__all__ = ["MAX_DEPTH", "decode", "encode", "pack_plain"]
+__all__ = ["MAX_DEPTH", "decode", "decode_call", "encode", "pack_plain"]
 
 MAX_DEPTH = 100  # containers inside containers; real data stays far below it
 # msgpack's first buffer. Its default, 1 MiB, is allocated on every call: packing a tuple
@@ -266,3 +266,26 @@ def decode(data: bytes, what: str = "value") -> Any:
             f"the stored bytes are not a lakeshore value ({type(e).__name__}: {str(e)[:200]})",
             "the object is corrupt or was written by another program; inspect it by hand",
         ) from None
+
+
+def decode_call(data: bytes, what: str = "arguments") -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Decode a call's arguments, the pair ``(positional tuple, keyword dict)`` a submit
+    encodes; anything else (someone else's bytes) is refused, never unpacked.
+
+    Raises:
+        DecodeError: not a lakeshore value, or not a (tuple, dict of str) pair.
+    """
+    value = decode(data, what)
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], tuple)
+        and isinstance(value[1], dict)
+        and all(isinstance(k, str) for k in value[1])
+    ):
+        return value[0], value[1]
+    raise DecodeError(
+        f"decode {what}",
+        f"not a call's arguments (a {type(value).__name__}, not a pair of a tuple and a dict)",
+        "submit through lakeshore; these bytes were written by something else",
+    )

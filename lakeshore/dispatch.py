@@ -7,32 +7,23 @@ A process that never saw the submit reads the result just as well as the one tha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
-from lakeshore import codec
+from lakeshore import results
 from lakeshore.errors import (
-    Failed,
     InvalidArgument,
-    JobError,
-    Killed,
-    NotFinished,
-    NotFound,
-    TimedOut,
 )
 from lakeshore.keys import (
     DEFAULT_QUEUE,
     check_name,
 )
 from lakeshore.model.queue_config import QueueConfig
-from lakeshore.model.record import Blob, Record
+from lakeshore.model.record import Record
+from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
-from lakeshore.protocol import polling
-from lakeshore.protocol.steps import QueueOps, unclaimed
 from lakeshore.run import scope as run_scope
 from lakeshore.running.logs import follow_logs, read_logs
 from lakeshore.streams.journal import Frame
@@ -44,10 +35,6 @@ from lakeshore.udf import Udf
 __all__ = ["DEFAULT_URL", "Dispatch", "default_plane", "scope", "udf"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-# a result() poll of an invocation never claimed re-reads its ticket this often
-_TICKET_RECHECK_S = 10.0
 
 
 class Dispatch(Plane):
@@ -189,14 +176,7 @@ class Dispatch(Plane):
             NotFinished: still queued or running after ``timeout`` seconds.
             NotFound: no such invocation.
         """
-        ops, rec = self._wait(inv, timeout)
-        if rec.state != "succeeded":
-            raise _job_error(rec)
-        if rec.result is None and rec.journal is not None:
-            # a streaming body: its result is what it yielded, read from the journal
-            return [f.value for f in follow(ops, rec.id, 0, None, _job_error)]
-        blob = rec.result or Blob(inline=b"\xc0")
-        return codec.decode(ops.get_blob(blob, f"result of {inv}", self.max_payload_bytes))
+        return results.result(self, inv, timeout)
 
     def stream(
         self, inv: str, since: int = 0, timeout: float | None = None, attempt: int | None = None
@@ -218,47 +198,15 @@ class Dispatch(Plane):
         if not isinstance(since, int) or since < 0:
             raise InvalidArgument(f"stream {inv}", f"since={since!r}", "pass an int >= 0")
         ops, rec, _ = self.locate(inv)
-        return follow(ops, rec.id, since, timeout, _job_error, since_attempt=attempt)
+        return follow(ops, rec.id, since, timeout, results.job_error, since_attempt=attempt)
 
     async def astream(
         self, inv: str, since: int = 0, timeout: float | None = None, attempt: int | None = None
     ) -> AsyncIterator[Frame]:
         """:meth:`stream` for asyncio code (each poll runs in a thread)."""
-        it = await asyncio.to_thread(self.stream, inv, since, timeout, attempt)
-        done = object()
-        while True:
-            frame = await asyncio.to_thread(next, it, done)
-            if frame is done:
-                return
-            yield frame  # type: ignore[misc]
-
-    def _wait(self, inv: str, timeout: float | None) -> tuple[QueueOps, Record]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.005
-        ops, rec, etag = self.locate(inv)
-        looked = time.monotonic()
-        while not rec.terminal:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise NotFinished(
-                    f"result {inv}",
-                    f"still {rec.state} after {timeout} s",
-                    "wait longer (timeout=None waits for good), or check that a worker runs",
-                    id=inv,
-                    state=rec.state,
-                )
-            wait = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            # polling is the only way to learn; the backoff keeps it cheap
-            polling.pause(ops.store, wait)
-            delay = min(delay * 1.5, 1.0)
-            if unclaimed(etag) and time.monotonic() - looked < _TICKET_RECHECK_S:
-                # still the ticket's: the record appears at the first move, so one GET a
-                # poll; the ticket itself is looked at again now and then (gone: NotFound)
-                with contextlib.suppress(NotFound):
-                    rec, etag = ops.read_record(inv)
-                continue
-            rec, etag = ops.read(inv)
-            looked = time.monotonic()
-        return ops, rec
+        frames = await asyncio.to_thread(self.stream, inv, since, timeout, attempt)
+        async for frame in aiterate(frames):
+            yield frame
 
     def cancel(self, inv: str, reason: str = "cancelled") -> bool:
         """Cancel a queued or running invocation (→ killed). A running body is stopped by its
@@ -347,46 +295,11 @@ class Dispatch(Plane):
 
     # -- asyncio mirrors ------------------------------------------------------------------------
 
-    async def aresult(self, inv: str, timeout: float | None = None) -> Any:
-        """:meth:`result` for asyncio code (the polling runs in a thread)."""
-        return await asyncio.to_thread(self.result, inv, timeout)
-
-    async def aget(self, inv: str) -> Record:
-        """:meth:`get` for asyncio code."""
-        return await asyncio.to_thread(self.get, inv)
-
-    async def astatus(self, inv: str) -> str:
-        """:meth:`status` for asyncio code."""
-        return await asyncio.to_thread(self.status, inv)
-
-    async def acancel(self, inv: str, reason: str = "cancelled") -> bool:
-        """:meth:`cancel` for asyncio code."""
-        return await asyncio.to_thread(self.cancel, inv, reason)
-
-
-def _job_error(rec: Record) -> JobError:
-    err = rec.error or {}
-    cls = {"failed": Failed, "killed": Killed, "timeout": TimedOut}[rec.state]
-    remote = f"{err.get('type', '?')}: {err.get('message', '')}"
-    fix = "fix the body or its input and submit again"
-    if err.get("traceback", "").strip():
-        # For Python callers; `lakeshore result` prints the traceback and says so instead.
-        fix = f"this error's remote_traceback shows where the body raised; {fix}"
-    todo = {
-        "failed": fix,
-        "killed": "it was cancelled; submit again if it should run",
-        "timeout": "raise timeout_s / the deadline, or make the body faster",
-    }[rec.state]
-    return cls(
-        f"result {rec.id}",
-        f"invocation {rec.state} after {rec.attempt} attempt(s); remote error {remote}",
-        todo,
-        id=rec.id,
-        state=rec.state,
-        remote_type=err.get("type", ""),
-        remote_message=err.get("message", ""),
-        remote_traceback=err.get("traceback", ""),
-    )
+    # the asyncio spellings: each runs the blocking verb in a thread
+    aresult = offload(result, here=True)
+    aget = offload(get, here=True)
+    astatus = offload(status, here=True)
+    acancel = offload(cancel, here=True)
 
 
 _default: Dispatch | None = None

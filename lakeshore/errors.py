@@ -14,7 +14,7 @@ The tree (``*``: never reaches a caller; the worker turns it into an invocation'
     LakeshoreError
     ├── NotFound (also KeyError)
     ├── Conflict                     a conditional write lost: re-read, decide again
-    │   └── Fenced                   a body's files, after its attempt lost its lease
+    │   └── Fenced                   a write of an attempt that lost its lease (files, ack)
     ├── InvalidArgument (also ValueError)
     │   └── UnreturnedWrite          a body wrote a key it did not return or yield
     ├── PermissionDenied
@@ -131,8 +131,8 @@ class Conflict(LakeshoreError):
 
 
 class Fenced(Conflict):
-    """The attempt lost its lease (cancelled, or taken over) before its files were published:
-    none of them was uploaded."""
+    """The attempt lost its lease (cancelled, expired, or taken over) before it could write:
+    a body's files were not uploaded, a consumer's ack or nack was not applied."""
 
 
 class InvalidArgument(LakeshoreError, ValueError):

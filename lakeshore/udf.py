@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from lakeshore import results
 from lakeshore.batch import map_calls, starmap_calls, submit_many
 from lakeshore.errors import InvalidArgument
 from lakeshore.plane import Plane
@@ -69,6 +70,28 @@ class Udf(Declared, Generic[P, R]):
         writes upload to the plane's data root once returned or yielded)."""
         root = lambda: self.plane.data_root  # noqa: E731 - resolved only if files are used
         return call_local(self.fn, self.kind, args, kwargs, root)  # type: ignore[no-any-return]
+
+    def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the body here, now: the same as calling the function."""
+        return self(*args, **kwargs)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Submit a call and wait for its result: ``f.remote(x)`` is
+        ``q.result(f.submit(x))``. Takes :meth:`submit`'s options, plus ``_result_timeout``
+        (seconds to wait; default: for good). A worker must be running.
+
+        Raises:
+            as :meth:`submit`; and Failed, Killed, TimedOut: the invocation ended that way;
+            NotFinished: no result within ``_result_timeout`` (the invocation stays queued).
+        """
+        timeout = kwargs.pop("_result_timeout", None)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+        ):
+            raise InvalidArgument(
+                f"remote {self.ref}", f"_result_timeout={timeout!r}", "pass seconds >= 0, or None"
+            )
+        return results.result(self.plane, self.submit(*args, **kwargs), timeout)
 
     def submit(self, *args: Any, **kwargs: Any) -> str:
         """Enqueue a call; return its invocation id (a ULID string).

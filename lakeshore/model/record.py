@@ -31,6 +31,7 @@ __all__ = [
     "LIVE",
     "MAX_COUNT",
     "MAX_INLINE_BYTES",
+    "PAYLOAD_FN",
     "SCHEMA_VERSION",
     "STATES",
     "TERMINAL",
@@ -47,6 +48,9 @@ SCHEMA_VERSION = 1
 LIVE = ("queued", "running")
 TERMINAL = ("succeeded", "failed", "killed", "timeout")
 STATES = LIVE + TERMINAL
+# The ``fn`` of a payload invocation (a work queue's: no function, a consumer acks it). A
+# function's ref always has a colon, so no function can be named this.
+PAYLOAD_FN = "payload"
 
 
 # Size caps of the record's free-form fields, in bytes of UTF-8 (or of the bytes field).
@@ -259,6 +263,11 @@ class Record:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def is_payload(self) -> bool:
+        """A work queue's invocation: a payload for a consumer, no function to run."""
+        return self.fn == PAYLOAD_FN
 
     def next_write(self, **changes: Any) -> Record:
         """This record with ``changes`` applied, ``rev`` + 1 and a fresh ``wid``; an error

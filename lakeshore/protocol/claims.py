@@ -61,18 +61,27 @@ _NARROW_AFTER = 16  # clean claims in a row before the spread halves again
 _BAD_TICKET_S = 60.0  # a ticket whose examination raised something unexpected: passed over
 _SLACK_S = 30.0  # how far two processes' clocks may disagree about a retry's due time
 _RERUN_GRACE_S = 30.0  # a ticket of a life the record has not reached: a rerun until this old
+_OTHER_SIDE_S = 300.0  # a payload seen by a function worker (or the reverse): passed over
 
 _Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
 
 
 class Claimer:
-    """The claim scheduler of worker ``worker`` on the queue of ``ops``."""
+    """The claim scheduler of worker ``worker`` on the queue of ``ops``. A function worker
+    claims function invocations only; a work queue's consumer (``payloads=True``) claims
+    payloads only. Each passes the other's over (expired leases are still ended)."""
 
     def __init__(
-        self, ops: QueueOps, worker: str, ticks: Callable[[], float] = time.monotonic
+        self,
+        ops: QueueOps,
+        worker: str,
+        ticks: Callable[[], float] = time.monotonic,
+        *,
+        payloads: bool = False,
     ) -> None:
         self.ops = ops
         self.worker = worker  # its own leases are no collision
+        self.payloads = payloads
         self._ticks = ticks  # elapsed time, never stepped
         self._lock = threading.Lock()
         self._listing_lock = threading.Lock()  # one LIST in flight per worker
@@ -379,6 +388,10 @@ class Claimer:
                     if rec.not_before > self._retry_due:
                         self._retry_due, self._retry_read = rec.not_before, self._ticks()
                         self._retry_wait = rec.not_before - now
+            return None, moved
+        if rec.is_payload != self.payloads:
+            # the other side's (a queue both use): look again only if the ticket changes
+            self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + _OTHER_SIDE_S)
             return None, moved
         return (rec, etag, ticket_etag), moved
 

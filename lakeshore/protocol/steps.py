@@ -253,7 +253,10 @@ class QueueOps:
                 "raise Dispatch(max_payload_bytes=...) where it is read, if this is expected",
             )
         try:
-            data, _ = self.store.get(blob.ref)
+            # never more than the size the record declares: the object may be anyone's
+            data, _ = self.store.get(blob.ref, max_bytes=blob.size)
+        except TooLarge:
+            data = b""  # not what was declared: refused below without reading it
         except NotFound:
             raise StoreError(
                 f"read {what}",

@@ -45,7 +45,7 @@ from lakeshore.text import inert
 if TYPE_CHECKING:
     from lakeshore.plane import Plane
 
-__all__ = ["Attempt", "Running", "Slot", "run_attempt"]
+__all__ = ["Attempt", "Heartbeats", "Running", "Slot", "conclude", "fatal", "run_attempt"]
 
 log = logging.getLogger("lakeshore.worker")
 _IDLE_TICK_S = 0.5  # a heartbeat thread looks at its slot at least this often
@@ -159,6 +159,11 @@ class Attempt:
         rec = self.held.record
         with self.lock:
             sent = time.monotonic()
+            if self.lease_left() <= 0:
+                # woken after a pause past the lease (a stopped process, a sleeping laptop):
+                # another worker may have the invocation now, so never renew it
+                self.halt("lost")
+                return None
             try:
                 self.held = self.ops.heartbeat(self.held, self.ops.store.now())
                 return sent + rec.lease_s / 3  # the new lease counts from the send
@@ -210,6 +215,8 @@ class Attempt:
         """
         with self.lock:
             for _ in range(2):  # a second try only after our own lost-answer write
+                if self.lease_left() <= 0:
+                    self.halt("lost")  # ran out: someone else may hold it now
                 if self.stop.is_set():
                     return False
                 try:
@@ -281,7 +288,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
             timer.cancel()
         slot.heartbeats.detach()
         _quietly(logs.close)
-        final_state, why = _conclude(slot, att, outcome, journal)
+        final_state, why = conclude(slot.plane, att, outcome, journal)
     log.info(
         "%s %s attempt %d -> %s in %.3fs%s",
         inert(rec.fn),  # a record's text, on its way to a terminal
@@ -296,7 +303,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     return att
 
 
-def _fatal(e: LakeshoreError) -> Outcome:
+def fatal(e: LakeshoreError) -> Outcome:
     """An error that would repeat on every attempt: not retried."""
     return Outcome(
         "error", error={"type": type(e).__name__, "message": str(e), "traceback": "", "fatal": "1"}
@@ -315,12 +322,12 @@ def _execute(
 ) -> Outcome:
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}", slot.plane.max_payload_bytes)
-        args, kwargs = codec.decode(payload, f"arguments of {rec.id}")
+        args, kwargs = codec.decode_call(payload, f"arguments of {rec.id}")
         target = _load(rec, slot.plane, slot.allow)
     except StoreUnavailable as e:  # may work next time
         return Outcome("error", error=error_of(e))
     except LakeshoreError as e:  # missing, tampered or undecodable input; unknown function
-        return _fatal(e)
+        return fatal(e)
     fn = target.fn if isinstance(target, Declared) else target
     kind = target.kind if isinstance(target, Declared) else body_kind(fn)
     isolation = slot.isolation
@@ -332,7 +339,7 @@ def _execute(
         # run it here, where it is; a timeout then ends the attempt but cannot stop the body
         if slot.isolation == "process" and slot.hooks.on_start is not None:
             # this worker runs on_start only in its body processes: the body would miss it
-            return _fatal(
+            return fatal(
                 InvalidArgument(
                     f"run {rec.fn[:120]}",
                     "the function cannot be loaded by a body process (no importable name, or "
@@ -384,8 +391,8 @@ def _load(rec: Record, plane: Plane, allow: Allow) -> Any:
     return unpickle(rec.fn_pickle)
 
 
-def _conclude(
-    slot: Slot, att: Attempt, outcome: Outcome, journal: JournalWriter
+def conclude(
+    plane: Plane, att: Attempt, outcome: Outcome, journal: JournalWriter
 ) -> tuple[str, str]:
     """Write the attempt's outcome; returns the state it left the invocation in, and why
     when that was an error (see :func:`_why`; empty otherwise), for the attempt's log line.
@@ -423,7 +430,7 @@ def _conclude(
             _quietly(journal.close)
             final = _with_journal(lifecycle.time_out(rec, now, token), journal, ended=False)
         elif outcome.verdict == "ok":
-            final = _succeeded(slot, ops, rec, token, now, outcome, journal, streamed)
+            final = _succeeded(plane, ops, rec, token, now, outcome, journal, streamed)
         else:
             err = dict(outcome.error or {})
             fatal = err.pop("fatal", None) is not None
@@ -500,7 +507,7 @@ def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
 
 
 def _succeeded(
-    slot: Slot,
+    plane: Plane,
     ops: QueueOps,
     rec: Record,
     token: str,
@@ -509,26 +516,33 @@ def _succeeded(
     journal: JournalWriter,
     streamed: bool,
 ) -> Record:
+    data = outcome.value
+    cap = plane.max_payload_bytes
+    if data is not None and len(data) > cap:  # it would be as large next time: final
+        _quietly(journal.close)
+        return _too_large(rec, token, now, len(data), cap)
     if streamed:
         try:
             journal.close(END)
         except Exception as e:  # frames were lost: the stream is incomplete, try again
             return lifecycle.fail(rec, token, error_of(e), now)
         meta = {"attempt": rec.attempt, "frames": journal.frames, "ended": True}
-        return lifecycle.succeed(rec, token, None, now, journal=meta)
+        # a generator's result is its frames; a consumer that posted frames may ack a value
+        blob = None if data is None else ops.put_result(rec, data, plane.spill_bytes)
+        return lifecycle.succeed(rec, token, blob, now, journal=meta)
     journal.close()
-    data = outcome.value or b"\xc0"
-    cap = slot.plane.max_payload_bytes
-    if len(data) > cap:  # it would be as large next time: final
-        error = {
-            "type": "ResultTooLarge",
-            "message": f"the result is {len(data)} bytes, over max_payload_bytes={cap}; "
-            "write large outputs with dls.run.write and return their keys",
-            "traceback": "",
-        }
-        return lifecycle.fail(rec, token, error, now, retry=False)
-    blob = ops.put_result(rec, data, slot.plane.spill_bytes)
+    blob = ops.put_result(rec, data or b"\xc0", plane.spill_bytes)
     return lifecycle.succeed(rec, token, blob, now)
+
+
+def _too_large(rec: Record, token: str, now: float, size: int, cap: int) -> Record:
+    error = {
+        "type": "ResultTooLarge",
+        "message": f"the result is {size} bytes, over max_payload_bytes={cap}; "
+        "write large outputs with dls.run.write and return their keys",
+        "traceback": "",
+    }
+    return lifecycle.fail(rec, token, error, now, retry=False)
 
 
 def _with_journal(rec: Record, journal: JournalWriter, ended: bool) -> Record:

@@ -226,7 +226,7 @@ def _serve(conn: Any, hooks: Hooks) -> None:
                         else import_ref(call.ref)  # approved by the worker process
                     )
                     fn = target.fn if isinstance(target, Declared) else target
-                    args, kwargs = codec.decode(call.payload, "arguments")
+                    args, kwargs = codec.decode_call(call.payload, "arguments")
 
                     def emit(data: bytes) -> None:
                         send(("frame", data))

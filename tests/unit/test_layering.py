@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("errors", {"errors"}),
     (
         "codec, keys and the stores",
-        {"codec", "keys", "scope", "text", "store", "store.base", "store.clock"}
+        {"codec", "keys", "scope", "text", "offload", "store", "store.base", "store.clock"}
         | {"store.local", "store.memory", "store.url", "store.s3", "store.s3_obstore"},
     ),
     (
@@ -36,10 +36,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     (
         "the plane and what takes it",
-        {"plane", "submit", "batch", "running.attempt", "protocol.gc"},
+        {"plane", "submit", "batch", "results", "running.attempt", "protocol.gc"},
     ),
     ("worker and declared functions", {"worker", "udf"}),
-    ("the facade", {"dispatch", "__init__", "demo"}),
+    ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
     (
         "the command line",
         {"__main__", "cli", "cli.common", "cli.admin", "cli.jobs", "cli.watch", "cli.work"}

@@ -94,6 +94,8 @@ PUBLIC = {
     # the facade and its helpers
     "DEFAULT_URL", "DataRoot", "Dispatch", "Frame", "QueueConfig", "Record", "Topic", "Udf",
     "__version__", "default_plane", "open_store", "run", "run_worker", "scope", "udf",
+    # the work queue
+    "WorkQueue", "AsyncWorkQueue", "Job",
     # every error a caller can meet (the tree in lakeshore/errors.py)
     "LakeshoreError", "NotFound", "Conflict", "Fenced", "InvalidArgument", "UnreturnedWrite",
     "PermissionDenied", "StoreError", "TooLarge", "StoreUnavailable", "RecordError",
