@@ -135,9 +135,10 @@ class Job:
                 raise self._fenced(op, "lost its lease")
             return self._att.lease_left()
 
-    def post(self, value: Any) -> None:
+    def post(self, value: Any) -> int:
         """Add ``value`` to the job's stream: ``q.stream(job.id)`` readers get it as a frame
-        (written in batches within ~50 ms). The stream ends when the job is acked.
+        (written in batches within ~50 ms). Returns its seq (0 for the first). The stream
+        ends when the job is acked.
 
         Raises:
             InvalidArgument: the value cannot be sent, is over the frame limit, or the job
@@ -151,7 +152,10 @@ class Job:
             self._check_open(op)
             if self._att.stop.is_set():
                 raise self._fenced(op, "lost its lease")
-            self._writer().add(data)
+            writer = self._writer()
+            seq = writer.frames
+            writer.add(data)
+            return seq
 
     def ack(self, result: Any = None) -> None:
         """The job succeeded with ``result`` (what ``result(id)`` returns; a job that posted
@@ -428,7 +432,8 @@ class WorkQueue:
         return self.dispatch.cancel(inv)
 
     def count(self, state: str = "queued") -> int:
-        """How many payloads of this queue are in ``state``. ``queued`` and ``running`` read
+        """How many invocations of this queue are in ``state`` (payloads, and function calls
+        if the queue name serves both). ``queued`` and ``running`` read
         the records of the live jobs only; a finished state reads every record the queue
         keeps (run ``lakeshore gc`` to bound that).
 
@@ -442,7 +447,7 @@ class WorkQueue:
         return self._census(live_only=state in LIVE).get(state, 0)
 
     def counts(self) -> dict[str, int]:
-        """Payloads of this queue by state, every state present (reads every record).
+        """Invocations of this queue by state, every state present (reads every record).
 
         Raises:
             StoreError: the store failed.
@@ -463,8 +468,7 @@ class WorkQueue:
             ids.update(census.ids_between(ops.store, ops.keys, None, _LAST_ID))
         found: dict[str, int] = {}
         for rec in census.records(ops, sorted(ids)):
-            if rec.is_payload:
-                found[rec.state] = found.get(rec.state, 0) + 1
+            found[rec.state] = found.get(rec.state, 0) + 1
         return found
 
     # -- consumers ---------------------------------------------------------------------------
@@ -537,25 +541,25 @@ class WorkQueue:
 
     def ack(self, job: Job | str, result: Any = None) -> None:
         """:meth:`Job.ack` for a job this object claimed (given as the job or its id)."""
-        self._job(job, "ack").ack(result)
+        self.held(job, "ack").ack(result)
 
     def nack(
         self, job: Job | str, error: BaseException | str = "nacked", retry: bool = True
     ) -> str:
         """:meth:`Job.nack` for a job this object claimed (given as the job or its id)."""
-        return self._job(job, "nack").nack(error, retry)
+        return self.held(job, "nack").nack(error, retry)
 
     def heartbeat(self, job: Job | str) -> float:
         """:meth:`Job.heartbeat` for a job this object claimed."""
-        return self._job(job, "heartbeat").heartbeat()
+        return self.held(job, "heartbeat").heartbeat()
 
-    def post(self, job: Job | str, value: Any) -> None:
+    def post(self, job: Job | str, value: Any) -> int:
         """:meth:`Job.post` for a job this object claimed."""
-        self._job(job, "post to").post(value)
+        return self.held(job, "post to").post(value)
 
     def release(self, job: Job | str) -> None:
         """:meth:`Job.release` for a job this object claimed."""
-        self._job(job, "release").release()
+        self.held(job, "release").release()
 
     def _take(self, lease_s: float | None) -> Job | None:
         ops = self._ops
@@ -599,7 +603,13 @@ class WorkQueue:
         )
         conclude(self.dispatch, att, outcome, journal)
 
-    def _job(self, job: Job | str, verb: str) -> Job:
+    def held(self, job: Job | str, verb: str = "find") -> Job:
+        """The job this object claimed, given as itself or its id (ended ones included
+        until the next claim).
+
+        Raises:
+            InvalidArgument: this object never claimed it.
+        """
         if isinstance(job, Job):
             return job
         with self._lock:
