@@ -47,11 +47,19 @@ class RunConfig:
     def __init__(self, **fields: Any) -> None:
         self._fields = dict(fields)
 
+    def __getattr__(self, name: str) -> Any:
+        fields = self.__dict__.get("_fields", {})
+        if name in fields:
+            return fields[name]
+        raise AttributeError(f"RunConfig has no field {name!r} (only the ones given are kept)")
+
     def to_dict(self) -> dict[str, Any]:
+        """The fields as given (upstream's defaults are not filled in)."""
         return dict(self._fields)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """A run declaration from a dict of its fields."""
         return cls(**data)
 
     def host_key(self) -> str:

@@ -12,11 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dreamlake.lakeshore.dispatch import default_dispatch
 from lakeshore import run as _files
-from lakeshore.errors import InvalidArgument
+from lakeshore.errors import InvalidArgument, NotFound
 from lakeshore.run import data_root
-from lakeshore.scope import current_prefix, mirror
+from lakeshore.scope import current_prefix, mirror, resolve
 
 __all__ = ["KeyError_", "RunContext", "run", "scope"]
 
@@ -38,37 +37,79 @@ class RunContext:
 
 
 class _Run:
-    """The files of the current body, local call or scope block."""
+    """The files of the current body, local call or scope block; outside all of them, plain
+    paths under the working directory (upstream's run root)."""
 
     @property
     def prefix(self) -> str:
+        """The current scope's prefix ("" outside any)."""
         return current_prefix()
 
+    @property
+    def root(self) -> Path:
+        """The working directory: upstream's run root, and this plane's data root unless it
+        is a bucket."""
+        return Path.cwd()
+
     def write(self, key: str, *, dir: bool = False) -> Path:
-        path = Path(_files.write(key))
-        if dir:
-            path.mkdir(parents=True, exist_ok=True)
+        """A local path to write ``key`` to (a folder with ``dir``); a body returns the key.
+
+        Raises:
+            KeyError_: a malformed key.
+        """
+        outside = _files.active() is None  # no body, local call or scope block
+        path = self._plain(key, "run.write") if outside else Path(_files.write(key))
+        (path if dir else path.parent).mkdir(parents=True, exist_ok=True)
         return path
 
     def read(self, key: str) -> Path:
-        return Path(_files.read(key))
+        """A local path holding ``key``'s object.
+
+        Raises:
+            KeyError_: a malformed key, or no object under it.
+        """
+        if _files.active() is None:
+            path = self._plain(key, "run.read")
+            if not path.exists():
+                raise KeyError_(
+                    f"run.read {key!r}",
+                    f"not found under prefix {self.prefix!r} (root {Path.cwd()})",
+                    "write it first or check the key",
+                )
+            return path
+        try:
+            return Path(_files.read(key))
+        except NotFound as e:
+            raise KeyError_(e.op, e.what, e.todo) from None
 
     def read_all(self, keys: Any) -> Any:
+        """:meth:`read` of every key of a str, list, tuple or dict, keeping its shape."""
         return mirror(keys, self.read, "run.read_all")
 
     def write_all(self, keys: Any, *, dir: bool = False) -> Any:
+        """:meth:`write` of every key of a str, list, tuple or dict, keeping its shape."""
         return mirror(keys, lambda key: self.write(key, dir=dir), "run.write_all")
 
     def flush(self) -> None:
+        """Upload what the current scope block wrote so far."""
         _files.flush()
 
     def publish(
         self, path: Any, *, name: str | None = None, type: str | None = None
     ) -> dict[str, Any]:
+        """Refused: DreamLake's service is not part of lakeshore.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError(
             "dls.run.publish uploads to DreamLake's service, which lakeshore does not have: "
             "write with dls.run.write and return the key"
         )
+
+    @staticmethod
+    def _plain(key: str, op: str) -> Path:
+        return Path.cwd() / resolve(key, op)
 
 
 run = _Run()
@@ -79,6 +120,8 @@ def scope(sub: str = "", *, root: Any | None = None) -> Iterator[str]:
     """Join ``sub`` onto the current prefix for ``dls.run`` and the submits of the block;
     yields the prefix. ``root`` (a directory) is where the block's own files go; bodies on
     workers use their plane's data root, as upstream's workers use theirs."""
-    where = None if root is None else data_root(Path(root).expanduser().resolve().as_uri())
-    with _files.scope(sub, root=where, default_root=lambda: default_dispatch().data_root) as p:
+    base = Path.cwd() if root is None else Path(root).expanduser().resolve()
+    # a scope inside a body keeps the body's root; outside, upstream's root (the directory)
+    where = None if root is None else data_root(str(base))
+    with _files.scope(sub, root=where, default_root=lambda: data_root(str(base))) as p:
         yield p

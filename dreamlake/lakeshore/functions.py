@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 import lakeshore
+from dreamlake.lakeshore.config import RunConfig
 from dreamlake.lakeshore.dispatch import default_dispatch, translated
 from dreamlake.lakeshore.transport import TransportError
 from lakeshore.errors import InvalidArgument, JobError, NotFinished, NotFound
@@ -62,7 +63,8 @@ class UDF:
         self.fn = fn
         self.queue = queue
         self.transport = transport
-        self.config = config  # a run declaration: placement is upstream's control plane's
+        # a run declaration, kept: placement is upstream's control plane's
+        self.config = RunConfig(**config) if isinstance(config, dict) else config
         self.is_async = inspect.iscoroutinefunction(fn)
         self.is_gen = inspect.isgeneratorfunction(fn)
         self.is_asyncgen = inspect.isasyncgenfunction(fn)

@@ -80,6 +80,7 @@ def host_key() -> str | None:
 
 
 def set_host_key(key: str | None) -> None:
+    """Set the host key this process reports (None: back to ``$LAKESHORE_HOST_KEY``)."""
     _hooks.key = key
 
 
@@ -94,6 +95,7 @@ def run_host_setup_hooks(*, force: bool = False) -> None:
 
 
 def run_run_setup_hooks() -> None:
+    """Run the run-setup hooks (every call); a hook that raises stops the rest."""
     for fn in list(_hooks.run):
         fn()
 

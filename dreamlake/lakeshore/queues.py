@@ -19,7 +19,9 @@ from ulid import ULID
 
 import lakeshore
 from dreamlake.lakeshore.dispatch import DispatchError, default_dispatch, translated
-from dreamlake.lakeshore.functions import Thunk
+from dreamlake.lakeshore.functions import Thunk, remote_attempts
+from dreamlake.lakeshore.transport import TransportError
+from lakeshore import codec
 from lakeshore.errors import Fenced, InvalidArgument, JobError, NotFinished, NotFound
 from lakeshore.model.record import MAX_COUNT
 from lakeshore.offload import aiterate, offload
@@ -28,7 +30,8 @@ from lakeshore.work_queue import Job, WorkQueue
 __all__ = ["Job", "Queue", "SyncQueue", "Topic", "priority_of"]
 
 _KINDS = ("fifo", "priority")
-_STATES = {"cancelled": "killed"}  # upstream's state names that differ
+# upstream's states, as lakeshore names them; any other name counts 0 there
+_STATES = {s: s for s in ("queued", "running", "succeeded", "failed")} | {"cancelled": "killed"}
 
 
 def priority_of(priority: float) -> int:
@@ -90,19 +93,26 @@ class SyncQueue:
             )
         if isinstance(payload, Thunk):
             declared = self._dp.udf(payload.fn, queue=self.name)
+            if declared.local_only and not self._dp.in_process:
+                raise TransportError(
+                    f"{payload!r} has no importable name and this plane takes no pickles: "
+                    "define it at module level, or make both sides' planes with "
+                    "allow_pickle=True"
+                )
             return declared.submit(
                 *payload.args,
                 _key=key,
                 _priority=priority_of(priority),
-                _max_attempts=2,  # upstream's run_worker(retries=1)
+                _max_attempts=remote_attempts,
                 **payload.kwargs,
             )
         try:
-            return self._wq.submit(
-                payload, key=key, priority=priority_of(priority), max_attempts=MAX_COUNT
-            )
-        except InvalidArgument as e:
+            codec.encode(payload, "payload")
+        except InvalidArgument as e:  # upstream: the wire has no codec for it
             raise TypeError(str(e)) from None
+        return self._wq.submit(
+            payload, key=key, priority=priority_of(priority), max_attempts=MAX_COUNT
+        )
 
     def result(self, inv_id: str, *, timeout: float = 30.0) -> Any:
         """Wait until the job ends; its result.
@@ -121,12 +131,28 @@ class SyncQueue:
         return self.result(self.submit(payload, **kw), timeout=timeout)
 
     def stream(self, inv_id: str, *, since: int = -1, timeout: float = 30.0) -> Iterator[Any]:
-        """The values posted to (or yielded by) the job after seq ``since``, as they come."""
-        try:
-            for frame in self._dp.stream(inv_id, since=since + 1, timeout=timeout):
-                yield frame.value
-        except (JobError, NotFinished, NotFound, InvalidArgument) as e:
-            raise translated("stream", inv_id, e, timeout) from None
+        """The values posted to (or yielded by) the job after seq ``since``, as they come,
+        until it ends.
+
+        Raises:
+            DispatchError: the job failed or was cancelled (after its values).
+            TimeoutError: ``timeout`` seconds passed without a new value.
+        """
+        cursor, attempt = since + 1, None
+        while True:
+            moved = False
+            try:
+                for frame in self._dp.stream(
+                    inv_id, since=cursor, timeout=timeout, attempt=attempt
+                ):
+                    yield frame.value
+                    cursor, attempt, moved = frame.seq + 1, frame.attempt, True
+                return
+            except NotFinished as e:
+                if not moved:  # ``timeout`` seconds without a frame, as upstream's
+                    raise translated("stream", inv_id, e, timeout) from None
+            except (JobError, NotFound, InvalidArgument) as e:
+                raise translated("stream", inv_id, e, timeout) from None
 
     def cancel(self, inv_id: str) -> bool:
         """Cancel a queued job; False if it is running or over (as upstream)."""
@@ -139,12 +165,11 @@ class SyncQueue:
 
     def count(self, state: str = "queued") -> int:
         """Jobs of this queue in ``state`` (upstream's names; an unknown one counts 0)."""
-        try:
-            return self._wq.count(_STATES.get(state, state))
-        except InvalidArgument:
-            return 0
+        ours = _STATES.get(state)
+        return 0 if ours is None else self._wq.count(ours)
 
     def __len__(self) -> int:
+        """``count("queued")``."""
         return self.count()
 
     # -- worker ------------------------------------------------------------------------------
@@ -192,7 +217,7 @@ class SyncQueue:
 
     def topic(self, name: str | None = None) -> Topic:
         """The plane's topic ``name`` (a fresh name when None)."""
-        return Topic(name or f"topic-{ULID()}", self._dp)
+        return Topic(name or f"topic-{str(ULID()).lower()}", self._dp)
 
     def _held(self, job: Job | str, verb: str) -> Job:
         inv = job.id if isinstance(job, Job) else job
@@ -205,9 +230,10 @@ class SyncQueue:
         return held
 
     def _lost(self, verb: str, inv: str) -> DispatchError:
+        drop = "drop this attempt's result" if verb == "ack" else "drop this attempt"
         return DispatchError(
             f"{verb}: invocation {inv!r} is not running under worker {self._wq.consumer!r} "
-            "— the claim was lost (re-dispatched or cancelled); drop this attempt's result"
+            f"— the claim was lost (re-dispatched or cancelled); {drop}"
         )
 
     def __repr__(self) -> str:
@@ -258,6 +284,7 @@ class Queue:
 
     @property
     def sync(self) -> SyncQueue:
+        """The blocking queue these verbs run (the same consumer)."""
         return self._q
 
     submit = offload(SyncQueue.submit)
@@ -272,10 +299,12 @@ class Queue:
     async def stream(
         self, inv_id: str, *, since: int = -1, timeout: float = 30.0
     ) -> AsyncIterator[Any]:
+        """:meth:`SyncQueue.stream`, each wait in a thread."""
         async for value in aiterate(self._q.stream(inv_id, since=since, timeout=timeout)):
             yield value
 
     def topic(self, name: str | None = None) -> Topic:
+        """:meth:`SyncQueue.topic` (a blocking topic, as upstream's)."""
         return self._q.topic(name)
 
     def __repr__(self) -> str:

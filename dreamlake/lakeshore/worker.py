@@ -60,11 +60,14 @@ def run_worker(
     event = threading.Event()
     watcher = None
     if stop is not None:
+        if stop():  # checked before any claim, as upstream's loop does
+            return 0
 
         def watch() -> None:
-            while not event.wait(max(poll, 0.01)):
+            while not event.is_set():
                 if stop():
                     event.set()
+                event.wait(max(poll, 0.01))
 
         watcher = threading.Thread(target=watch, name="dls-stop-watch", daemon=True)
         watcher.start()

@@ -81,3 +81,39 @@ def test_run_worker_takes_a_lakeshore_plane_too() -> None:
     inv = f.submit(1)
     assert dls.run_worker(q, once=True) == 1
     assert q.result(inv) == 2
+
+
+def test_a_topic_without_a_name_gets_a_valid_one_and_states_are_upstreams() -> None:
+    q = dls.SyncQueue("q", dispatch=dls.Dispatch(":memory:"))
+    t = q.topic()
+    assert t.name.startswith("topic-") and t.post(1) == 0
+    inv = q.submit("x")
+    assert q.cancel(inv) and q.count("cancelled") == 1
+    assert q.count("killed") == 0 and q.count("bogus") == 0  # not upstream's names
+
+
+def test_a_stop_that_is_true_at_once_runs_nothing() -> None:
+    dp = dls.Dispatch(":memory:")
+    q = dls.SyncQueue("fq", dispatch=dp)
+    f = dls.udf(queue="fq")(abs)
+    inv = f.submit(-1, _dispatch=dp)
+    assert dls.run_worker(q, stop=lambda: True) == 0
+    assert dp.status(inv) == "queued"
+
+
+def test_files_live_in_the_working_directory_as_upstreams_run_root(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)  # type: ignore[arg-type]
+    plain = dls.run.write("loose/a.txt")
+    assert plain == Path(str(tmp_path)) / "loose" / "a.txt" and plain.parent.is_dir()
+    with pytest.raises(dls.InvalidArgument):
+        dls.run.read("loose/missing.txt")
+    dp = dls.Dispatch(":memory:")
+    with dls.scope("scenes/7"):
+        dls.run.write("in.txt").write_text("input!")
+    assert (Path(str(tmp_path)) / "scenes" / "7" / "in.txt").read_text() == "input!"
+    assert dp.data_root.url == Path(str(tmp_path)).as_uri()
+    dp.close()
