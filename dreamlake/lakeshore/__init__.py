@@ -36,35 +36,6 @@ from dreamlake.lakeshore.functions import UDF, Thunk, thunk, udf
 from dreamlake.lakeshore.queues import Job, Queue, SyncQueue, Topic
 from dreamlake.lakeshore.worker import run_worker
 
-# upstream's public names (its __all__), each of them defined in this package
-UPSTREAM = [
-    "Dispatch",
-    "DockerOptions",
-    "DreamRc",
-    "HttpDispatch",
-    "Job",
-    "KubeOptions",
-    "Provider",
-    "Queue",
-    "RunConfig",
-    "RunContext",
-    "Storage",
-    "SyncQueue",
-    "TemporaryCredentials",
-    "Thunk",
-    "Topic",
-    "UDF",
-    "host_key",
-    "lifecycle",
-    "load_config",
-    "placement_subset",
-    "resolve",
-    "run",
-    "run_worker",
-    "scope",
-    "thunk",
-    "udf",
-]
 
 __version__ = _lakeshore.__version__
 
@@ -109,3 +80,6 @@ __all__ = [
     "thunk",
     "udf",
 ]
+
+# upstream's public names (its __all__), each defined in this package; and its error
+UPSTREAM = [name for name in __all__ if name != "DispatchError"]
