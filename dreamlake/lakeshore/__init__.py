@@ -36,7 +36,6 @@ from dreamlake.lakeshore.functions import UDF, Thunk, thunk, udf
 from dreamlake.lakeshore.queues import Job, Queue, SyncQueue, Topic
 from dreamlake.lakeshore.worker import run_worker
 
-
 __version__ = _lakeshore.__version__
 
 
