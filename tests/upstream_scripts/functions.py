@@ -33,6 +33,16 @@ def plain(a, b):
     return a - b
 
 
+@dls.udf
+def inner(x):
+    return x + 100
+
+
+@dls.udf(queue="fq")
+def outer(x):
+    return inner(x) * 2  # a bare udf called from inside another: runs right there
+
+
 print("bare call:", add(2), "local:", add.local(3, b=4), "queue:", add.queue)
 try:
     add.submit(1)
@@ -59,6 +69,7 @@ print("streamed:", list(q.stream(gen, timeout=10)))
 th = q.submit(dls.thunk(plain, 10, b=4))
 print("thunk:", q.result(th, timeout=10), repr(dls.thunk(plain, 1, 2)))
 print("call:", q.call(dls.thunk(plain, 3, b=1), timeout=10))
+print("nested:", outer(1, _dispatch=dp), outer.local(2))
 stop.set()
 worker.join()
 print(repr(add), repr(mul), repr(count_to))
