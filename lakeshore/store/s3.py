@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import random
 import sys
@@ -111,6 +112,11 @@ _CLOCK_WINDOW_S = 10.0  # samples older than this no longer count (the newest al
 # longer, so the maximum still spans several one-second truncations.
 _PROBE_EVERY_S = 30.0
 _OBSTORE_CLOCK_WINDOW_S = 90.0
+# When the sample that made the estimate sharpest ages out, the estimate drops by up to a
+# second (Date's truncation) plus a response's latency: now() holds still through a drop
+# this small rather than run backwards (a retry written "due now" would look not due yet).
+# A larger drop is the server's own clock stepping back, and is followed.
+_HOLD_BACK_S = 1.5
 
 
 def _classify(e: BaseException) -> tuple[str, int | None, str]:
@@ -229,6 +235,8 @@ class S3Store(Store):
         transport = _choose_transport(transport, client)
         self.transport = transport
         self._clock_window = _CLOCK_WINDOW_S if transport == "boto3" else _OBSTORE_CLOCK_WINDOW_S
+        self._now_lock = threading.Lock()
+        self._last_now = -math.inf  # the last now() returned (see _HOLD_BACK_S)
         self._probe_lock = threading.Lock()
         self._client: Any = None
         self._client_lock = threading.Lock()
@@ -657,7 +665,12 @@ class S3Store(Store):
             return self._local_clock()
         ticks = self._ticks()
         recent = [off for at, off in samples if ticks - at <= self._clock_window]
-        return ticks + max(recent or [samples[-1][1]])
+        estimate = ticks + max(recent or [samples[-1][1]])
+        with self._now_lock:
+            if self._last_now - _HOLD_BACK_S < estimate < self._last_now:
+                estimate = self._last_now
+            self._last_now = estimate
+        return estimate
 
     def _probe_clock(self) -> None:
         # A one-key LIST through boto3 (obstore shows no headers), where the client is

@@ -384,3 +384,39 @@ def test_a_server_without_conditional_deletes_end_to_end(
             assert list(store.list(QueueKeys(q.ns, "default").tickets_prefix)) == []
         assert proxy.refused == 2
     report.append("S3 without conditional deletes (501, as LocalStack): emulated; doctor SAFE")
+
+
+class _Response:
+    def __init__(self, server_time: float) -> None:
+        from email.utils import formatdate
+
+        self.headers = {"Date": formatdate(server_time, usegmt=True)}
+
+
+def test_the_clock_holds_still_when_its_sharpest_sample_ages_out_and_follows_a_real_step() -> None:
+    ticks = [100.0]
+    client = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="y",
+        config=Config(retries={"total_max_attempts": 1}),
+    )
+    store = S3Store(BUCKET, "pre", client=client, ticks=lambda: ticks[0])
+    server = 1_800_000_000.0  # the server's time at tick 100
+
+    def respond(late: float = 0.0) -> None:  # a response whose Date was truncated by `late`
+        store._sample_clock(http_response=_Response(server + ticks[0] - 100.0 - late))
+
+    respond()  # sent just as the server's second began: the sharpest sample
+    seen = [store.now()]
+    while ticks[0] < 115.0:  # later Dates lose most of a second each; the first ages out
+        ticks[0] += 0.25
+        respond(late=0.9)
+        seen.append(store.now())
+    assert seen == sorted(seen)  # it never ran backwards
+    assert seen[-1] == pytest.approx(server + 15.0 - 0.9, abs=0.3)  # and caught up
+    while ticks[0] < 130.0:  # the server's clock steps back 5 s: followed
+        ticks[0] += 0.25
+        respond(late=5.9)
+    assert store.now() == pytest.approx(server + 30.0 - 5.9, abs=0.3)
