@@ -21,7 +21,6 @@ import lakeshore
 from dreamlake.lakeshore.dispatch import DispatchError, default_dispatch, translated
 from dreamlake.lakeshore.functions import Thunk, remote_attempts
 from dreamlake.lakeshore.transport import TransportError
-from lakeshore import codec
 from lakeshore.errors import Fenced, InvalidArgument, JobError, NotFinished, NotFound
 from lakeshore.model.record import MAX_COUNT
 from lakeshore.offload import aiterate, offload
@@ -107,12 +106,13 @@ class SyncQueue:
                 **payload.kwargs,
             )
         try:
-            codec.encode(payload, "payload")
-        except InvalidArgument as e:  # upstream: the wire has no codec for it
-            raise TypeError(str(e)) from None
-        return self._wq.submit(
-            payload, key=key, priority=priority_of(priority), max_attempts=MAX_COUNT
-        )
+            return self._wq.submit(
+                payload, key=key, priority=priority_of(priority), max_attempts=MAX_COUNT
+            )
+        except InvalidArgument as e:
+            if e.op.startswith("encode "):  # upstream: the wire has no codec for it
+                raise TypeError(str(e)) from None
+            raise
 
     def result(self, inv_id: str, *, timeout: float = 30.0) -> Any:
         """Wait until the job ends; its result.

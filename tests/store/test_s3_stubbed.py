@@ -40,15 +40,20 @@ from tests.seaweed import Seaweed
 BUCKET = "bkt"
 
 
-@pytest.fixture
-def stubbed() -> Iterator[tuple[S3Store, Stubber]]:
-    client = boto3.client(
+def _client() -> Any:
+    """A boto3 client that sends nothing by itself and retries nothing (S3Store retries)."""
+    return boto3.client(
         "s3",
         region_name="us-east-1",
         aws_access_key_id="x",
         aws_secret_access_key="y",
         config=Config(retries={"total_max_attempts": 1}),
     )
+
+
+@pytest.fixture
+def stubbed() -> Iterator[tuple[S3Store, Stubber]]:
+    client = _client()
     store = S3Store(BUCKET, "pre", client=client, retries=3, backoff_base=0.001)
     with Stubber(client) as stub:
         yield store, stub
@@ -395,14 +400,7 @@ class _Response:
 
 def test_the_clock_holds_still_when_its_sharpest_sample_ages_out_and_follows_a_real_step() -> None:
     ticks = [100.0]
-    client = boto3.client(
-        "s3",
-        region_name="us-east-1",
-        aws_access_key_id="x",
-        aws_secret_access_key="y",
-        config=Config(retries={"total_max_attempts": 1}),
-    )
-    store = S3Store(BUCKET, "pre", client=client, ticks=lambda: ticks[0])
+    store = S3Store(BUCKET, "pre", client=_client(), ticks=lambda: ticks[0])
     server = 1_800_000_000.0  # the server's time at tick 100
 
     def respond(late: float = 0.0) -> None:  # a response whose Date was truncated by `late`
