@@ -89,7 +89,7 @@ class Job:
         self.payload = payload
         self._dispatch = dispatch
         self._ops = ops
-        self._att = Attempt(ops, held)
+        self._att = Attempt(ops, held, strict=True)
         self._journal: JournalWriter | None = None
         self._lock = threading.Lock()
         self._ended = ""  # the state the job was left in

@@ -136,11 +136,19 @@ class Slot:
 
 
 class Attempt:
-    """One running attempt: the held record (guarded), its stop flag and why it stopped."""
+    """One running attempt: the held record (guarded), its stop flag and why it stopped.
 
-    def __init__(self, ops: QueueOps, held: Claimed) -> None:
+    A lease that ran out but that nobody moved is renewed by the next heartbeat: the
+    conditional write proves the record is unchanged, so no one else runs it, and a worker
+    delayed by slow requests goes on instead of retrying. ``strict`` attempts (a work
+    queue's consumer, which promises that a stall past the lease loses the job) never
+    renew a lease that ran out.
+    """
+
+    def __init__(self, ops: QueueOps, held: Claimed, strict: bool = False) -> None:
         self.ops = ops
         self.held = held
+        self.strict = strict
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.why = ""  # "killed" | "lost" | "timeout" | "released"
@@ -159,9 +167,8 @@ class Attempt:
         rec = self.held.record
         with self.lock:
             sent = time.monotonic()
-            if self.lease_left() <= 0:
-                # woken after a pause past the lease (a stopped process, a sleeping laptop):
-                # another worker may have the invocation now, so never renew it
+            if self.strict and self.lease_left() <= 0:
+                # woken after a pause past the lease (a stopped process, a sleeping laptop)
                 self.halt("lost")
                 return None
             try:
@@ -215,8 +222,8 @@ class Attempt:
         """
         with self.lock:
             for _ in range(2):  # a second try only after our own lost-answer write
-                if self.lease_left() <= 0:
-                    self.halt("lost")  # ran out: someone else may hold it now
+                if self.strict and self.lease_left() <= 0:
+                    self.halt("lost")  # ran out: the job is the next claimer's
                 if self.stop.is_set():
                     return False
                 try:
