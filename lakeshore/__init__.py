@@ -35,6 +35,7 @@ from lakeshore.errors import (
     NotFinished,
     NotFound,
     PermissionDenied,
+    ProviderError,
     QueueFull,
     RecordError,
     StoreError,
@@ -45,9 +46,11 @@ from lakeshore.errors import (
     UnknownFunction,
     UnreturnedWrite,
 )
+from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
 from lakeshore.run import DataRoot
+from lakeshore.scaler import Scaler
 from lakeshore.store import open_store
 from lakeshore.streams.journal import Frame
 from lakeshore.streams.topic import Topic
@@ -81,10 +84,13 @@ __all__ = [
     "NotFinished",
     "NotFound",
     "PermissionDenied",
+    "ProviderConfig",
+    "ProviderError",
     "QueueConfig",
     "QueueFull",
     "Record",
     "RecordError",
+    "Scaler",
     "StoreError",
     "StoreUnavailable",
     "TimedOut",

@@ -37,6 +37,7 @@ The tree (``*``: never reaches a caller; the worker turns it into an invocation'
     ├── UnknownFunction              a worker cannot (or may not) load a body
     ├── TopicClosed
     ├── HookFailed                   a worker's lifecycle hook raised
+    ├── ProviderError                a provider's tool failed (sbatch, squeue, a template)
     └── Unsendable *                 a body's value or file cannot be sent: fails for good
 
 :class:`Stopped` is not an error and stands outside the tree on purpose: it unwinds a body
@@ -66,6 +67,7 @@ __all__ = [
     "NotFinished",
     "NotFound",
     "PermissionDenied",
+    "ProviderError",
     "QueueFull",
     "RecordError",
     "Stopped",
@@ -238,6 +240,12 @@ class TopicClosed(LakeshoreError):
 class HookFailed(LakeshoreError):
     """A worker cannot start what runs its bodies: a lifecycle hook raised, or a body's
     process cannot be started from the script the worker runs in. The worker stops."""
+
+
+class ProviderError(LakeshoreError):
+    """A provider could not launch, list or cancel workers: its tool is missing, failed or
+    timed out. ``command`` and ``returncode`` say which and how, when known. A scaler that
+    cannot list its workers launches none."""
 
 
 class Unsendable(LakeshoreError):

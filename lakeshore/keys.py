@@ -3,6 +3,7 @@
 Layout, relative to the store's root (the Dispatch URL's prefix)::
 
     lakeshore/<ns>/<queue>/_queue                       queue record (settings), CAS-updated
+    lakeshore/<ns>/<queue>/_scaler                      the scaler's lease (one scaler acts)
     lakeshore/<ns>/<queue>/<id>/record                  invocation record: the truth
     lakeshore/<ns>/<queue>/<id>/args                    spilled arguments (create-only)
     lakeshore/<ns>/<queue>/<id>/result-<attempt>        spilled result of one attempt
@@ -153,6 +154,10 @@ class QueueKeys:
     @property
     def queue_record(self) -> str:
         return f"{self.base}/_queue"
+
+    @property
+    def scaler_lease(self) -> str:
+        return f"{self.base}/_scaler"
 
     def record(self, inv: str) -> str:
         return f"{self.base}/{inv}/record"

@@ -6,6 +6,9 @@
 * The SeaweedFS server is started once per session on loopback. Without the ``weed`` binary
   the tier is skipped with a reason, except when ``CI`` or ``LAKESHORE_REQUIRE_SEAWEEDFS`` is
   set: then it fails, so CI can never pass without the real server.
+* ``slurm_cluster`` (tests marked ``slurm``): a real SLURM cluster (munged, slurmctld, slurmd)
+  started once per session on loopback, see ``tests/slurm.py``. Without the daemons or root it
+  is skipped with a reason, except when ``CI`` or ``LAKESHORE_REQUIRE_SLURM`` is set.
 * ``OBSTORE_TIER`` (SeaweedFS through the obstore client) is added by the suites that must
   hold for every S3 client (the store contract, the races): see :func:`tier_store`.
 * ``report`` collects figures (race rounds and winners, verdicts) printed at the end of the run.
@@ -34,6 +37,7 @@ from ulid import ULID
 from lakeshore.errors import LakeshoreError
 from lakeshore.store import LocalStore, MemoryStore, Store, open_store
 from tests.seaweed import Seaweed, find_weed, start_seaweed
+from tests.slurm import SlurmCluster, find_slurm, start_slurm
 
 TEST_BUCKET = "lakeshore-test"
 # Any credentials do: the SeaweedFS gateway runs with authentication off, moto accepts all.
@@ -41,6 +45,7 @@ FAKE_CREDS = {"aws_access_key_id": "lakeshore-test", "aws_secret_access_key": "l
 
 _report_key = pytest.StashKey[list[str]]()
 _seaweed_key = pytest.StashKey[dict[str, Any]]()
+_slurm_key = pytest.StashKey[dict[str, Any]]()
 _s3url_key = pytest.StashKey[Counter[str]]()
 
 S3URL_ENV = "LAKESHORE_TEST_S3_URL"
@@ -55,9 +60,14 @@ def _require_seaweed() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("LAKESHORE_REQUIRE_SEAWEEDFS"))
 
 
+def _require_slurm() -> bool:
+    return bool(os.environ.get("CI") or os.environ.get("LAKESHORE_REQUIRE_SLURM"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_report_key] = []
     config.stash[_seaweed_key] = {"tests": 0}
+    config.stash[_slurm_key] = {"tests": 0}
     config.stash[_s3url_key] = Counter()
     config.addinivalue_line("markers", f"s3url: runs on the store that ${S3URL_ENV} names")
     url = _s3url()
@@ -80,6 +90,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line(f"SeaweedFS tier: SKIPPED — {info['skipped']}")
     else:
         tr.write_line("SeaweedFS tier: not requested by the selected tests")
+    tr.write_line(_slurm_summary(config.stash[_slurm_key]))
     tr.write_line(_s3url_summary(config.stash[_s3url_key]))
     for line in config.stash[_report_key]:
         tr.write_line(line)
@@ -87,6 +98,20 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if out:  # scripts/reliability writes these into docs/reliability.md
         seaweed = info.get("version", "not run")
         Path(out).write_text("\n".join([f"SeaweedFS: {seaweed}", *config.stash[_report_key]]))
+
+
+def _slurm_summary(info: dict[str, Any]) -> str:
+    if "version" in info:
+        return (
+            f"SLURM tier: RAN — {info['tests']} tests against slurm {info['version']} "
+            f"({info['cpus']} CPUs on node {info['node']}, up in {info['startup_s']:.1f} s), "
+            "started by this session"
+        )
+    if "failed" in info:
+        return f"SLURM tier: FAILED — {info['failed']}"
+    if "skipped" in info:
+        return f"SLURM tier: SKIPPED — {info['skipped']}"
+    return "SLURM tier: not requested by the selected tests"
 
 
 def _s3url_summary(outcomes: Counter[str]) -> str:
@@ -134,6 +159,13 @@ def _count_seaweed_tests(request: pytest.FixtureRequest) -> Iterator[None]:
         request.config.stash[_seaweed_key]["tests"] += 1
 
 
+@pytest.fixture(autouse=True)
+def _count_slurm_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "slurm_cluster" in request.fixturenames:
+        request.config.stash[_slurm_key]["tests"] += 1
+
+
 @pytest.fixture(scope="session")
 def seaweed(pytestconfig: pytest.Config) -> Iterator[Seaweed]:
     info = pytestconfig.stash[_seaweed_key]
@@ -151,6 +183,39 @@ def seaweed(pytestconfig: pytest.Config) -> Iterator[Seaweed]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SlurmCluster]:
+    """A real SLURM cluster for the session. Its ``env`` (``SLURM_CONF``) goes to each
+    command a test runs; it is never exported globally, so nothing reaches it by accident."""
+    info = pytestconfig.stash[_slurm_key]
+    reason = find_slurm()
+    if reason is not None:
+        if _require_slurm():
+            info["failed"] = f"required (CI or LAKESHORE_REQUIRE_SLURM is set) but {reason}"
+            pytest.fail(f"SLURM tier is required in CI but {reason}")
+        info["skipped"] = reason
+        pytest.skip(reason)
+    t0 = time.monotonic()
+    try:
+        # under pytest's temporary root: the daemons' logs stay there after the run
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
+    except RuntimeError as e:
+        info["failed"] = str(e).splitlines()[0]  # the logs are in the test's error
+        raise
+    info.update(
+        version=cluster.version,
+        cpus=cluster.cpus,
+        node=cluster.node,
+        startup_s=time.monotonic() - t0,
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def _create_bucket(endpoint: str, timeout: float = 60.0) -> None:

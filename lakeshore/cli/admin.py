@@ -98,6 +98,8 @@ def _cmd_queue(args: argparse.Namespace) -> int:
     else:
         print(f"queue {args.ns}/{args.queue} on {q.store.url} (rev {conf.rev})")
         for k, v in data.items():
+            if k == "provider" and conf.provider is not None:
+                v = conf.provider.describe()
             print(f"  {k:<20} {'-' if v is None else inert(v)}")
     return 0
 
@@ -155,8 +157,10 @@ def register(sub: Any) -> None:
         description=(
             "Show a queue's record, or change fields of it by compare-and-swap: "
             "lakeshore queue set thumbnails max_depth=100 on_full=block rate_limit=20/s. "
-            "VALUE 'none' clears a limit. Numbers must be finite. set refuses a queue that "
-            "does not exist yet unless --create is given."
+            "VALUE 'none' clears a limit. Numbers must be finite. A provider is attached with "
+            "provider=local|slurm|command and its fields with provider.NAME=VALUE "
+            "(provider.max_workers=4 provider.partition=debug); provider=none detaches it. "
+            "set refuses a queue that does not exist yet unless --create is given."
         ),
     )
     queue.add_argument("action", choices=["show", "set"])

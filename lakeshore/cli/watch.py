@@ -6,8 +6,10 @@ import argparse
 from typing import Any
 
 from lakeshore.cli.common import add_common, ago, note_if_unknown, plane, print_json, table
-from lakeshore.errors import InvalidArgument
+from lakeshore.dispatch import Dispatch
+from lakeshore.errors import InvalidArgument, LakeshoreError
 from lakeshore.keys import QueueKeys, check_id
+from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.record import STATES
 from lakeshore.protocol.census import newest_ids, queue_status, records, workers_seen
 from lakeshore.text import inert
@@ -26,8 +28,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:  # the queues live workers serve, and the default one
         names = sorted({"default", *(n for w in workers for n in w.get("queues", []))})
     stats = [queue_status(q.ops(n), now, recent=args.recent) for n in names]
+    providers = {n: _provider(q, n) for n in names}
     if args.json:
-        print_json({"queues": [s.as_dict() for s in stats], "workers": workers})
+        queues = [{**s.as_dict(), "provider": _public(providers[s.queue])} for s in stats]
+        print_json({"queues": queues, "workers": workers})
         return 0
     rows = [
         [
@@ -44,6 +48,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     print(table(rows, header))
     if any(s.estimated for s in stats):
         print("\n~ split from the workers' signs of life (the total is exact)")
+    attached = {n: p for n, p in providers.items() if p is not None}
+    if attached:
+        print("\nproviders (`lakeshore scale` supplies their workers):")
+        for name, block in attached.items():
+            print(f"  {inert(name)}: {inert(block.describe())}")
     print(f"\nworkers seen in the last 5 minutes: {len(workers)}")
     for w in workers:
         print(  # a sign of life is anyone's write: its text is shown inert
@@ -52,6 +61,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
             f"seen {ago(w.get('seen_at'), now)} ago"
         )
     return 0
+
+
+def _provider(q: Dispatch, queue: str) -> ProviderConfig | None:
+    """The queue's provider block (None: none, or a record that cannot be read — status
+    still shows the counts)."""
+    try:
+        return q.queue_config(queue).provider
+    except LakeshoreError:
+        return None
+
+
+def _public(block: ProviderConfig | None) -> dict[str, Any] | None:
+    return block.public() if block else None
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import msgpack
 
 from lakeshore.codec import pack_plain
 from lakeshore.errors import InvalidArgument, RecordError
+from lakeshore.model.provider import ProviderConfig
 
 __all__ = ["ON_FULL", "QueueConfig", "parse_rate"]
 
@@ -58,15 +59,16 @@ class QueueConfig:
         rate_limit: accepted submits per window, e.g. ``"20/s"``, ``"600/min"``.
         deadline_cutoff_s: an invocation still queued this long after submission never starts.
     Defaults for invocations: timeout_s, max_attempts, lease_s, retry_backoff_s.
-    Other: providerRef (None: workers are attached by hand), result_retention_s (kept for
-    the garbage collector).
+    Other: provider (None: workers are attached by hand; else who supplies them, see
+    :class:`~lakeshore.model.provider.ProviderConfig`), result_retention_s (kept for the
+    garbage collector).
     """
 
     max_depth: int | None = None
     on_full: str = "reject"
     rate_limit: str | None = None
     deadline_cutoff_s: float | None = None
-    providerRef: str | None = None
+    provider: ProviderConfig | None = None
     timeout_s: float | None = None
     max_attempts: int | None = None
     lease_s: float | None = None
@@ -105,8 +107,8 @@ class QueueConfig:
             not isinstance(self.max_attempts, int) or self.max_attempts < 1
         ):
             problems.append(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
-        if self.providerRef is not None and not isinstance(self.providerRef, str):
-            problems.append(f"providerRef must be a string or None, got {self.providerRef!r}")
+        # a kind name or a map becomes the block itself (its own InvalidArgument if bad)
+        object.__setattr__(self, "provider", ProviderConfig.from_value(self.provider))
         if problems:
             raise InvalidArgument(
                 "queue config", "; ".join(problems), "fix the setting(s) and try again"
@@ -123,6 +125,7 @@ class QueueConfig:
             InvalidArgument: an unknown field or an invalid value.
         """
         known = {f.name for f in dataclasses.fields(self)} - {"rev", "wid", "v"}
+        changes = self._provider_fields(changes)
         unknown = set(changes) - known
         if unknown:
             raise InvalidArgument(
@@ -132,11 +135,32 @@ class QueueConfig:
             )
         return dataclasses.replace(self, **changes, rev=self.rev + 1, wid=secrets.token_hex(8))
 
+    def _provider_fields(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Fold ``provider.NAME=VALUE`` changes into one ``provider`` change, applied to the
+        block named in the same call or else the current one (read in the same CAS round, so
+        a field someone else changed meanwhile is kept)."""
+        fields = {k: v for k, v in changes.items() if k.startswith("provider.")}
+        if not fields:
+            return changes
+        rest = {k: v for k, v in changes.items() if k not in fields}
+        block = ProviderConfig.from_value(rest.get("provider", self.provider))
+        if block is None:
+            raise InvalidArgument(
+                "queue config",
+                f"{sorted(fields)} set, but the queue has no provider",
+                "name its kind in the same change: provider=local|slurm|command",
+            )
+        for name, value in fields.items():
+            block = block.with_field(name.removeprefix("provider."), value)
+        return {**rest, "provider": block}
+
     def public(self) -> dict[str, Any]:
-        """The settings as a plain dict (without rev/wid/v)."""
+        """The settings as a plain dict (without rev/wid/v); the provider block as a dict of
+        the fields it sets."""
         d = dataclasses.asdict(self)
         for k in ("rev", "wid", "v"):
             d.pop(k)
+        d["provider"] = self.provider.public() if self.provider else None
         return d
 
     def to_bytes(self) -> bytes:

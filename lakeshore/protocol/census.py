@@ -43,6 +43,7 @@ __all__ = [
     "EXACT_UP_TO",
     "QueueStatus",
     "id_time",
+    "live_ids",
     "newest_ids",
     "queue_status",
     "read_sign_of_life",
@@ -161,11 +162,23 @@ class QueueStatus:
         }
 
 
+def live_ids(store: Store, keys: QueueKeys) -> list[str]:
+    """The ids of the queue's live (queued or running) invocations, ascending: its tickets,
+    one LIST page per 1000 of them, however many have finished.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    # one id per invocation: a rerun's ticket may sit beside an earlier life's stale one;
+    # a name that is not an id is not lakeshore's, and counts for nothing
+    found = {QueueKeys.id_of(info.key) for info in store.list(keys.tickets_prefix)}
+    return sorted(inv for inv in found if _is_id(inv))
+
+
 def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
     """Counts for one queue (see the module docstring for what each costs)."""
     st = QueueStatus(ops.keys.queue)
-    # one id per invocation: a rerun's ticket may sit beside an earlier life's stale one
-    live = sorted({QueueKeys.id_of(info.key) for info in ops.store.list(ops.keys.tickets_prefix)})
+    live = live_ids(ops.store, ops.keys)
     oldest = None
     if len(live) <= EXACT_UP_TO:
         for r in records(ops, live):

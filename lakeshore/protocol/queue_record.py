@@ -13,6 +13,7 @@ from typing import Any
 
 from lakeshore.errors import Conflict, NotFound, RecordError, TooLarge
 from lakeshore.keys import QueueKeys
+from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.queue_config import QueueConfig
 from lakeshore.protocol.steps import MAX_SMALL_BYTES
 from lakeshore.store.base import CREATE, Store, if_match
@@ -72,7 +73,10 @@ class QueueSettings:
         Raises:
             InvalidArgument: an unknown setting or a bad value (nothing is written).
         """
-        QueueConfig().with_changes(**changes)  # validate before touching the store
+        # validate before touching the store; provider.NAME fields alone are checked against
+        # a stand-in block of the kind that takes every field (the queue's own comes later)
+        dotted = any(k.startswith("provider.") for k in changes) and "provider" not in changes
+        QueueConfig(provider=ProviderConfig("slurm") if dotted else None).with_changes(**changes)
         while True:
             conf, etag = self.read(queue)
             new = conf.with_changes(**changes)

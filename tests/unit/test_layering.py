@@ -21,13 +21,19 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     (
         "pure records and transitions",
-        {"model", "model.record", "model.lifecycle", "model.queue_config"}
-        | {"streams", "streams.journal"},
+        {"model", "model.record", "model.lifecycle", "model.queue_config", "model.provider"}
+        | {"model.scaling", "streams", "streams.journal"},
+    ),
+    (
+        "providers (tools that launch workers)",
+        {"providers", "providers.base", "providers.local", "providers.slurm"}
+        | {"providers.command"},
     ),
     (
         "protocol steps",
         {"protocol", "protocol.steps", "protocol.claims", "protocol.tidy"}
         | {"protocol.admission", "protocol.queue_record", "protocol.census", "protocol.polling"}
+        | {"protocol.scaler_lease"}
         | {"streams.stream", "streams.topic", "running.logs", "doctor"},
     ),
     (
@@ -36,14 +42,14 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     (
         "the plane and what takes it",
-        {"plane", "submit", "batch", "results", "running.attempt", "protocol.gc"},
+        {"plane", "submit", "batch", "results", "running.attempt", "protocol.gc", "scaler"},
     ),
     ("worker and declared functions", {"worker", "udf"}),
     ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
     (
         "the command line",
         {"__main__", "cli", "cli.common", "cli.admin", "cli.jobs", "cli.watch", "cli.work"}
-        | {"cli.progress"},
+        | {"cli.progress", "cli.scale"},
     ),
 ]
 LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
@@ -205,6 +211,7 @@ def test_no_relative_imports_and_no_private_names_of_other_modules() -> None:
 # docs/architecture.md, "Key layout": the one module that creates or rewrites each key
 WRITERS = {"protocol.steps", "protocol.admission", "protocol.queue_record", "submit", "plane"}
 WRITERS |= {"streams.journal", "streams.topic", "worker", "doctor"}  # doctor: its _doctor/ keys
+WRITERS |= {"protocol.scaler_lease"}
 DELETERS = {"protocol.steps", "protocol.tidy", "protocol.admission", "protocol.gc"}
 DELETERS |= {"streams.topic", "doctor"}
 

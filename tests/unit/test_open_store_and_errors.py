@@ -96,12 +96,14 @@ PUBLIC = {
     "__version__", "default_plane", "open_store", "run", "run_worker", "scope", "udf",
     # the work queue
     "WorkQueue", "AsyncWorkQueue", "Job",
+    # elastic queues
+    "ProviderConfig", "Scaler",
     # every error a caller can meet (the tree in lakeshore/errors.py)
     "LakeshoreError", "NotFound", "Conflict", "Fenced", "InvalidArgument", "UnreturnedWrite",
     "PermissionDenied", "StoreError", "TooLarge", "StoreUnavailable", "RecordError",
     "NewerRecord", "DecodeError", "CorruptSegment", "IllegalTransition", "JobError", "Failed",
     "Killed", "TimedOut", "NotFinished", "QueueFull", "KeyReused", "MapFailed",
-    "UnknownFunction", "TopicClosed", "HookFailed",
+    "UnknownFunction", "TopicClosed", "HookFailed", "ProviderError",
 }  # fmt: skip
 # in the tree, never raised to a caller: the worker turns them into an invocation's outcome
 INTERNAL_ERRORS = {"Unsendable", "Stopped"}

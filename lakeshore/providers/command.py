@@ -1,0 +1,114 @@
+"""``command``: workers launched, listed and cancelled by shell templates the scaler is given.
+
+Enough for any platform with a command line: Kubernetes Jobs (``kubectl``), AWS Batch
+(``aws batch``), a pool of VMs (``ssh``). The templates are the scaler operator's, passed on
+its command line (never read from the store), and are filled with shell-quoted values:
+
+``launch`` (run once per worker)
+    ``{worker}``: the worker command, quoted as one shell word list; ``{name}``: a fresh
+    name for this worker (``lakeshore-<8 hex>``: lower case letters, digits and ``-``, a
+    valid Kubernetes or Batch name); ``{ns}``, ``{queue}``, ``{tag}``. The first word it
+    prints, if any, is the worker's id; else ``{name}`` is.
+``list`` (run once per queue)
+    ``{ns}``, ``{queue}``, ``{tag}``, ``{label}`` (``<ns>.<queue>``). Prints one line per
+    worker still alive: ``<id> [pending|running]`` (running if left out).
+``cancel`` (run once per worker)
+    ``{id}``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import string
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from lakeshore.errors import InvalidArgument
+from lakeshore.providers.base import STATES, Launched, Provider, WorkerSpec, run_tool, valid_id
+
+__all__ = ["CommandProvider"]
+
+_FIELDS = {
+    "launch": {"worker", "name", "ns", "queue", "tag"},
+    "list": {"ns", "queue", "tag", "label"},
+    "cancel": {"id"},
+}
+
+
+def _check(op: str, template: str) -> str:
+    if not isinstance(template, str) or not template.strip():
+        raise InvalidArgument(
+            f"command provider --{op}", "the template is empty", f"give a shell command to {op}"
+        )
+    try:
+        used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise InvalidArgument(
+            f"command provider --{op}", f"{template!r} is not a template: {e}", "write {{ as {{{{"
+        ) from None
+    unknown = used - _FIELDS[op]
+    if unknown:
+        raise InvalidArgument(
+            f"command provider --{op}",
+            f"unknown field(s) {sorted(unknown)} in {template!r}",
+            f"it may use {sorted('{' + f + '}' for f in _FIELDS[op])}",
+        )
+    return template
+
+
+class CommandProvider(Provider):
+    """Shell templates for launch, list and cancel (see the module docstring)."""
+
+    kind = "command"
+
+    def __init__(
+        self,
+        launch: str,
+        list: str,
+        cancel: str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        self.templates = {
+            "launch": _check("launch", launch),
+            "list": _check("list", list),
+            "cancel": _check("cancel", cancel),
+        }
+        self.env = env
+        self.timeout = timeout
+
+    def _run(self, op: str, **fields: str) -> str:
+        quoted: dict[str, Any] = {k: shlex.quote(v) for k, v in fields.items()}
+        command = self.templates[op].format(**quoted)
+        return run_tool(command, f"command {op}", env=self.env, timeout=self.timeout, shell=True)
+
+    def launch(self, spec: WorkerSpec, n: int) -> list[str]:
+        ids = []
+        for _ in range(n):
+            name = f"lakeshore-{secrets.token_hex(4)}"
+            worker = shlex.join([*spec.argv, "--worker-id", name])
+            out = self._run(
+                "launch", worker=worker, name=name, ns=spec.ns, queue=spec.queue, tag=spec.tag
+            )
+            words = out.split()
+            ids.append(valid_id(words[0]) or name if words else name)
+        return ids
+
+    def list(self, tags: Collection[str]) -> list[Launched]:
+        alive = []
+        for tag in sorted(tags):
+            _, ns, queue = tag.split(":", 2)
+            out = self._run("list", ns=ns, queue=queue, tag=tag, label=f"{ns}.{queue}")
+            for line in out.splitlines():
+                words = line.split()
+                if not words or valid_id(words[0]) is None:
+                    continue  # a header, a blank line, or not an id
+                state = words[1].lower() if len(words) > 1 else "running"
+                alive.append(Launched(words[0], tag, state if state in STATES else "running"))
+        return alive
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        for worker in ids:
+            if valid_id(worker) is not None:
+                self._run("cancel", id=worker)

@@ -1,0 +1,264 @@
+"""The scaler: reads a queue's depth, decides how many workers it needs, asks the provider.
+
+Each round, for each queue it serves, a scaler:
+
+1. takes or renews the queue's scaler lease (one conditional write; see
+   ``lakeshore.protocol.scaler_lease``) — without it, it only reports who acts;
+2. reads the queue record (one GET) for the provider block, and the queue's tickets (one
+   LIST page per 1000 live invocations) for the live count;
+3. lists the provider's workers (its tool, not the store), waiting ones included;
+4. decides (``lakeshore.model.scaling.decide``) and, to launch, first writes the launch time
+   into the lease — a conditional write that proves, right before ``sbatch``, that no one
+   took the lease over — then asks the provider.
+
+A round whose lease is older than half its length by the time it would act (a slow store, a
+slow ``squeue``) acts not at all: a scaler that lost the lease by expiry can never launch
+beside the one that took it over. A scaler that cannot reach the store or list its workers
+launches nothing. Workers leave by themselves (``--idle-exit``): the fleet scales to zero
+without the scaler killing anything that runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.keys import check_name
+from lakeshore.model.provider import ProviderConfig
+from lakeshore.model.scaling import decide
+from lakeshore.plane import Plane
+from lakeshore.protocol.census import live_ids
+from lakeshore.protocol.scaler_lease import Held, ScalerLeases
+from lakeshore.providers.base import Launched, Provider, WorkerSpec, tag_of
+
+__all__ = ["ScaleReport", "Scaler"]
+
+log = logging.getLogger("lakeshore.scale")
+
+
+@dataclass
+class ScaleReport:
+    """What one round did for one queue."""
+
+    queue: str
+    acting: bool = False
+    holder: str | None = None  # who holds the lease when this scaler does not
+    live: int | None = None
+    running: int = 0
+    pending: int = 0
+    wanted: int = 0
+    launched: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    why: str = ""
+    error: str | None = None
+
+    def line(self) -> str:
+        """One line for the scaler's log."""
+        if self.error:
+            return f"{self.queue}: {self.error}"
+        if not self.acting:
+            return f"{self.queue}: another scaler acts ({self.holder}); launching nothing"
+        if self.live is None:
+            return f"{self.queue}: {self.why}"
+        done = ""
+        if self.launched:
+            done = f"; launched {len(self.launched)}: {', '.join(self.launched)}"
+        if self.cancelled:
+            done += f"; cancelled {len(self.cancelled)} waiting: {', '.join(self.cancelled)}"
+        return (
+            f"{self.queue}: {self.live} live, workers {self.running} running + "
+            f"{self.pending} waiting, wants {self.wanted} ({self.why}){done}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+class Scaler:
+    """Keeps the queues' workers in line with their depth, through one provider.
+
+    Args:
+        plane: the store and namespace of the queues.
+        queues: the queues to serve; each must have a provider block of this provider's kind.
+        provider: launches, lists and cancels the workers.
+        url: the store URL workers get (default: the plane's).
+        imports, allow: the workers' ``--import`` modules and ``--allow`` patterns.
+        python: the interpreter workers run (default: this one, which suits a shared venv).
+        max_workers: the scaler's own cap over all its queues together, whatever the queue
+            records say (None: the records' maxima only).
+        interval_s: seconds between rounds. lease_s: the lease's length (default
+            ``max(3 × interval_s, 30)``).
+
+    Raises:
+        InvalidArgument: no queues, a bad name, a ``:memory:`` store (workers elsewhere
+            cannot see it), or a bad interval, lease or cap.
+    """
+
+    def __init__(
+        self,
+        plane: Plane,
+        queues: Sequence[str],
+        provider: Provider,
+        *,
+        url: str | None = None,
+        imports: Sequence[str] = (),
+        allow: Sequence[str] = (),
+        python: str | None = None,
+        max_workers: int | None = None,
+        interval_s: float = 30.0,
+        lease_s: float | None = None,
+        clock: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not queues:
+            raise InvalidArgument("scale", "no queue given", "name the queues to scale")
+        self.url = url or plane.store.url
+        if self.url == ":memory:":
+            raise InvalidArgument(
+                "scale",
+                "a :memory: store lives inside one process: launched workers cannot reach it",
+                "use a file:// or s3:// store",
+            )
+        if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
+            raise InvalidArgument("scale", f"max_workers must be >= 1, got {max_workers!r}", "")
+        if not 0.05 <= interval_s <= 3600:
+            raise InvalidArgument("scale", f"interval must be 0.05..3600 s, got {interval_s}", "")
+        self.plane, self.provider = plane, provider
+        self.queues = [check_name(q, "queue") for q in dict.fromkeys(queues)]
+        self.imports, self.allow = list(imports), list(allow)
+        self.python = python or sys.executable
+        self.max_workers, self.interval_s = max_workers, interval_s
+        self.lease_s = lease_s if lease_s is not None else max(3 * interval_s, 30.0)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.monotonic = monotonic
+        self._leases = {
+            q: ScalerLeases(plane.store, plane.ops(q).keys, self.owner, self.lease_s, clock)
+            for q in self.queues
+        }
+        self._held: dict[str, Held] = {}
+
+    def worker_argv(self, queue: str, block: ProviderConfig) -> tuple[str, ...]:
+        """The command of one worker of ``queue`` (the provider adds ``--worker-id``)."""
+        argv = [self.python, "-m", "lakeshore", "worker", "--url", self.url]
+        argv += ["--ns", self.plane.ns, "--queue", queue, "--idle-exit", f"{block.idle_exit_s:g}"]
+        argv += ["--concurrency", str(block.concurrency), "--grace", f"{block.grace_s:g}"]
+        for module in self.imports:
+            argv += ["--import", module]
+        for pattern in self.allow:
+            argv += ["--allow", pattern]
+        return tuple(argv)
+
+    def tick(self) -> list[ScaleReport]:
+        """One round over every queue (see the module docstring)."""
+        reports = []
+        listed: list[Launched] | None = None
+        launched_now = 0
+        for queue in self.queues:
+            report = ScaleReport(queue)
+            reports.append(report)
+            try:
+                listed, n = self._one(report, listed, launched_now)
+                launched_now += n
+            except LakeshoreError as e:  # the store or the provider's tool: no launch
+                report.error = str(e)
+        return reports
+
+    def _one(
+        self, report: ScaleReport, listed: list[Launched] | None, launched_now: int
+    ) -> tuple[list[Launched] | None, int]:
+        queue, leases = report.queue, self._leases[report.queue]
+        started = self.monotonic()
+        held, seen = leases.take(self._held.pop(queue, None))
+        if held is None:
+            report.holder = seen.owner if seen else "a scaler whose write won just now"
+            return listed, 0
+        self._held[queue] = held
+        report.acting = True
+        block = self.plane.settings.read(queue)[0].provider
+        if block is None:
+            report.why = "no provider on the queue record: workers are attached by hand"
+            return listed, 0
+        if block.kind != self.provider.kind:
+            report.error = (
+                f"the queue's provider is {block.kind!r} but this scaler runs "
+                f"{self.provider.kind!r}: launching nothing — start a {block.kind} scaler"
+            )
+            return listed, 0
+        live = len(live_ids(self.plane.store, self.plane.ops(queue).keys))
+        if listed is None:
+            listed = self.provider.list([tag_of(self.plane.ns, q) for q in self.queues])
+        mine = [w for w in listed if w.tag == tag_of(self.plane.ns, queue)]
+        report.live = live
+        report.running = sum(w.state == "running" for w in mine)
+        report.pending = len(mine) - report.running
+        launched_at = held.lease.launched_at
+        since = None if launched_at is None else leases.clock() - launched_at
+        d = decide(
+            block,
+            live,
+            report.running,
+            report.pending,
+            fleet=len(listed) + launched_now,
+            cap=self.max_workers,
+            since_launch=since,
+        )
+        report.wanted, report.why = d.wanted, d.why
+        if not (d.launch or d.cancel):
+            return listed, 0
+        if self.monotonic() - started > self.lease_s / 2:
+            report.why = "this round took over half the lease: acting next round instead"
+            return listed, 0
+        if d.cancel:
+            waiting = sorted((w.id for w in mine if w.state == "pending"), reverse=True)
+            report.cancelled = waiting[: d.cancel]
+            self.provider.cancel(report.cancelled)
+        if d.launch:
+            marked = leases.mark_launch(held)
+            if marked is None:  # taken over between the renewal and now
+                self._held.pop(queue, None)
+                report.acting, report.why = False, "the lease was taken over: launching nothing"
+                return listed, 0
+            self._held[queue] = marked
+            spec = WorkerSpec(self.plane.ns, queue, self.worker_argv(queue, block), block)
+            report.launched = self.provider.launch(spec, d.launch)
+        return listed, len(report.launched)
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        on_report: Callable[[ScaleReport], None] | None = None,
+        once: bool = False,
+    ) -> None:
+        """Rounds every ``interval_s`` until ``stop`` is set (or one round, ``once``); the
+        leases are given back at the end, so the next scaler need not wait one out."""
+        stop = stop or threading.Event()
+        try:
+            while True:
+                for report in self.tick():
+                    (on_report or _log)(report)
+                if once or stop.wait(self.interval_s):
+                    return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Give back the leases held (best effort) and let go of the provider."""
+        for queue, held in list(self._held.items()):
+            with contextlib.suppress(LakeshoreError):
+                self._leases[queue].release(held)
+        self._held.clear()
+        self.provider.close()
+
+
+def _log(report: ScaleReport) -> None:
+    log.log(logging.WARNING if report.error else logging.INFO, "%s", report.line())
