@@ -147,6 +147,11 @@ class Scaler:
         }
         self._held: dict[str, Held] = {}
 
+    @property
+    def tags(self) -> list[str]:
+        """The names its queues' workers carry in the provider (a SLURM job name)."""
+        return [tag_of(self.plane.ns, q) for q in self.queues]
+
     def worker_argv(self, queue: str, block: ProviderConfig) -> tuple[str, ...]:
         """The command of one worker of ``queue`` (the provider adds ``--worker-id``)."""
         argv = [self.python, "-m", "lakeshore", "worker", "--url", self.url]
@@ -196,7 +201,7 @@ class Scaler:
             return listed, 0
         live = len(live_ids(self.plane.store, self.plane.ops(queue).keys))
         if listed is None:
-            listed = self.provider.list([tag_of(self.plane.ns, q) for q in self.queues])
+            listed = self.provider.list(self.tags)
         mine = [w for w in listed if w.tag == tag_of(self.plane.ns, queue)]
         report.live = live
         report.running = sum(w.state == "running" for w in mine)

@@ -74,7 +74,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     def show(report: ScaleReport) -> None:
         nonlocal failed
         failed = failed or report.error is not None
-        text = dumps(report.as_dict()) if args.json else inert(report.line())
+        text = dumps(report.as_dict(), indent=None) if args.json else inert(report.line())
         print(text, flush=True)
 
     def stopping(signum: int, frame: Any) -> None:

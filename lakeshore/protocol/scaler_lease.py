@@ -135,8 +135,10 @@ class ScalerLeases:
         if etag is None:
             mine = self._write(None, now, CREATE)
             return mine, mine.lease if mine else None
-        if current is not None and not self._expired(current, now):
-            return None, current  # someone else's (or ours, lost to a takeover) and live
+        if current is not None and current.owner != self.owner and not self._expired(current, now):
+            return None, current  # someone else's, and live
+        # free, expired, untrusted, or our own whose etag a failed round lost: one CAS on
+        # the etag just read decides
         launched = current.launched_at if current is not None else None
         mine = self._write(launched, now, if_match(etag))
         return mine, mine.lease if mine else current

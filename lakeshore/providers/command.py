@@ -5,7 +5,7 @@ Enough for any platform with a command line: Kubernetes Jobs (``kubectl``), AWS 
 its command line (never read from the store), and are filled with shell-quoted values:
 
 ``launch`` (run once per worker)
-    ``{worker}``: the worker command, quoted as one shell word list; ``{name}``: a fresh
+    ``{worker}``: the worker command, as shell words, each one quoted; ``{name}``: a fresh
     name for this worker (``lakeshore-<8 hex>``: lower case letters, digits and ``-``, a
     valid Kubernetes or Batch name); ``{ns}``, ``{queue}``, ``{tag}``. The first word it
     prints, if any, is the worker's id; else ``{name}`` is.
@@ -78,8 +78,10 @@ class CommandProvider(Provider):
         self.env = env
         self.timeout = timeout
 
-    def _run(self, op: str, **fields: str) -> str:
+    def _run(self, op: str, worker: tuple[str, ...] = (), **fields: str) -> str:
         quoted: dict[str, Any] = {k: shlex.quote(v) for k, v in fields.items()}
+        if worker:
+            quoted["worker"] = shlex.join(worker)  # its words stay words, each one quoted
         command = self.templates[op].format(**quoted)
         return run_tool(command, f"command {op}", env=self.env, timeout=self.timeout, shell=True)
 
@@ -87,9 +89,13 @@ class CommandProvider(Provider):
         ids = []
         for _ in range(n):
             name = f"lakeshore-{secrets.token_hex(4)}"
-            worker = shlex.join([*spec.argv, "--worker-id", name])
             out = self._run(
-                "launch", worker=worker, name=name, ns=spec.ns, queue=spec.queue, tag=spec.tag
+                "launch",
+                (*spec.argv, "--worker-id", name),
+                name=name,
+                ns=spec.ns,
+                queue=spec.queue,
+                tag=spec.tag,
             )
             words = out.split()
             ids.append(valid_id(words[0]) or name if words else name)

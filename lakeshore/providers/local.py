@@ -2,7 +2,8 @@
 
 Each worker is a child process in a session of its own, so it outlives a ``--once`` scaler
 and a Ctrl-C meant for the scaler. What is alive is kept where the next scaler finds it: one
-file per worker, ``<state_dir>/<ns>/<queue>/<worker>``, holding its pid. A pid counts only
+file per worker, ``<state_dir>/<ns>/<queue>/<worker>.pid``, holding its pid (its output
+goes beside it, to ``<worker>.log``, unless a log folder is given). A pid counts only
 while the process there still carries the worker's name in its command line (on Linux), so a
 recycled pid is never taken for a worker.
 """
@@ -76,14 +77,14 @@ class LocalProvider(Provider):
                     "local launch", f"cannot start {spec.argv[0]!r}: {e}", "check the command"
                 ) from None
             self._children[name] = child
-            (folder / name).write_text(str(child.pid))
+            (folder / f"{name}.pid").write_text(str(child.pid))
             ids.append(name)
         return ids
 
     def list(self, tags: Collection[str]) -> list[Launched]:
         alive = []
         for path in self._files():
-            ns, queue, name = path.parts[-3:]
+            ns, queue, name = *path.parts[-3:-1], path.stem
             tag = tag_of(ns, queue)
             if tag not in tags:
                 continue
@@ -97,7 +98,7 @@ class LocalProvider(Provider):
     def cancel(self, ids: Sequence[str]) -> None:
         wanted = set(ids)
         for path in self._files():
-            if path.name in wanted and self._alive(path.name, path):
+            if path.stem in wanted and self._alive(path.stem, path):
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(path.read_text()), signal.SIGTERM)
 
@@ -110,7 +111,7 @@ class LocalProvider(Provider):
     def _files(self) -> builtins.list[Path]:
         if not self.state_dir.is_dir():
             return []
-        return [p for p in self.state_dir.glob("*/*/local-*") if p.is_file()]
+        return [p for p in self.state_dir.glob("*/*/local-*.pid") if p.is_file()]
 
     def _alive(self, name: str, path: Path) -> bool:
         child = self._children.get(name)

@@ -1,0 +1,177 @@
+"""Providers with real processes: the local provider scales a queue from zero to a fleet
+and back to zero through a burst of work, the ``command`` provider's templates get their
+values quoted and its tools' output is trusted no further than an id, and ``lakeshore
+scale`` as a program."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lakeshore as dls
+from lakeshore.model.provider import ProviderConfig
+from lakeshore.providers import CommandProvider, LocalProvider, SlurmProvider, WorkerSpec
+from tests import jobs
+from tests.waiting import poll
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_the_local_provider_scales_from_zero_to_a_fleet_and_back(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url)
+    q.configure(
+        "burst",
+        provider={
+            "kind": "local",
+            "max_workers": 3,
+            "jobs_per_worker": 5,
+            "idle_exit_s": 1.5,
+            "cooldown_s": 0,
+        },
+    )
+    provider = LocalProvider(tmp_path / "state", env=_env())
+    scaler = dls.Scaler(q, ["burst"], provider, allow=["tests.jobs:*"], interval_s=0.2)
+    assert provider.list([scaler.tags[0]]) == []  # from zero
+    f = q.udf(jobs.add_one, queue="burst")
+    ids = [f.submit(i) for i in range(40)]
+    stop = threading.Event()
+    reports: list[Any] = []
+    runner = threading.Thread(target=scaler.run, args=(stop, reports.append))
+    runner.start()
+    most = 0
+    try:
+
+        def drained() -> bool:
+            nonlocal most
+            alive = provider.list(scaler.tags)
+            most = max(most, len(alive))
+            assert len(alive) <= 3  # never above the queue's maximum
+            done = all(q.status(i) == "succeeded" for i in ids)
+            return done and not alive  # every worker left by its idle exit
+
+        poll(drained, timeout=120, what="the burst done and the fleet back to zero")
+    finally:
+        stop.set()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert [q.result(i) for i in ids] == [i + 1 for i in range(40)]
+    assert 1 <= most <= 3
+    launched = [w for r in reports for w in r.launched]
+    assert len(launched) >= 1
+    assert not any(r.error for r in reports), [r.error for r in reports if r.error]
+    # each worker left its log, and its pid file was cleared once it had gone
+    assert {p.stem for p in (tmp_path / "state" / "default" / "burst").glob("*.log")} >= set(
+        launched
+    )
+    assert not list((tmp_path / "state").glob("*/*/local-*.pid"))
+
+
+def test_a_recycled_pid_is_not_taken_for_a_worker(tmp_path: Path) -> None:
+    folder = tmp_path / "default" / "q"
+    folder.mkdir(parents=True)
+    (folder / "local-0000abcd.pid").write_text(str(os.getpid()))  # alive, not that worker
+    (folder / "local-0000abce.pid").write_text("not a pid")
+    provider = LocalProvider(tmp_path)
+    assert provider.list(["lakeshore:default:q"]) == []
+    assert list(folder.iterdir()) == []  # both files cleared
+
+
+def _spec(argv: tuple[str, ...]) -> WorkerSpec:
+    return WorkerSpec("default", "q", argv, ProviderConfig("command"))
+
+
+def test_the_command_provider_quotes_what_it_fills_in(tmp_path: Path) -> None:
+    env = {**os.environ, "D": str(tmp_path)}
+    provider = CommandProvider(
+        launch="""printf '%s\\n' {worker} > "$D/{name}.argv"; echo {name}""",
+        list="""cd "$D" && for f in *.argv; do echo "${{f%.argv}} running"; done; """
+        """echo 'x;rm-me running'; echo '' """,
+        cancel="""rm "$D/{id}.argv" """,
+        env=env,
+    )
+    argv = (sys.executable, "a b", "it's", "$HOME", "`touch pwned`", "x;y")
+    ids = provider.launch(_spec(argv), 2)
+    assert len(ids) == 2 and all(i.startswith("lakeshore-") for i in ids)
+    for worker in ids:  # every word arrived as itself, nothing ran
+        lines = (tmp_path / f"{worker}.argv").read_text().splitlines()
+        assert lines == [*argv, "--worker-id", worker]
+    assert not (tmp_path / "pwned").exists()
+    listed = provider.list(["lakeshore:default:q"])
+    assert sorted(w.id for w in listed) == sorted(ids)  # 'x;rm-me' is no id: passed over
+    provider.cancel([ids[0], "../../etc/passwd; rm -rf ~"])
+    assert [w.id for w in provider.list(["lakeshore:default:q"])] == [ids[1]]
+
+
+def test_the_command_provider_says_what_failed(tmp_path: Path) -> None:
+    provider = CommandProvider("echo no >&2; exit 3", "true", "true {id}")
+    with pytest.raises(dls.ProviderError, match="exited with 3: no") as caught:
+        provider.launch(_spec(("w",)), 1)
+    assert caught.value.returncode == 3
+    with pytest.raises(dls.InvalidArgument, match="unknown field"):
+        CommandProvider("run {command}", "true", "true")
+    with pytest.raises(dls.InvalidArgument, match="empty"):
+        CommandProvider("run {worker}", " ", "true")
+
+
+def test_the_slurm_script_execs_the_worker_after_the_setup() -> None:
+    argv = ("/venv/bin/python", "-m", "lakeshore", "worker")
+    spec = WorkerSpec("default", "hpc", argv, ProviderConfig("slurm"))
+    script = SlurmProvider(setup="module load python/3.11").script(spec)
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/sh" and lines[2] == "module load python/3.11"
+    assert lines[3].startswith("exec /venv/bin/python -m lakeshore worker --worker-id ")
+    assert "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" in lines[3]
+
+
+def test_a_missing_tool_is_a_provider_error(tmp_path: Path) -> None:
+    provider = SlurmProvider(env={"PATH": str(tmp_path)})
+    with pytest.raises(dls.ProviderError, match="not installed"):
+        provider.list(["lakeshore:default:q"])
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lakeshore", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_lakeshore_scale_as_a_program(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    env = {**_env(), "LAKESHORE_URL": url}
+    q = dls.Dispatch(url)
+    f = q.udf(jobs.add_one, queue="burst")
+    inv = f.submit(1)
+    out = _cli("scale", "burst", "--once", env=env)
+    assert out.returncode == 2 and "has no provider" in out.stderr
+    assert "lakeshore queue set burst provider=local" in out.stderr
+    out = _cli("queue", "set", "burst", "provider=local", "provider.idle_exit_s=1", env=env)
+    assert out.returncode == 0, out.stderr
+    out = _cli("queue", "show", "burst", env=env)
+    assert "local, 0..4 workers, 10 jobs each, idle exit 1 s" in out.stdout
+    out = _cli("scale", "burst", "--once", "--setup", "x", env=env)
+    assert out.returncode == 2 and "--setup only goes with a slurm provider" in out.stderr
+    state = str(tmp_path / "state")
+    args = ("scale", "burst", "--once", "--allow", "tests.jobs:*", "--state-dir", state)
+    out = _cli(*args, "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert '"launched": ["local-' in out.stdout
+    assert q.result(inv, timeout=60) == 2
+    out = _cli("status", env=env)
+    assert "burst: local, 0..4 workers" in out.stdout
+    out = _cli("scale", "nowhere", "--once", env=env)
+    assert out.returncode == 2 and "no queue 'nowhere'" in out.stderr

@@ -1,0 +1,337 @@
+"""The scaler against its promises, with a provider whose fleet lives in the test: one scaler
+acts per queue (two started at once never double the fleet), a lost or stale lease launches
+nothing, a store or provider that fails launches nothing, waiting workers count, the
+cool-down and the caps hold, and a hostile lease or ticket cannot steer it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import msgpack
+import pytest
+
+import lakeshore as dls
+from lakeshore.errors import ProviderError, StoreUnavailable
+from lakeshore.keys import QueueKeys
+from lakeshore.protocol.scaler_lease import MAX_LEASE_S, ScalerLease, ScalerLeases
+from lakeshore.providers import Launched, Provider, WorkerSpec
+from lakeshore.store import MemoryStore, Store
+from lakeshore.store.base import OVERWRITE
+from tests import jobs
+from tests.conftest import make_plane
+from tests.forwarding import Forwarding
+
+UNUSED_URL = "file:///not-used-by-a-test-provider"
+
+
+class Fleet(Provider):
+    """A provider whose 'tool' is a dict: launches are recorded and listed as ``state``."""
+
+    kind = "local"
+
+    def __init__(self, state: str = "running") -> None:
+        self.state = state
+        self.workers: dict[str, Launched] = {}
+        self.specs: list[WorkerSpec] = []
+        self.cancelled: list[str] = []
+        self.fail_list = False
+        self._lock = threading.Lock()
+
+    def launch(self, spec: WorkerSpec, n: int) -> list[str]:
+        with self._lock:
+            ids = [f"w{len(self.workers) + i}" for i in range(n)]
+            for i in ids:
+                self.workers[i] = Launched(i, spec.tag, self.state)
+            self.specs.append(spec)
+            return ids
+
+    def list(self, tags: Collection[str]) -> list[Launched]:
+        if self.fail_list:
+            raise ProviderError("fleet list", "the tool is down", "try later")
+        with self._lock:
+            return [w for w in self.workers.values() if w.tag in tags]
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            for i in ids:
+                self.workers.pop(i, None)
+            self.cancelled += ids
+
+    def finish_all(self) -> None:
+        with self._lock:
+            self.workers.clear()
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _plane_with_work(store: Store, n: int, **provider: Any) -> Any:
+    q = make_plane(store)
+    q.configure("hpc", provider={"kind": "local", "cooldown_s": 0, **provider})
+    f = q.udf(jobs.add_one, queue="hpc")
+    for i in range(n):
+        f.submit(i)
+    return q
+
+
+def _scaler(q: Any, fleet: Provider, **kw: Any) -> dls.Scaler:
+    kw.setdefault("url", UNUSED_URL)
+    kw.setdefault("interval_s", 1.0)
+    return dls.Scaler(q, ["hpc"], fleet, **kw)
+
+
+def test_launches_what_the_depth_asks_within_the_queue_maximum() -> None:
+    q = _plane_with_work(MemoryStore(), 25, max_workers=4, jobs_per_worker=10)
+    fleet = Fleet()
+    (report,) = _scaler(q, fleet).tick()
+    assert (report.live, report.wanted, len(report.launched)) == (25, 3, 3)
+    assert len(fleet.workers) == 3
+    spec = fleet.specs[0]  # the worker command carries the queue and the block's settings
+    assert spec.argv[1:4] == ("-m", "lakeshore", "worker")
+    for flag, value in [("--queue", "hpc"), ("--idle-exit", "60"), ("--url", UNUSED_URL)]:
+        assert spec.argv[spec.argv.index(flag) + 1] == value
+    (again,) = _scaler(q, fleet).tick()  # a second scaler after the first one let go?
+    assert again.acting is False  # no: the first still holds the lease
+
+
+def test_two_scalers_started_at_once_launch_one_fleet(atomic_store: Store) -> None:
+    q = _plane_with_work(atomic_store, 40, max_workers=4, jobs_per_worker=10)
+    fleet = Fleet()
+    scalers = [_scaler(q, fleet) for _ in range(2)]
+    start = threading.Barrier(2)
+    reports: list[list[Any]] = [[], []]
+
+    def run(i: int) -> None:
+        start.wait()
+        for _ in range(5):
+            reports[i] += scalers[i].tick()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    launched = [sum(len(r.launched) for r in rs) for rs in reports]
+    assert sorted(launched) == [0, 4]  # one scaler acted, the other launched nothing
+    assert len(fleet.workers) == 4
+    idle = reports[launched.index(0)]
+    assert all(not r.acting and not r.launched for r in idle)
+    assert idle[-1].holder == scalers[launched.index(4)].owner
+
+
+def test_waiting_workers_count_so_a_stuck_queue_gets_no_more() -> None:
+    q = _plane_with_work(MemoryStore(), 100, max_workers=4, jobs_per_worker=1)
+    fleet = Fleet(state="pending")  # nothing ever starts: a full SLURM partition
+    scaler = _scaler(q, fleet)
+    for _ in range(5):
+        (report,) = scaler.tick()
+    assert len(fleet.workers) == 4 and report.pending == 4 and not report.launched
+
+
+def test_waiting_workers_beyond_the_need_are_cancelled_running_ones_never() -> None:
+    store = MemoryStore()
+    q = _plane_with_work(store, 0, max_workers=4)
+    fleet = Fleet(state="pending")
+    tag = dls.providers.tag_of("default", "hpc")
+    fleet.workers = {"p1": Launched("p1", tag, "pending"), "p2": Launched("p2", tag, "pending")}
+    fleet.workers["r1"] = Launched("r1", tag, "running")
+    (report,) = _scaler(q, fleet).tick()
+    assert report.live == 0 and sorted(report.cancelled) == ["p1", "p2"]
+    assert list(fleet.workers) == ["r1"]  # it leaves by its idle exit
+
+
+def test_the_cooldown_holds_across_scalers() -> None:
+    store = MemoryStore()
+    clock = Clock()
+    q = _plane_with_work(store, 10, max_workers=4, jobs_per_worker=1)
+    q.configure("hpc", **{"provider.cooldown_s": 60})
+    fleet = Fleet()
+    first = _scaler(q, fleet, clock=clock)
+    (report,) = first.tick()
+    assert len(report.launched) == 4
+    first.close()  # gives the lease back, keeping the launch time
+    fleet.finish_all()  # the workers died at once: the queue wants 4 again
+    second = _scaler(q, fleet, clock=clock)
+    clock.t += 30
+    (report,) = second.tick()
+    assert report.acting and not report.launched and "cooling down" in report.why
+    clock.t += 31
+    (report,) = second.tick()
+    assert len(report.launched) == 4
+
+
+def test_the_scalers_own_cap_is_shared_by_its_queues() -> None:
+    q = _plane_with_work(MemoryStore(), 50, max_workers=10, jobs_per_worker=1)
+    q.configure("other", provider={"kind": "local", "max_workers": 10, "jobs_per_worker": 1})
+    g = q.udf(jobs.echo, queue="other")
+    for i in range(50):
+        g.submit(i)
+    fleet = Fleet()
+    scaler = dls.Scaler(q, ["hpc", "other"], fleet, url=UNUSED_URL, max_workers=6)
+    reports = scaler.tick()
+    assert [len(r.launched) for r in reports] == [6, 0]
+    assert "cap of 6" in reports[1].why
+    scaler.tick()
+    assert len(fleet.workers) == 6
+
+
+def test_a_takeover_after_expiry_fences_the_stalled_scaler() -> None:
+    store = MemoryStore()
+    clock = Clock()
+    q = _plane_with_work(store, 10, max_workers=2, jobs_per_worker=1)
+    fleet = Fleet()
+    mono = Clock(0.0)
+    slow = _scaler(q, fleet, clock=clock, monotonic=mono, lease_s=30)
+    fast = _scaler(q, fleet, clock=clock, lease_s=30)
+    assert slow.tick()[0].launched  # it holds the lease
+    fleet.finish_all()
+    clock.t += 31  # the slow one stalls past its lease: the other takes over
+    assert len(fast.tick()[0].launched) == 2
+    (report,) = slow.tick()  # back again: its renewal is a clean miss
+    assert not report.acting and not report.launched and report.holder == fast.owner
+
+
+def test_a_round_slower_than_half_the_lease_acts_next_round() -> None:
+    q = _plane_with_work(MemoryStore(), 10, max_workers=2, jobs_per_worker=1)
+    fleet = Fleet()
+    ticks = iter([0.0, 16.0, 100.0, 100.1])  # the first round stalls between lease and act
+
+    def mono() -> float:
+        return next(ticks)
+
+    scaler = _scaler(q, fleet, monotonic=mono, lease_s=30)
+    (report,) = scaler.tick()
+    assert report.acting and not report.launched and "half the lease" in report.why
+    (report,) = scaler.tick()
+    assert len(report.launched) == 2
+
+
+class Unreachable(Forwarding):
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.down = False
+
+    def put(self, key: str, data: bytes, mode: Any = OVERWRITE) -> str:
+        if self.down and key.endswith("/_scaler"):
+            raise StoreUnavailable("put", "the store is unreachable", "wait")
+        return super().put(key, data, mode)
+
+
+def test_a_scaler_that_loses_the_store_stops_launching() -> None:
+    store = Unreachable(MemoryStore())
+    q = _plane_with_work(store, 10, max_workers=4, jobs_per_worker=1)
+    fleet = Fleet()
+    scaler = _scaler(q, fleet)
+    assert len(scaler.tick()[0].launched) == 4
+    fleet.finish_all()
+    store.down = True
+    (report,) = scaler.tick()
+    assert report.error and "unreachable" in report.error and not fleet.workers
+    store.down = False
+    assert len(scaler.tick()[0].launched) == 4  # it comes back by itself
+
+
+def test_a_provider_that_cannot_list_launches_nothing() -> None:
+    q = _plane_with_work(MemoryStore(), 10, max_workers=4)
+    fleet = Fleet()
+    fleet.fail_list = True
+    (report,) = _scaler(q, fleet).tick()
+    assert report.error and "the tool is down" in report.error and not fleet.workers
+
+
+def test_a_queue_of_another_provider_kind_or_none_launches_nothing() -> None:
+    q = _plane_with_work(MemoryStore(), 10)
+    fleet = Fleet()
+    scaler = _scaler(q, fleet)
+    q.configure("hpc", provider="slurm")
+    (report,) = scaler.tick()
+    assert report.error and "'slurm'" in report.error and not fleet.workers
+    q.configure("hpc", provider=None)
+    (report,) = scaler.tick()
+    assert "no provider" in report.why and not fleet.workers
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        b"\xc1 not msgpack",
+        msgpack.packb({"v": 1, "owner": "mallory", "expires_at": 1e300}),
+        msgpack.packb({"v": 1, "owner": "mallory", "expires_at": float("nan")}),
+        msgpack.packb({"v": 1, "owner": ["x"], "expires_at": 5}),
+        msgpack.packb({"v": 2, "owner": "future", "expires_at": 5}),
+        b"x" * 10_000,
+    ],
+)
+def test_a_forged_lease_is_taken_over(forged: bytes) -> None:
+    store = MemoryStore()
+    q = _plane_with_work(store, 3, max_workers=1)
+    store.put(QueueKeys("default", "hpc").scaler_lease, forged, OVERWRITE)
+    fleet = Fleet()
+    (report,) = _scaler(q, fleet).tick()
+    assert report.acting and len(report.launched) == 1
+
+
+def test_a_live_lease_far_in_the_future_counts_as_forged() -> None:
+    store, clock = MemoryStore(), Clock()
+    keys = QueueKeys("default", "hpc")
+    lease = ScalerLease("mallory", clock.t + MAX_LEASE_S + 10)
+    store.put(keys.scaler_lease, lease.to_bytes(), OVERWRITE)
+    held, _ = ScalerLeases(store, keys, "me", 30, clock).take(None)
+    assert held is not None and held.lease.owner == "me"
+    honest = ScalerLease("alice", clock.t + 100)
+    store.put(keys.scaler_lease, honest.to_bytes(), OVERWRITE)
+    held, seen = ScalerLeases(store, keys, "me", 30, clock).take(None)
+    assert held is None and seen is not None and seen.owner == "alice"
+
+
+def test_forged_tickets_do_not_inflate_the_depth() -> None:
+    store = MemoryStore()
+    q = _plane_with_work(store, 2, max_workers=50, jobs_per_worker=1)
+    keys = QueueKeys("default", "hpc")
+    for i in range(20):
+        store.put(f"{keys.tickets_prefix}5/not-an-id-{i}", b"x", OVERWRITE)
+    (report,) = _scaler(q, Fleet()).tick()
+    assert report.live == 2 and len(report.launched) == 2
+
+
+def test_once_gives_the_lease_back() -> None:
+    q = _plane_with_work(MemoryStore(), 3, max_workers=1)
+    fleet = Fleet()
+    _scaler(q, fleet).run(once=True)
+    assert len(fleet.workers) == 1
+    (report,) = _scaler(q, fleet).tick()  # the next --once run acts at once
+    assert report.acting and report.why == "enough workers"
+
+
+def test_run_stops_on_the_event_and_lets_go() -> None:
+    q = _plane_with_work(MemoryStore(), 3, max_workers=1)
+    stop = threading.Event()
+    seen: list[Any] = []
+
+    def on_report(report: Any) -> None:
+        seen.append(report)
+        if len(seen) == 3:
+            stop.set()
+
+    _scaler(q, Fleet(), interval_s=0.05).run(stop, on_report)
+    assert len(seen) == 3
+    assert _scaler(q, Fleet()).tick()[0].acting
+
+
+def test_bad_arguments_are_refused() -> None:
+    q = make_plane(MemoryStore())
+    with pytest.raises(dls.InvalidArgument, match="memory"):
+        dls.Scaler(q, ["hpc"], Fleet())
+    with pytest.raises(dls.InvalidArgument, match="no queue"):
+        dls.Scaler(q, [], Fleet(), url=UNUSED_URL)
+    with pytest.raises(dls.InvalidArgument, match="queue"):
+        dls.Scaler(q, ["../x"], Fleet(), url=UNUSED_URL)
+    with pytest.raises(dls.InvalidArgument, match="max_workers"):
+        dls.Scaler(q, ["hpc"], Fleet(), url=UNUSED_URL, max_workers=0)
