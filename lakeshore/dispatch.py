@@ -260,9 +260,11 @@ class Dispatch(Plane):
     def configure(self, queue: str = DEFAULT_QUEUE, **settings: Any) -> QueueConfig:
         """Change settings of ``queue`` (admission: ``max_depth``, ``on_full``, ``rate_limit``,
         ``deadline_cutoff_s``; defaults: ``timeout_s``, ``max_attempts``, ``lease_s``,
-        ``retry_backoff_s``; ``providerRef``, ``result_retention_s``). Fields not named keep
+        ``retry_backoff_s``; ``provider``, ``result_retention_s``). Fields not named keep
         their value, also when others change the queue at the same time. Producers pick the
-        change up within a few seconds.
+        change up within a few seconds. ``provider`` takes a kind name or a map
+        (``provider={"kind": "slurm", "max_workers": 4}``), and one field of it changes with
+        ``**{"provider.max_workers": 8}``; see docs/providers.md.
 
         Raises:
             InvalidArgument: a bad queue name, setting or value (nothing is written).

@@ -39,7 +39,7 @@ from lakeshore.model.scaling import decide
 from lakeshore.plane import Plane
 from lakeshore.protocol.census import live_ids
 from lakeshore.protocol.scaler_lease import Held, ScalerLeases
-from lakeshore.providers.base import Launched, Provider, WorkerSpec, tag_of
+from lakeshore.providers.base import Provider, WorkerSpec, tag_of
 
 __all__ = ["ScaleReport", "Scaler"]
 
@@ -166,42 +166,40 @@ class Scaler:
     def tick(self) -> list[ScaleReport]:
         """One round over every queue (see the module docstring)."""
         reports = []
-        listed: list[Launched] | None = None
         launched_now = 0
         for queue in self.queues:
             report = ScaleReport(queue)
             reports.append(report)
             try:
-                listed, n = self._one(report, listed, launched_now)
-                launched_now += n
+                launched_now += self._one(report, launched_now)
             except LakeshoreError as e:  # the store or the provider's tool: no launch
                 report.error = str(e)
         return reports
 
-    def _one(
-        self, report: ScaleReport, listed: list[Launched] | None, launched_now: int
-    ) -> tuple[list[Launched] | None, int]:
+    def _one(self, report: ScaleReport, launched_now: int) -> int:
+        """One queue's part of a round; returns how many workers it launched."""
         queue, leases = report.queue, self._leases[report.queue]
         started = self.monotonic()
         held, seen = leases.take(self._held.pop(queue, None))
         if held is None:
             report.holder = seen.owner if seen else "a scaler whose write won just now"
-            return listed, 0
+            return 0
         self._held[queue] = held
         report.acting = True
         block = self.plane.settings.read(queue)[0].provider
         if block is None:
             report.why = "no provider on the queue record: workers are attached by hand"
-            return listed, 0
+            return 0
         if block.kind != self.provider.kind:
             report.error = (
                 f"the queue's provider is {block.kind!r} but this scaler runs "
                 f"{self.provider.kind!r}: launching nothing — start a {block.kind} scaler"
             )
-            return listed, 0
+            return 0
         live = len(live_ids(self.plane.store, self.plane.ops(queue).keys))
-        if listed is None:
-            listed = self.provider.list(self.tags)
+        # listed after the lease is held, never before: a launch by the lease's previous
+        # holder is then finished and visible (its launches end within half its lease)
+        listed = self.provider.list(self.tags)
         mine = [w for w in listed if w.tag == tag_of(self.plane.ns, queue)]
         report.live = live
         report.running = sum(w.state == "running" for w in mine)
@@ -213,16 +211,16 @@ class Scaler:
             live,
             report.running,
             report.pending,
-            fleet=len(listed) + launched_now,
+            fleet=len(listed) + launched_now,  # may count this round's launches twice: safe
             cap=self.max_workers,
             since_launch=since,
         )
         report.wanted, report.why = d.wanted, d.why
         if not (d.launch or d.cancel):
-            return listed, 0
+            return 0
         if self.monotonic() - started > self.lease_s / 2:
             report.why = "this round took over half the lease: acting next round instead"
-            return listed, 0
+            return 0
         if d.cancel:
             waiting = sorted((w.id for w in mine if w.state == "pending"), reverse=True)
             report.cancelled = waiting[: d.cancel]
@@ -232,11 +230,11 @@ class Scaler:
             if marked is None:  # taken over between the renewal and now
                 self._held.pop(queue, None)
                 report.acting, report.why = False, "the lease was taken over: launching nothing"
-                return listed, 0
+                return 0
             self._held[queue] = marked
             spec = WorkerSpec(self.plane.ns, queue, self.worker_argv(queue, block), block)
-            report.launched = self.provider.launch(spec, d.launch)
-        return listed, len(report.launched)
+            report.launched = self.provider.launch(spec, d.launch, timeout=self.lease_s / 2)
+        return len(report.launched)
 
     def run(
         self,

@@ -97,7 +97,7 @@ def register(sub: Any) -> None:
             "Every --interval seconds, read each queue's live depth (one LIST per 1000 live "
             "invocations) and its provider block, count the workers the provider lists "
             "(waiting ones too), and launch what the queue wants: ceil(live / "
-            "jobs_per_worker) within min_workers..max_workers, once the cool-down is over. "
+            "jobs_per_worker), at most max_workers, once the cool-down is over. "
             "Workers leave by themselves after idle_exit_s without work. Only the scaler "
             "holding the queue's lease in the store acts; a second one launches nothing. "
             "Attach a provider first: lakeshore queue set QUEUE provider=slurm "

@@ -29,7 +29,6 @@ _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:,+=/*-]{0,127}\Z")
 # a fleet no one can pay for, or a wait no one will live to see
 _INTS = {
     "max_workers": (1, 10_000),
-    "min_workers": (0, 10_000),
     "jobs_per_worker": (1, 1_000_000),
     "concurrency": (1, 1024),
     "cpus_per_task": (1, 4096),
@@ -49,7 +48,9 @@ class ProviderConfig:
         kind: ``"local"`` (processes on the scaler's machine), ``"slurm"`` (array jobs) or
             ``"command"`` (the scaler's shell templates: Kubernetes, AWS Batch, a VM pool).
         max_workers: hard maximum of this queue's workers alive at once, started or not.
-        min_workers: workers kept even with nothing to do (0: the queue scales to zero).
+            There is no minimum: workers leave after ``idle_exit_s`` without work, and a
+            queue with nothing to do has none (a floor would need workers that never idle
+            out, and a way to retire them; not built).
         jobs_per_worker: live invocations one worker is meant to take; the scaler wants
             ``ceil(live / jobs_per_worker)`` workers.
         cooldown_s: least time between two launches for the queue.
@@ -63,7 +64,6 @@ class ProviderConfig:
 
     kind: str
     max_workers: int = 4
-    min_workers: int = 0
     jobs_per_worker: int = 10
     cooldown_s: float = 30.0
     idle_exit_s: float = 60.0
@@ -96,11 +96,6 @@ class ProviderConfig:
                 or not flo <= value <= fhi
             ):
                 problems.append(f"provider {name} must be a number {flo:g}..{fhi:g}, got {value!r}")
-        if not problems and self.min_workers > self.max_workers:
-            problems.append(
-                f"provider min_workers ({self.min_workers}) is above max_workers "
-                f"({self.max_workers})"
-            )
         for name in SLURM_FIELDS:
             value = getattr(self, name)
             if value is not None and (type(value) is not str or not _TOKEN.match(value)):
@@ -167,11 +162,11 @@ class ProviderConfig:
         return {k: v for k, v in d.items() if v is not None}
 
     def describe(self) -> str:
-        """One line for ``queue show`` and ``status``: ``slurm, 0..4 workers, 10 jobs each``."""
+        """One line for ``queue show`` and ``status``: ``slurm, up to 4 workers, …``."""
         resources = (*SLURM_FIELDS, "cpus_per_task")
         extra = [f"{k}={v}" for k, v in self.public().items() if k in resources]
         return (
-            f"{self.kind}, {self.min_workers}..{self.max_workers} workers, "
+            f"{self.kind}, up to {self.max_workers} workers, "
             f"{self.jobs_per_worker} jobs each, idle exit {self.idle_exit_s:g} s"
             + (f" ({', '.join(extra)})" if extra else "")
         )

@@ -5,7 +5,7 @@ workers the provider lists (waiting ones count: a task stuck in the SLURM queue 
 on its way, so the scaler never submits again for the same work), the workers of every queue
 this scaler serves (for its own cap), and the time since the last launch.
 
-    wanted = clamp(ceil(live / jobs_per_worker), min_workers, max_workers)
+    wanted = min(ceil(live / jobs_per_worker), max_workers)
     launch = wanted - alive, if positive, within the scaler's cap, once the cool-down is over
     cancel = waiting workers beyond wanted (never a running one: those leave by idle exit)
 """
@@ -50,7 +50,7 @@ def decide(
     """
     alive = running + pending
     wanted = math.ceil(live / block.jobs_per_worker) if live > 0 else 0
-    wanted = min(max(wanted, block.min_workers), block.max_workers)
+    wanted = min(wanted, block.max_workers)
     if wanted > alive:
         n = wanted - alive
         if cap is not None:

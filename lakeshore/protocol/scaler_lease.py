@@ -140,6 +140,8 @@ class ScalerLeases:
         # free, expired, untrusted, or our own whose etag a failed round lost: one CAS on
         # the etag just read decides
         launched = current.launched_at if current is not None else None
+        if launched is not None:
+            launched = min(launched, now)  # a launch "in the future" would hold off forever
         mine = self._write(launched, now, if_match(etag))
         return mine, mine.lease if mine else current
 

@@ -65,8 +65,12 @@ class Provider(abc.ABC):
     kind: str = ""
 
     @abc.abstractmethod
-    def launch(self, spec: WorkerSpec, n: int) -> list[str]:
-        """Start ``n`` workers of ``spec``; returns their ids."""
+    def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
+        """Start ``n`` workers of ``spec`` within ``timeout`` seconds; returns their ids.
+
+        The scaler gives half its lease as ``timeout``: a launch still under way when the
+        lease could pass to another scaler would be one that scaler cannot see yet.
+        """
 
     @abc.abstractmethod
     def list(self, tags: Collection[str]) -> list[Launched]:

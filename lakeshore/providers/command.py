@@ -18,9 +18,11 @@ its command line (never read from the store), and are filled with shell-quoted v
 
 from __future__ import annotations
 
+import builtins
 import secrets
 import shlex
 import string
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -78,20 +80,28 @@ class CommandProvider(Provider):
         self.env = env
         self.timeout = timeout
 
-    def _run(self, op: str, worker: tuple[str, ...] = (), **fields: str) -> str:
+    def _run(
+        self, op: str, worker: tuple[str, ...] = (), timeout: float | None = None, **fields: str
+    ) -> str:
         quoted: dict[str, Any] = {k: shlex.quote(v) for k, v in fields.items()}
         if worker:
             quoted["worker"] = shlex.join(worker)  # its words stay words, each one quoted
         command = self.templates[op].format(**quoted)
-        return run_tool(command, f"command {op}", env=self.env, timeout=self.timeout, shell=True)
+        limit = self.timeout if timeout is None else timeout
+        return run_tool(command, f"command {op}", env=self.env, timeout=limit, shell=True)
 
-    def launch(self, spec: WorkerSpec, n: int) -> list[str]:
-        ids = []
+    def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
+        ids: builtins.list[str] = []
+        deadline = time.monotonic() + min(timeout, self.timeout)
         for _ in range(n):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break  # the rest next round, once the lease is renewed
             name = f"lakeshore-{secrets.token_hex(4)}"
             out = self._run(
                 "launch",
                 (*spec.argv, "--worker-id", name),
+                left,
                 name=name,
                 ns=spec.ns,
                 queue=spec.queue,

@@ -49,7 +49,7 @@ class LocalProvider(Provider):
         self.env = dict(env) if env is not None else None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
-    def launch(self, spec: WorkerSpec, n: int) -> list[str]:
+    def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
         folder = self.state_dir / spec.ns / spec.queue
         logs = self.log_dir or folder
         try:

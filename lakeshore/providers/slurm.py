@@ -73,7 +73,7 @@ class SlurmProvider(Provider):
         lines.append(f"exec {shlex.join(spec.argv)} --worker-id {worker_id}")
         return "\n".join(lines) + "\n"
 
-    def launch(self, spec: WorkerSpec, n: int) -> list[str]:
+    def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
         argv = ["sbatch", "--parsable", f"--job-name={spec.tag}", f"--array=0-{n - 1}"]
         if self.log_dir:
             argv.append(f"--output={os.path.join(self.log_dir, '%x-%A_%a.out')}")
@@ -81,7 +81,7 @@ class SlurmProvider(Provider):
             value = getattr(spec.block, field)
             if value is not None:
                 argv.append(f"{option}={value}")
-        out = run_tool(argv, "slurm launch", env=self.env, stdin=self.script(spec))
+        out = run_tool(argv, "slurm launch", env=self.env, stdin=self.script(spec), timeout=timeout)
         job = out.strip().split(";", 1)[0]
         if not job.isdigit():
             raise ProviderError(

@@ -5,7 +5,9 @@ scale`` as a program."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +17,9 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
+from lakeshore.keys import QueueKeys
 from lakeshore.model.provider import ProviderConfig
+from lakeshore.protocol.scaler_lease import ScalerLeases
 from lakeshore.providers import CommandProvider, LocalProvider, SlurmProvider, WorkerSpec
 from tests import jobs
 from tests.waiting import poll
@@ -162,7 +166,7 @@ def test_lakeshore_scale_as_a_program(tmp_path: Path) -> None:
     out = _cli("queue", "set", "burst", "provider=local", "provider.idle_exit_s=1", env=env)
     assert out.returncode == 0, out.stderr
     out = _cli("queue", "show", "burst", env=env)
-    assert "local, 0..4 workers, 10 jobs each, idle exit 1 s" in out.stdout
+    assert "local, up to 4 workers, 10 jobs each, idle exit 1 s" in out.stdout
     out = _cli("scale", "burst", "--once", "--setup", "x", env=env)
     assert out.returncode == 2 and "--setup only goes with a slurm provider" in out.stderr
     state = str(tmp_path / "state")
@@ -172,6 +176,36 @@ def test_lakeshore_scale_as_a_program(tmp_path: Path) -> None:
     assert '"launched": ["local-' in out.stdout
     assert q.result(inv, timeout=60) == 2
     out = _cli("status", env=env)
-    assert "burst: local, 0..4 workers" in out.stdout
+    assert "burst: local, up to 4 workers" in out.stdout
     out = _cli("scale", "nowhere", "--once", env=env)
     assert out.returncode == 2 and "no queue 'nowhere'" in out.stderr
+
+
+def test_lakeshore_scale_stops_on_sigterm_and_gives_the_lease_back(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/plane"
+    q = dls.Dispatch(url)
+    q.configure("burst", provider="local")
+    q.udf(jobs.add_one, queue="burst")  # no work: the scaler only holds its lease
+    argv = [sys.executable, "-m", "lakeshore", "scale", "burst", "--interval", "0.2", "--json"]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    scale = subprocess.Popen(
+        argv, env={**_env(), "LAKESHORE_URL": url}, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert scale.stdout is not None
+        first = json.loads(scale.stdout.readline())
+        assert first["acting"] and first["why"] == "nothing to do"
+        leases = ScalerLeases(q.store, QueueKeys("default", "burst"), "me", 30)
+        held = leases.read()[0]
+        assert held is not None and held.expires_at > q.store.now()
+        scale.send_signal(signal.SIGTERM)
+        assert scale.wait(30) == 0
+    finally:
+        if scale.poll() is None:
+            scale.kill()
+            scale.wait()
+        if scale.stdout:
+            scale.stdout.close()
+    after = leases.read()[0]
+    assert after is not None and after.expires_at == 0  # given back: the next one acts now
+    assert leases.take(None)[0] is not None

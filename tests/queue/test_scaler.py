@@ -6,7 +6,8 @@ cool-down and the caps hold, and a hostile lease or ticket cannot steer it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections import Counter
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -17,7 +18,7 @@ from lakeshore.errors import ProviderError, StoreUnavailable
 from lakeshore.keys import QueueKeys
 from lakeshore.protocol.scaler_lease import MAX_LEASE_S, ScalerLease, ScalerLeases
 from lakeshore.providers import Launched, Provider, WorkerSpec
-from lakeshore.store import MemoryStore, Store
+from lakeshore.store import MemoryStore, ObjectInfo, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
 from tests.conftest import make_plane
@@ -39,7 +40,7 @@ class Fleet(Provider):
         self.fail_list = False
         self._lock = threading.Lock()
 
-    def launch(self, spec: WorkerSpec, n: int) -> list[str]:
+    def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
         with self._lock:
             ids = [f"w{len(self.workers) + i}" for i in range(n)]
             for i in ids:
@@ -291,6 +292,18 @@ def test_a_live_lease_far_in_the_future_counts_as_forged() -> None:
     assert held is None and seen is not None and seen.owner == "alice"
 
 
+def test_a_forged_launch_time_holds_off_one_cooldown_at_most() -> None:
+    store, clock = MemoryStore(), Clock()
+    q = _plane_with_work(store, 3, max_workers=1)
+    q.configure("hpc", **{"provider.cooldown_s": 60})
+    forged = ScalerLease("mallory", 0.0, launched_at=clock.t + 1e9)  # expired, far-off launch
+    store.put(QueueKeys("default", "hpc").scaler_lease, forged.to_bytes(), OVERWRITE)
+    scaler = _scaler(q, Fleet(), clock=clock)
+    assert "cooling down" in scaler.tick()[0].why
+    clock.t += 61
+    assert len(scaler.tick()[0].launched) == 1
+
+
 def test_forged_tickets_do_not_inflate_the_depth() -> None:
     store = MemoryStore()
     q = _plane_with_work(store, 2, max_workers=50, jobs_per_worker=1)
@@ -335,3 +348,43 @@ def test_bad_arguments_are_refused() -> None:
         dls.Scaler(q, ["../x"], Fleet(), url=UNUSED_URL)
     with pytest.raises(dls.InvalidArgument, match="max_workers"):
         dls.Scaler(q, ["hpc"], Fleet(), url=UNUSED_URL, max_workers=0)
+
+
+class Counting(Forwarding):
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.calls: Counter[str] = Counter()
+
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        self.calls["GET"] += 1
+        return super().get(key, max_bytes)
+
+    def put(self, key: str, data: bytes, mode: Any = OVERWRITE) -> str:
+        self.calls["PUT"] += 1
+        return super().put(key, data, mode)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self.calls["LIST"] += 1  # one page here: far below 1000 live invocations
+        return super().list(prefix, start_after)
+
+
+def test_a_round_costs_the_same_however_long_the_history() -> None:
+    store = Counting(MemoryStore())
+    q = _plane_with_work(store, 0, max_workers=4)
+    f = q.udf(jobs.add_one, queue="hpc")
+    scaler = _scaler(q, Fleet())
+    scaler.tick()  # takes the lease
+
+    def one_round() -> Counter[str]:
+        store.calls.clear()
+        scaler.tick()
+        return Counter(store.calls)
+
+    empty = one_round()
+    assert empty == {"PUT": 1, "GET": 1, "LIST": 1}  # renew, queue record, tickets
+    for i in range(200):
+        f.submit(i)
+    dls.run_worker(q, queues=["hpc"], max_jobs=200, isolation="thread")
+    assert q.status(f.submit(0)) == "queued"  # one live invocation, 200 finished
+    busy = one_round()
+    assert busy == {"PUT": 2, "GET": 1, "LIST": 1}  # and one PUT to mark the launch

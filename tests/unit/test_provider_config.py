@@ -16,7 +16,7 @@ from lakeshore.model.scaling import decide
 def test_a_kind_name_is_a_block_with_defaults() -> None:
     conf = QueueConfig(provider="slurm")  # type: ignore[arg-type]
     assert conf.provider == ProviderConfig("slurm")
-    assert conf.provider.max_workers == 4 and conf.provider.min_workers == 0
+    assert conf.provider.max_workers == 4 and conf.provider.jobs_per_worker == 10
     assert QueueConfig().provider is None
 
 
@@ -50,7 +50,7 @@ def test_provider_fields_need_a_provider() -> None:
         ({"kind": "local", "max_workers": 10_001}, "max_workers must be"),
         ({"kind": "local", "max_workers": True}, "max_workers must be"),
         ({"kind": "local", "max_workers": 2.0}, "max_workers must be"),
-        ({"kind": "local", "min_workers": 5}, "above max_workers"),
+        ({"kind": "local", "min_workers": 5}, "unknown provider setting"),
         ({"kind": "local", "jobs_per_worker": 0}, "jobs_per_worker"),
         ({"kind": "local", "cooldown_s": math.nan}, "cooldown_s"),
         ({"kind": "local", "idle_exit_s": math.inf}, "idle_exit_s"),
@@ -99,12 +99,12 @@ def test_public_and_describe_show_what_is_set() -> None:
     block = ProviderConfig("slurm", partition="debug", max_workers=6)
     assert block.public()["partition"] == "debug" and "account" not in block.public()
     assert block.describe() == (
-        "slurm, 0..6 workers, 10 jobs each, idle exit 60 s (partition=debug)"
+        "slurm, up to 6 workers, 10 jobs each, idle exit 60 s (partition=debug)"
     )
     assert QueueConfig(provider=block).public()["provider"] == block.public()
 
 
-B = ProviderConfig("slurm", max_workers=4, min_workers=0, jobs_per_worker=10, cooldown_s=30)
+B = ProviderConfig("slurm", max_workers=4, jobs_per_worker=10, cooldown_s=30)
 
 
 @pytest.mark.parametrize(
@@ -131,9 +131,3 @@ def test_the_decision_rule(
     d = decide(B, live, running, pending, **kw)  # type: ignore[arg-type]
     assert (d.wanted, d.launch, d.cancel) == expect
     assert d.why
-
-
-def test_min_workers_stay_with_nothing_to_do() -> None:
-    block = ProviderConfig("local", min_workers=2, max_workers=4)
-    assert decide(block, 0, 0, 0).launch == 2
-    assert decide(block, 0, 2, 0).launch == 0
