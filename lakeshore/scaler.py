@@ -37,8 +37,8 @@ from lakeshore.keys import check_name
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.scaling import decide
 from lakeshore.plane import Plane
-from lakeshore.protocol.census import live_ids
-from lakeshore.protocol.scaler_lease import Held, ScalerLeases
+from lakeshore.protocol.census import count_live
+from lakeshore.protocol.scaler_lease import MAX_LEASE_S, Held, ScalerLeases
 from lakeshore.providers.base import Provider, WorkerSpec, tag_of
 
 __all__ = ["ScaleReport", "Scaler"]
@@ -54,6 +54,7 @@ class ScaleReport:
     acting: bool = False
     holder: str | None = None  # who holds the lease when this scaler does not
     live: int | None = None
+    more: bool = False  # live is a lower bound: counting stopped where it changed nothing
     running: int = 0
     pending: int = 0
     wanted: int = 0
@@ -76,7 +77,8 @@ class ScaleReport:
         if self.cancelled:
             done += f"; cancelled {len(self.cancelled)} waiting: {', '.join(self.cancelled)}"
         return (
-            f"{self.queue}: {self.live} live, workers {self.running} running + "
+            f"{self.queue}: {self.live}{'+' if self.more else ''} live, workers "
+            f"{self.running} running + "
             f"{self.pending} waiting, wants {self.wanted} ({self.why}){done}"
         )
 
@@ -92,12 +94,16 @@ class Scaler:
         queues: the queues to serve; each must have a provider block of this provider's kind.
         provider: launches, lists and cancels the workers.
         url: the store URL workers get (default: the plane's).
-        imports, allow: the workers' ``--import`` modules and ``--allow`` patterns.
+        imports: the workers' ``--import`` modules.
+        allow: the workers' ``--allow`` patterns.
         python: the interpreter workers run (default: this one, which suits a shared venv).
         max_workers: the scaler's own cap over all its queues together, whatever the queue
             records say (None: the records' maxima only).
-        interval_s: seconds between rounds. lease_s: the lease's length (default
+        interval_s: seconds between rounds.
+        lease_s: the lease's length: 2 × interval_s to ``MAX_LEASE_S`` (default
             ``max(3 × interval_s, 30)``).
+        clock: the store's clock, for tests (default ``plane.store.now``).
+        monotonic: the scaler's own clock, for tests.
 
     Raises:
         InvalidArgument: no queues, a bad name, a ``:memory:`` store (workers elsewhere
@@ -130,15 +136,27 @@ class Scaler:
                 "use a file:// or s3:// store",
             )
         if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
-            raise InvalidArgument("scale", f"max_workers must be >= 1, got {max_workers!r}", "")
+            raise InvalidArgument(
+                "scale", f"max_workers must be >= 1, got {max_workers!r}", "give a whole number"
+            )
         if not 0.05 <= interval_s <= 3600:
-            raise InvalidArgument("scale", f"interval must be 0.05..3600 s, got {interval_s}", "")
+            raise InvalidArgument(
+                "scale", f"the interval must be 0.05..3600 s, got {interval_s}", "give another"
+            )
+        lease_s = lease_s if lease_s is not None else min(max(3 * interval_s, 30.0), MAX_LEASE_S)
+        if not 2 * interval_s <= lease_s <= MAX_LEASE_S:
+            raise InvalidArgument(
+                "scale",
+                f"the lease must last 2 x the interval ({2 * interval_s:g} s) to "
+                f"{MAX_LEASE_S:g} s, got {lease_s:g}",
+                "a lease shorter than two rounds lapses between them: lengthen it",
+            )
         self.plane, self.provider = plane, provider
         self.queues = [check_name(q, "queue") for q in dict.fromkeys(queues)]
         self.imports, self.allow = list(imports), list(allow)
         self.python = python or sys.executable
         self.max_workers, self.interval_s = max_workers, interval_s
-        self.lease_s = lease_s if lease_s is not None else max(3 * interval_s, 30.0)
+        self.lease_s = float(lease_s)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.monotonic = monotonic
         self._leases = {
@@ -150,7 +168,7 @@ class Scaler:
     @property
     def tags(self) -> list[str]:
         """The names its queues' workers carry in the provider (a SLURM job name)."""
-        return [tag_of(self.plane.ns, q) for q in self.queues]
+        return [tag_of(self.url, self.plane.ns, q) for q in self.queues]
 
     def worker_argv(self, queue: str, block: ProviderConfig) -> tuple[str, ...]:
         """The command of one worker of ``queue`` (the provider adds ``--worker-id``)."""
@@ -179,6 +197,21 @@ class Scaler:
     def _one(self, report: ScaleReport, launched_now: int) -> int:
         """One queue's part of a round; returns how many workers it launched."""
         queue, leases = report.queue, self._leases[report.queue]
+        block = self.plane.settings.read(queue)[0].provider
+        if block is None or block.kind != self.provider.kind:
+            self._let_go(queue)  # the scaler of the queue's provider must be able to act
+            if block is None:
+                report.why = "no provider on the queue record: workers are attached by hand"
+            else:
+                report.error = (
+                    f"the queue's provider is {block.kind!r} but this scaler runs "
+                    f"{self.provider.kind!r}: launching nothing — start a {block.kind} scaler"
+                )
+            return 0
+        # the depth before the lease: a deep (or forged) ticket listing never eats into it;
+        # counting stops where no larger number would change the decision
+        enough = block.max_workers * block.jobs_per_worker
+        live, report.more = count_live(self.plane.store, self.plane.ops(queue).keys, enough)
         started = self.monotonic()
         held, seen = leases.take(self._held.pop(queue, None))
         if held is None:
@@ -186,26 +219,15 @@ class Scaler:
             return 0
         self._held[queue] = held
         report.acting = True
-        block = self.plane.settings.read(queue)[0].provider
-        if block is None:
-            report.why = "no provider on the queue record: workers are attached by hand"
-            return 0
-        if block.kind != self.provider.kind:
-            report.error = (
-                f"the queue's provider is {block.kind!r} but this scaler runs "
-                f"{self.provider.kind!r}: launching nothing — start a {block.kind} scaler"
-            )
-            return 0
-        live = len(live_ids(self.plane.store, self.plane.ops(queue).keys))
         # listed after the lease is held, never before: a launch by the lease's previous
         # holder is then finished and visible (its launches end within half its lease)
         listed = self.provider.list(self.tags)
-        mine = [w for w in listed if w.tag == tag_of(self.plane.ns, queue)]
+        mine = [w for w in listed if w.tag == tag_of(self.url, self.plane.ns, queue)]
         report.live = live
         report.running = sum(w.state == "running" for w in mine)
         report.pending = len(mine) - report.running
         launched_at = held.lease.launched_at
-        since = None if launched_at is None else leases.clock() - launched_at
+        since = None if launched_at is None else max(0.0, leases.clock() - launched_at)
         d = decide(
             block,
             live,
@@ -222,19 +244,38 @@ class Scaler:
             report.why = "this round took over half the lease: acting next round instead"
             return 0
         if d.cancel:
-            waiting = sorted((w.id for w in mine if w.state == "pending"), reverse=True)
+            waiting = sorted((w.id for w in mine if w.state == "pending"), key=_newest_first)
             report.cancelled = waiting[: d.cancel]
             self.provider.cancel(report.cancelled)
         if d.launch:
-            marked = leases.mark_launch(held)
-            if marked is None:  # taken over between the renewal and now
-                self._held.pop(queue, None)
-                report.acting, report.why = False, "the lease was taken over: launching nothing"
-                return 0
-            self._held[queue] = marked
-            spec = WorkerSpec(self.plane.ns, queue, self.worker_argv(queue, block), block)
-            report.launched = self.provider.launch(spec, d.launch, timeout=self.lease_s / 2)
+            return self._launch(report, held, block, d.launch)
+        return 0
+
+    def _launch(self, report: ScaleReport, held: Held, block: ProviderConfig, n: int) -> int:
+        """Mark the launch in the lease, then launch, all within half a lease of the mark:
+        the lease the mark renewed lasts a whole one, so the launch is over (and listed)
+        before any other scaler can take the lease."""
+        queue, leases = report.queue, self._leases[report.queue]
+        deadline = self.monotonic() + self.lease_s / 2
+        marked = leases.mark_launch(held)
+        if marked is None:  # taken over between the renewal and now
+            self._held.pop(queue, None)
+            report.acting, report.why = False, "the lease was taken over: launching nothing"
+            return 0
+        self._held[queue] = marked
+        left = deadline - self.monotonic()
+        if left <= 0:
+            report.why = "the lease write took over half the lease: launching next round"
+            return 0
+        argv = self.worker_argv(queue, block)
+        spec = WorkerSpec(self.url, self.plane.ns, queue, argv, block)
+        report.launched = self.provider.launch(spec, n, timeout=left)
         return len(report.launched)
+
+    def _let_go(self, queue: str) -> None:
+        held = self._held.pop(queue, None)
+        if held is not None:
+            self._leases[queue].release(held)
 
     def run(
         self,
@@ -261,6 +302,15 @@ class Scaler:
                 self._leases[queue].release(held)
         self._held.clear()
         self.provider.close()
+
+
+def _newest_first(worker: str) -> tuple[int, int, int, str]:
+    """SLURM ids (``<job>_<task>``) by number, newest first (the last queued go first);
+    other ids after them, by name."""
+    job, _, task = worker.partition("_")
+    if job.isdigit() and task.isdigit():
+        return (0, -int(job), -int(task), "")
+    return (1, 0, 0, worker)
 
 
 def _log(report: ScaleReport) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "iam"
-ROLES = ("producer", "worker", "janitor", "operator")
+ROLES = ("producer", "worker", "janitor", "operator", "scaler")
 
 # the S3 operations a boto3 S3 client sends -> the IAM action that authorises them
 ACTIONS = {

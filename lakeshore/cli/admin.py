@@ -18,6 +18,7 @@ from lakeshore.cli.common import (
 from lakeshore.dispatch import DEFAULT_URL
 from lakeshore.doctor import Check
 from lakeshore.errors import InvalidArgument
+from lakeshore.model.provider import SLURM_FIELDS
 from lakeshore.text import inert
 
 __all__ = ["register"]
@@ -64,6 +65,8 @@ def _parse_setting(text: str) -> tuple[str, Any]:
     value: Any = raw
     if raw.lower() in ("none", "null", ""):
         value = None
+    elif name in _WORDS:
+        pass  # a SLURM account "0123" or partition "1e3" is a word, not a number
     else:
         for cast in (int, float):
             try:
@@ -72,6 +75,9 @@ def _parse_setting(text: str) -> tuple[str, Any]:
             except ValueError:
                 continue
     return name, value
+
+
+_WORDS = {"provider", *(f"provider.{name}" for name in (*SLURM_FIELDS, "kind"))}
 
 
 def _cmd_queue(args: argparse.Namespace) -> int:

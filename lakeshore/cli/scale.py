@@ -112,7 +112,7 @@ def register(sub: Any) -> None:
         type=finite,
         default=30.0,
         metavar="SECONDS",
-        help="seconds between rounds (default 30: about 8 store requests a minute per queue)",
+        help="seconds between rounds (default 30); a round costs each queue 3 store requests",
     )
     p.add_argument(
         "--max-workers",

@@ -24,7 +24,8 @@ __all__ = ["KINDS", "SLURM_FIELDS", "ProviderConfig"]
 KINDS = ("local", "slurm", "command")
 # passed to sbatch as one argv element each (--partition=VALUE), never through a shell
 SLURM_FIELDS = ("partition", "account", "qos", "time_limit", "mem", "gres", "constraint")
-_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:,+=/*-]{0,127}\Z")
+# one argv element, so & | [ ] (SLURM's feature expressions) are only characters
+_TOKEN = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9_.:,+=/*&|\[\]-]{0,127}\Z")
 # name -> (lowest, highest); the highest keeps a typo (or a hostile record) from ordering
 # a fleet no one can pay for, or a wait no one will live to see
 _INTS = {
@@ -100,7 +101,7 @@ class ProviderConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not str or not _TOKEN.match(value)):
                 problems.append(
-                    f"provider {name} must be one word of letters, digits and _.:,+=/*- "
+                    f"provider {name} must be one word of letters, digits and _.:,+=/*&|[]- "
                     f"(at most 128), got {value!r}"
                 )
         if self.kind != "slurm":

@@ -197,7 +197,12 @@ class QueueConfig:
                 if x is not None and (type(x) not in (int, float) or not math.isfinite(x)):
                     raise ValueError(f"{name} must be a finite number or None")
             known = {f.name for f in dataclasses.fields(cls)}
-            return cls(**{k: v for k, v in obj.items() if k in known})
+            fields = {k: v for k, v in obj.items() if k in known}
+            block = fields.get("provider")
+            if type(block) is dict:  # a newer lakeshore's provider fields: left for it
+                names = {f.name for f in dataclasses.fields(ProviderConfig)}
+                fields["provider"] = {k: v for k, v in block.items() if k in names}
+            return cls(**fields)
         except RecordError:
             raise
         except Exception as e:

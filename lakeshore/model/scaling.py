@@ -7,7 +7,8 @@ this scaler serves (for its own cap), and the time since the last launch.
 
     wanted = min(ceil(live / jobs_per_worker), max_workers)
     launch = wanted - alive, if positive, within the scaler's cap, once the cool-down is over
-    cancel = waiting workers beyond wanted (never a running one: those leave by idle exit)
+    cancel = every waiting worker, once nothing is live (never a running one: those leave
+             by idle exit)
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ def decide(
             left = block.cooldown_s - since_launch
             return Decision(wanted, why=f"cooling down, {left:.0f} s left")
         return Decision(wanted, launch=n, why=f"{live} live, {alive} workers")
-    if wanted < alive and pending > 0:
-        n = min(pending, alive - wanted)
-        return Decision(wanted, cancel=n, why=f"{live} live: {n} waiting worker(s) not needed")
-    return Decision(wanted, why="enough workers" if alive else "nothing to do")
+    if live == 0 and pending > 0:
+        # only once the queue is empty: cancelling while the depth merely dips would lose
+        # the waiting tasks their place in the SLURM queue, to submit them again next round
+        return Decision(wanted, cancel=pending, why="nothing live: waiting workers not needed")
+    if live == 0:
+        return Decision(
+            wanted, why=f"nothing live; {alive} leave by idle exit" if alive else "nothing to do"
+        )
+    return Decision(wanted, why="enough workers")

@@ -42,6 +42,7 @@ from lakeshore.store.base import Store
 __all__ = [
     "EXACT_UP_TO",
     "QueueStatus",
+    "count_live",
     "id_time",
     "live_ids",
     "newest_ids",
@@ -169,10 +170,32 @@ def live_ids(store: Store, keys: QueueKeys) -> list[str]:
     Raises:
         StoreError: the store failed.
     """
-    # one id per invocation: a rerun's ticket may sit beside an earlier life's stale one;
-    # a name that is not an id is not lakeshore's, and counts for nothing
-    found = {QueueKeys.id_of(info.key) for info in store.list(keys.tickets_prefix)}
-    return sorted(inv for inv in found if _is_id(inv))
+    return sorted(_live(store, keys))
+
+
+def _live(store: Store, keys: QueueKeys) -> Iterator[str]:
+    """Each live id once, as the tickets are listed: a rerun's ticket may sit beside an
+    earlier life's stale one, and a name that is not an id is not lakeshore's."""
+    seen: set[str] = set()
+    for info in store.list(keys.tickets_prefix):
+        inv = QueueKeys.id_of(info.key)
+        if inv not in seen and _is_id(inv):
+            seen.add(inv)
+            yield inv
+
+
+def count_live(store: Store, keys: QueueKeys, enough: int | None = None) -> tuple[int, bool]:
+    """How many live invocations the queue has, counting its tickets, and whether the count
+    stopped at ``enough`` (then there are at least that many): a scaler needs no more.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    n = 0
+    for n, _ in enumerate(_live(store, keys), 1):
+        if enough is not None and n >= enough:
+            return n, True
+    return n, False
 
 
 def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:

@@ -30,7 +30,7 @@ from lakeshore.store.base import CREATE, PutMode, Store, if_match
 
 __all__ = ["MAX_LEASE_S", "Held", "ScalerLease", "ScalerLeases"]
 
-MAX_LEASE_S = 3600.0
+MAX_LEASE_S = 600.0  # also how long one forged lease can hold scaling off
 _MAX_BYTES = 4096
 
 
@@ -98,7 +98,9 @@ class ScalerLeases:
     ) -> None:
         if not (isinstance(lease_s, int | float) and 1.0 <= lease_s <= MAX_LEASE_S):
             raise InvalidArgument(
-                "scaler lease", f"lease_s must be 1..{MAX_LEASE_S:g}, got {lease_s!r}", ""
+                "scaler lease",
+                f"lease_s must be 1..{MAX_LEASE_S:g} s, got {lease_s!r}",
+                "give a lease within those bounds",
             )
         self.store, self.key, self.owner = store, keys.scaler_lease, owner
         self.lease_s = float(lease_s)
@@ -140,8 +142,6 @@ class ScalerLeases:
         # free, expired, untrusted, or our own whose etag a failed round lost: one CAS on
         # the etag just read decides
         launched = current.launched_at if current is not None else None
-        if launched is not None:
-            launched = min(launched, now)  # a launch "in the future" would hold off forever
         mine = self._write(launched, now, if_match(etag))
         return mine, mine.lease if mine else current
 
@@ -162,6 +162,8 @@ class ScalerLeases:
             self.store.put(self.key, lease.to_bytes(), if_match(held.etag))
 
     def _write(self, launched_at: float | None, now: float, mode: PutMode) -> Held | None:
+        if launched_at is not None:  # after the store clock stepped back: no endless cool-down
+            launched_at = min(launched_at, now)
         lease = ScalerLease(self.owner, now + self.lease_s, launched_at, secrets.token_hex(6))
         try:
             etag = self.store.put(self.key, lease.to_bytes(), mode)

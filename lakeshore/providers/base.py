@@ -9,7 +9,11 @@ scaler after a takeover) sees the fleet as it is, launched-but-waiting workers i
 from __future__ import annotations
 
 import abc
+import contextlib
+import hashlib
+import os
 import re
+import signal
 import subprocess
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,24 +21,56 @@ from dataclasses import dataclass
 from lakeshore.errors import ProviderError
 from lakeshore.model.provider import ProviderConfig
 
-__all__ = ["STATES", "Launched", "Provider", "WorkerSpec", "run_tool", "tag_of", "valid_id"]
+__all__ = [
+    "STATES",
+    "Launched",
+    "Provider",
+    "WorkerSpec",
+    "parse_tag",
+    "run_tool",
+    "store_id",
+    "tag_of",
+    "valid_id",
+]
 
 STATES = ("pending", "running")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}\Z")
 
 
-def tag_of(ns: str, queue: str) -> str:
+def store_id(url: str) -> str:
+    """Eight hex digits naming the store workers are given: two stores with a namespace and
+    a queue of the same names (two projects on one cluster) never count each other's
+    workers."""
+    return hashlib.sha256(url.encode()).hexdigest()[:8]
+
+
+def tag_of(url: str, ns: str, queue: str) -> str:
     """The name every worker of ``queue`` carries in its provider (a SLURM job name):
-    unambiguous, because names of namespaces and queues never hold a colon."""
-    return f"lakeshore:{ns}:{queue}"
+    ``lakeshore:<ns>:<queue>:<store id>``, unambiguous because names of namespaces and
+    queues never hold a colon."""
+    return f"lakeshore:{ns}:{queue}:{store_id(url)}"
+
+
+def parse_tag(tag: str) -> tuple[str, str, str]:
+    """``(ns, queue, store id)`` of a tag made by :func:`tag_of`.
+
+    Raises:
+        ValueError: not such a tag.
+    """
+    root, ns, queue, store = tag.split(":")
+    if root != "lakeshore":
+        raise ValueError(tag)
+    return ns, queue, store
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
     """One kind of worker to launch: the command that serves ``queue`` (without its
     ``--worker-id``, which the provider adds so each worker's name says where it runs) and
-    the queue's provider block (resources, for the providers that take them)."""
+    the queue's provider block (resources, for the providers that take them). ``url`` is
+    the store URL the workers get: part of the tag."""
 
+    url: str
     ns: str
     queue: str
     argv: tuple[str, ...]
@@ -42,7 +78,7 @@ class WorkerSpec:
 
     @property
     def tag(self) -> str:
-        return tag_of(self.ns, self.queue)
+        return tag_of(self.url, self.ns, self.queue)
 
 
 @dataclass(frozen=True)
@@ -99,44 +135,54 @@ def run_tool(
     timeout: float = 60.0,
     shell: bool = False,
 ) -> str:
-    """Run a provider's tool and return what it printed.
+    """Run a provider's tool and return what it printed (undecodable bytes replaced).
+
+    The tool runs in a session of its own: on a timeout the whole session is killed, so a
+    template's background subshell cannot go on launching after the scaler gave up on it.
 
     Raises:
-        ProviderError: the tool is missing, exits non-zero or takes longer than ``timeout``.
+        ProviderError: the tool is missing, cannot be run, exits non-zero or takes longer
+            than ``timeout``.
     """
     shown = argv if isinstance(argv, str) else " ".join(argv)
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             argv,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=dict(env) if env is not None else None,
             shell=shell,
-            check=False,
+            start_new_session=True,
         )
-    except FileNotFoundError:
+    except OSError as e:
+        missing = isinstance(e, FileNotFoundError)
         raise ProviderError(
             op,
-            f"{shown.split()[0]!r} is not installed here",
+            f"{shown.split()[0]!r} is not installed here" if missing else f"{shown!r}: {e}",
             "run the scaler where the provider's tools are (a SLURM login node for slurm)",
             command=shown,
         ) from None
+    try:
+        out, err = proc.communicate(stdin.encode() if stdin is not None else None, timeout)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         raise ProviderError(
             op,
-            f"{shown!r} did not finish in {timeout:g} s",
+            f"{shown!r} did not finish in {timeout:g} s (killed)",
             "check the provider's tool; nothing is launched until it answers",
             command=shown,
         ) from None
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().splitlines()
+    said = err.decode(errors="replace").strip() or out.decode(errors="replace").strip()
+    if proc.returncode != 0:
+        lines = said.splitlines()
         raise ProviderError(
             op,
-            f"{shown!r} exited with {done.returncode}: {said[-1] if said else 'no message'}",
+            f"{shown!r} exited with {proc.returncode}: {lines[-1] if lines else 'no message'}",
             "fix what the tool says; nothing more is launched until it succeeds",
             command=shown,
-            returncode=done.returncode,
+            returncode=proc.returncode,
         )
-    return done.stdout
+    return out.decode(errors="replace")

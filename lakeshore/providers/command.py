@@ -7,11 +7,14 @@ its command line (never read from the store), and are filled with shell-quoted v
 ``launch`` (run once per worker)
     ``{worker}``: the worker command, as shell words, each one quoted; ``{name}``: a fresh
     name for this worker (``lakeshore-<8 hex>``: lower case letters, digits and ``-``, a
-    valid Kubernetes or Batch name); ``{ns}``, ``{queue}``, ``{tag}``. The first word it
-    prints, if any, is the worker's id; else ``{name}`` is.
+    valid Kubernetes or Batch name); ``{ns}``, ``{queue}``, ``{tag}``
+    (``lakeshore:<ns>:<queue>:<store id>``), ``{label}`` (``lakeshore-<12 hex>``, a digest of
+    the tag: a valid Kubernetes label value). The first word it prints, if any, is the
+    worker's id; else ``{name}`` is.
 ``list`` (run once per queue)
-    ``{ns}``, ``{queue}``, ``{tag}``, ``{label}`` (``<ns>.<queue>``). Prints one line per
-    worker still alive: ``<id> [pending|running]`` (running if left out).
+    ``{ns}``, ``{queue}``, ``{tag}``, ``{label}``. Prints one line per worker still alive:
+    ``<id> [pending|running]`` (running if left out), and nothing else: a header line would
+    be counted as a worker.
 ``cancel`` (run once per worker)
     ``{id}``.
 """
@@ -19,6 +22,7 @@ its command line (never read from the store), and are filled with shell-quoted v
 from __future__ import annotations
 
 import builtins
+import hashlib
 import secrets
 import shlex
 import string
@@ -27,12 +31,20 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from lakeshore.errors import InvalidArgument
-from lakeshore.providers.base import STATES, Launched, Provider, WorkerSpec, run_tool, valid_id
+from lakeshore.providers.base import (
+    STATES,
+    Launched,
+    Provider,
+    WorkerSpec,
+    parse_tag,
+    run_tool,
+    valid_id,
+)
 
 __all__ = ["CommandProvider"]
 
 _FIELDS = {
-    "launch": {"worker", "name", "ns", "queue", "tag"},
+    "launch": {"worker", "name", "ns", "queue", "tag", "label"},
     "list": {"ns", "queue", "tag", "label"},
     "cancel": {"id"},
 }
@@ -47,7 +59,9 @@ def _check(op: str, template: str) -> str:
         used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     except ValueError as e:
         raise InvalidArgument(
-            f"command provider --{op}", f"{template!r} is not a template: {e}", "write {{ as {{{{"
+            f"command provider --{op}",
+            f"{template!r} is not a template: {e}",
+            "write a literal { as {{ and } as }}",
         ) from None
     unknown = used - _FIELDS[op]
     if unknown:
@@ -57,6 +71,12 @@ def _check(op: str, template: str) -> str:
             f"it may use {sorted('{' + f + '}' for f in _FIELDS[op])}",
         )
     return template
+
+
+def _label(tag: str) -> str:
+    """``lakeshore-<12 hex>``, a digest of the tag: one per queue and store, in the characters
+    (and the 63 of them) a Kubernetes label value allows."""
+    return f"lakeshore-{hashlib.sha256(tag.encode()).hexdigest()[:12]}"
 
 
 class CommandProvider(Provider):
@@ -106,6 +126,7 @@ class CommandProvider(Provider):
                 ns=spec.ns,
                 queue=spec.queue,
                 tag=spec.tag,
+                label=_label(spec.tag),
             )
             words = out.split()
             ids.append(valid_id(words[0]) or name if words else name)
@@ -114,8 +135,8 @@ class CommandProvider(Provider):
     def list(self, tags: Collection[str]) -> list[Launched]:
         alive = []
         for tag in sorted(tags):
-            _, ns, queue = tag.split(":", 2)
-            out = self._run("list", ns=ns, queue=queue, tag=tag, label=f"{ns}.{queue}")
+            ns, queue, _ = parse_tag(tag)
+            out = self._run("list", ns=ns, queue=queue, tag=tag, label=_label(tag))
             for line in out.splitlines():
                 words = line.split()
                 if not words or valid_id(words[0]) is None:

@@ -11,9 +11,10 @@ No accounting database is needed: only live jobs matter, and ``squeue`` lists th
 
 from __future__ import annotations
 
-import getpass
+import builtins
 import os
 import shlex
+import time
 from collections.abc import Collection, Mapping, Sequence
 
 from lakeshore.errors import ProviderError
@@ -21,11 +22,13 @@ from lakeshore.providers.base import Launched, Provider, WorkerSpec, run_tool, v
 
 __all__ = ["SlurmProvider"]
 
-# squeue's long state names: waiting to run, or running (being signalled or cleaned up
-# counts: the task still holds its allocation)
-_PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING"}
-_PENDING |= {"SUSPENDED", "STOPPED"}
+# squeue's long state names: running (being signalled or cleaned up counts: the task still
+# holds its allocation), ended, and everything else — pending, held, requeued, suspended, or
+# a state this version does not know — counts as waiting, so it is never launched again
 _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL"}
+_ENDED |= {"OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"}
+MAX_ARRAY = 1000  # tasks per sbatch: SLURM's default MaxArraySize is 1001
 _OPTIONS = {
     "partition": "--partition",
     "account": "--account",
@@ -57,16 +60,15 @@ class SlurmProvider(Provider):
         setup: str | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
-        user: str | None = None,
     ) -> None:
         self.setup = setup
         self.log_dir = os.fspath(log_dir) if log_dir else None
         self.env = env
-        self.user = user or getpass.getuser()
 
     def script(self, spec: WorkerSpec) -> str:
         """The batch script of one array task."""
-        lines = ["#!/bin/sh", f"# lakeshore worker for queue {spec.ns}/{spec.queue}"]
+        # bash: what set-up lines are written for (`source`, Lmod's `module` function)
+        lines = ["#!/bin/bash", f"# lakeshore worker for queue {spec.ns}/{spec.queue}"]
         if self.setup:
             lines.append(self.setup)
         worker_id = '"slurm-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
@@ -74,8 +76,39 @@ class SlurmProvider(Provider):
         return "\n".join(lines) + "\n"
 
     def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
+        """One array job per ``MAX_ARRAY`` workers; if a later one fails, the ids of those
+        already queued come back (the next round lists them anyway).
+
+        Raises:
+            ProviderError: the first ``sbatch`` failed (nothing was launched).
+        """
+        deadline = time.monotonic() + timeout
+        ids: builtins.list[str] = []
+        while len(ids) < n:
+            size = min(MAX_ARRAY, n - len(ids))
+            try:
+                ids += self._array(spec, size, deadline - time.monotonic())
+            except ProviderError:
+                if not ids:
+                    raise
+                break
+        return ids
+
+    def _array(self, spec: WorkerSpec, n: int, timeout: float) -> builtins.list[str]:
+        if timeout <= 0:
+            raise ProviderError(
+                "slurm launch", "no time left in this round", "the rest follows next round"
+            )
         argv = ["sbatch", "--parsable", f"--job-name={spec.tag}", f"--array=0-{n - 1}"]
         if self.log_dir:
+            try:  # a task whose output file cannot be opened dies before the worker starts
+                os.makedirs(self.log_dir, exist_ok=True)
+            except OSError as e:
+                raise ProviderError(
+                    "slurm launch",
+                    f"cannot make the log folder {self.log_dir}: {e}",
+                    "fix --log-dir",
+                ) from None
             argv.append(f"--output={os.path.join(self.log_dir, '%x-%A_%a.out')}")
         for field, option in _OPTIONS.items():
             value = getattr(spec.block, field)
@@ -98,8 +131,7 @@ class SlurmProvider(Provider):
             [
                 "squeue",
                 "--noheader",
-                "--array",
-                f"--user={self.user}",
+                "--array",  # every user's: a scaler of another account may have taken over
                 f"--name={','.join(sorted(tags))}",
                 "--format=%i|%j|%T",
             ],
@@ -112,10 +144,10 @@ class SlurmProvider(Provider):
             name, _, state = rest.partition("|")
             if name not in tags or valid_id(job) is None:
                 continue
-            if state in _PENDING:
-                alive.append(Launched(job, name, "pending"))
-            elif state in _RUNNING:
+            if state in _RUNNING:
                 alive.append(Launched(job, name, "running"))
+            elif state not in _ENDED:
+                alive.append(Launched(job, name, "pending"))
         return alive
 
     def cancel(self, ids: Sequence[str]) -> None:

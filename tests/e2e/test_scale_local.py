@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from lakeshore.keys import QueueKeys
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.protocol.scaler_lease import ScalerLeases
 from lakeshore.providers import CommandProvider, LocalProvider, SlurmProvider, WorkerSpec
+from lakeshore.providers.base import store_id, tag_of
 from tests import jobs
-from tests.waiting import poll
+from tests.waiting import alive, poll
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,24 +77,28 @@ def test_the_local_provider_scales_from_zero_to_a_fleet_and_back(tmp_path: Path)
     assert len(launched) >= 1
     assert not any(r.error for r in reports), [r.error for r in reports if r.error]
     # each worker left its log, and its pid file was cleared once it had gone
-    assert {p.stem for p in (tmp_path / "state" / "default" / "burst").glob("*.log")} >= set(
-        launched
-    )
-    assert not list((tmp_path / "state").glob("*/*/local-*.pid"))
+    logs = {p.stem for p in (tmp_path / "state").glob(f"{store_id(url)}/default/burst/*.log")}
+    assert logs >= set(launched)
+    assert not list((tmp_path / "state").glob("*/*/*/local-*.pid"))
 
 
 def test_a_recycled_pid_is_not_taken_for_a_worker(tmp_path: Path) -> None:
-    folder = tmp_path / "default" / "q"
+    folder = tmp_path / store_id("file:///x") / "default" / "q"
     folder.mkdir(parents=True)
     (folder / "local-0000abcd.pid").write_text(str(os.getpid()))  # alive, not that worker
     (folder / "local-0000abce.pid").write_text("not a pid")
+    tag = tag_of("file:///x", "default", "q")
     provider = LocalProvider(tmp_path)
-    assert provider.list(["lakeshore:default:q"]) == []
+    assert provider.list([tag]) == []
+    assert len(list(folder.iterdir())) == 2  # young files stay: their worker may be starting
+    for path in folder.iterdir():
+        os.utime(path, (time.time() - 60, time.time() - 60))
+    assert provider.list([tag]) == []
     assert list(folder.iterdir()) == []  # both files cleared
 
 
 def _spec(argv: tuple[str, ...]) -> WorkerSpec:
-    return WorkerSpec("default", "q", argv, ProviderConfig("command"))
+    return WorkerSpec("file:///x", "default", "q", argv, ProviderConfig("command"))
 
 
 def test_the_command_provider_quotes_what_it_fills_in(tmp_path: Path) -> None:
@@ -111,10 +117,11 @@ def test_the_command_provider_quotes_what_it_fills_in(tmp_path: Path) -> None:
         lines = (tmp_path / f"{worker}.argv").read_text().splitlines()
         assert lines == [*argv, "--worker-id", worker]
     assert not (tmp_path / "pwned").exists()
-    listed = provider.list(["lakeshore:default:q"])
+    tag = tag_of("file:///x", "default", "q")
+    listed = provider.list([tag])
     assert sorted(w.id for w in listed) == sorted(ids)  # 'x;rm-me' is no id: passed over
     provider.cancel([ids[0], "../../etc/passwd; rm -rf ~"])
-    assert [w.id for w in provider.list(["lakeshore:default:q"])] == [ids[1]]
+    assert [w.id for w in provider.list([tag])] == [ids[1]]
 
 
 def test_the_command_provider_says_what_failed(tmp_path: Path) -> None:
@@ -130,10 +137,10 @@ def test_the_command_provider_says_what_failed(tmp_path: Path) -> None:
 
 def test_the_slurm_script_execs_the_worker_after_the_setup() -> None:
     argv = ("/venv/bin/python", "-m", "lakeshore", "worker")
-    spec = WorkerSpec("default", "hpc", argv, ProviderConfig("slurm"))
+    spec = WorkerSpec("file:///x", "default", "hpc", argv, ProviderConfig("slurm"))
     script = SlurmProvider(setup="module load python/3.11").script(spec)
     lines = script.splitlines()
-    assert lines[0] == "#!/bin/sh" and lines[2] == "module load python/3.11"
+    assert lines[0] == "#!/bin/bash" and lines[2] == "module load python/3.11"
     assert lines[3].startswith("exec /venv/bin/python -m lakeshore worker --worker-id ")
     assert "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" in lines[3]
 
@@ -141,7 +148,7 @@ def test_the_slurm_script_execs_the_worker_after_the_setup() -> None:
 def test_a_missing_tool_is_a_provider_error(tmp_path: Path) -> None:
     provider = SlurmProvider(env={"PATH": str(tmp_path)})
     with pytest.raises(dls.ProviderError, match="not installed"):
-        provider.list(["lakeshore:default:q"])
+        provider.list([tag_of("file:///x", "default", "q")])
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -209,3 +216,63 @@ def test_lakeshore_scale_stops_on_sigterm_and_gives_the_lease_back(tmp_path: Pat
     after = leases.read()[0]
     assert after is not None and after.expires_at == 0  # given back: the next one acts now
     assert leases.take(None)[0] is not None
+
+
+def test_a_timed_out_tool_is_killed_with_everything_it_started(tmp_path: Path) -> None:
+    env = {**os.environ, "D": str(tmp_path)}
+    template = """sh -c 'echo $$ > "$D/pid"; exec sleep 60' & wait"""
+    provider = CommandProvider(template, "true", "true {id}", env=env)
+    with pytest.raises(dls.ProviderError, match="did not finish"):
+        provider.launch(_spec(("w",)), 1, timeout=1.0)
+    pid = int(poll(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text()))
+    poll(lambda: not alive(pid), timeout=10, what="the template's background child gone")
+
+
+def test_undecodable_tool_output_is_no_crash(tmp_path: Path) -> None:
+    provider = CommandProvider("true", r"printf '\377 running\n'", "true {id}")
+    assert provider.list([tag_of("file:///x", "default", "q")]) == []
+
+
+def _fake_slurm(tmp_path: Path, squeue: str) -> dict[str, str]:
+    """``sbatch`` and ``squeue`` stand-ins on PATH: sbatch records its options and prints a
+    new job id; squeue prints ``squeue``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/sh\necho "$@" >> {tmp_path}/sbatch.log\ncat > /dev/null\n'
+        f"n=$(wc -l < {tmp_path}/sbatch.log)\necho $((100 + n))\n"
+    )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat <<'EOF'\n{squeue}EOF\n")
+    for tool in ("sbatch", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_a_big_launch_is_split_into_arrays_slurm_accepts(tmp_path: Path) -> None:
+    provider = SlurmProvider(env=_fake_slurm(tmp_path, ""))
+    spec = WorkerSpec("file:///x", "default", "hpc", ("w",), ProviderConfig("slurm"))
+    ids = provider.launch(spec, 2500)
+    arrays = [
+        next(a for a in line.split() if a.startswith("--array="))
+        for line in (tmp_path / "sbatch.log").read_text().splitlines()
+    ]
+    assert arrays == ["--array=0-999", "--array=0-999", "--array=0-499"]
+    assert len(ids) == 2500 and ids[0] == "101_0" and ids[-1] == "103_499"
+
+
+def test_squeue_states_count_as_waiting_unless_running_or_ended(tmp_path: Path) -> None:
+    tag = tag_of("file:///x", "default", "hpc")
+    rows = [
+        ("7_0", "RUNNING"),
+        ("7_1", "PENDING"),
+        ("7_2", "SPECIAL_EXIT"),  # held: a worker on its way, never launched again
+        ("7_3", "SOME_NEW_STATE"),
+        ("7_4", "COMPLETED"),
+        ("7_5", "CANCELLED"),
+        ("7_[6-9]", "PENDING"),  # not an id
+    ]
+    text = "".join(f"{job}|{tag}|{state}\n" for job, state in rows)
+    text += "8_0|lakeshore:default:other:0000|RUNNING\n"
+    provider = SlurmProvider(env=_fake_slurm(tmp_path, text))
+    states = {w.id: w.state for w in provider.list([tag])}
+    assert states == {"7_0": "running", "7_1": "pending", "7_2": "pending", "7_3": "pending"}

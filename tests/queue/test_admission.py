@@ -215,7 +215,7 @@ def test_queue_record_validation_and_cas(atomic_plane: Any) -> None:
         t.join(60)
     conf = q.queue_config(QUEUE)
     assert [getattr(conf, k) for k, _ in fields] == [v for _, v in fields]  # no field lost
-    assert conf.providerRef is None and conf.rev == 4
+    assert conf.provider is None and conf.rev == 4
 
 
 def test_queue_defaults_apply_to_invocations(plane: Any) -> None:

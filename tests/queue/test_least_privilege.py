@@ -434,3 +434,31 @@ def test_gc_never_frees_a_slot_taken_again_after_it_looked(
         for i in atomic_store.list(ops.keys.slots_prefix)
     }
     assert taken and holders == {live, taken[0]}
+
+
+def test_a_scaler_needs_only_its_lease_the_settings_and_a_listing(
+    principals: dict[str, Principal],
+) -> None:
+    from lakeshore.scaler import Scaler
+    from lakeshore.store.base import OVERWRITE
+    from tests.queue.test_scaler import UNUSED_URL, Fleet
+
+    admin = principals["admin"].plane()
+    block = {"kind": "local", "max_workers": 2, "jobs_per_worker": 1, "cooldown_s": 0}
+    admin.configure("hpc", provider=block)
+    f = principals["producer"].plane().udf(jobs.add_one, queue="hpc")
+    for i in range(3):
+        f.submit(i)
+    fleet = Fleet()
+    scaler = Scaler(principals["scaler"].plane(), ["hpc"], fleet, url=UNUSED_URL)
+    (report,) = scaler.tick()
+    assert report.acting and len(report.launched) == 2 and (report.live, report.more) == (2, True)
+    scaler.close()  # gives the lease back: one more write of it
+    _assert_all_allowed(principals["scaler"])
+    key = f"lakeshore/{NS}/hpc/_scaler"
+    for role in ("producer", "worker", "janitor"):  # a forged lease could hold scaling off
+        with pytest.raises(dls.PermissionDenied):
+            principals[role].store.put(key, b"forged", OVERWRITE)
+    for change in ({"max_depth": 1}, {"provider": None}):  # and it changes no setting
+        with pytest.raises(dls.PermissionDenied):
+            principals["scaler"].plane().configure("hpc", **change)

@@ -140,7 +140,7 @@ def test_waiting_workers_beyond_the_need_are_cancelled_running_ones_never() -> N
     store = MemoryStore()
     q = _plane_with_work(store, 0, max_workers=4)
     fleet = Fleet(state="pending")
-    tag = dls.providers.tag_of("default", "hpc")
+    tag = dls.providers.tag_of(UNUSED_URL, "default", "hpc")
     fleet.workers = {"p1": Launched("p1", tag, "pending"), "p2": Launched("p2", tag, "pending")}
     fleet.workers["r1"] = Launched("r1", tag, "running")
     (report,) = _scaler(q, fleet).tick()
@@ -202,10 +202,10 @@ def test_a_takeover_after_expiry_fences_the_stalled_scaler() -> None:
 def test_a_round_slower_than_half_the_lease_acts_next_round() -> None:
     q = _plane_with_work(MemoryStore(), 10, max_workers=2, jobs_per_worker=1)
     fleet = Fleet()
-    ticks = iter([0.0, 16.0, 100.0, 100.1])  # the first round stalls between lease and act
+    ticks = iter([0.0, 16.0])  # the first round stalls between lease and act, then none do
 
     def mono() -> float:
-        return next(ticks)
+        return next(ticks, 100.0)
 
     scaler = _scaler(q, fleet, monotonic=mono, lease_s=30)
     (report,) = scaler.tick()
@@ -388,3 +388,102 @@ def test_a_round_costs_the_same_however_long_the_history() -> None:
     assert q.status(f.submit(0)) == "queued"  # one live invocation, 200 finished
     busy = one_round()
     assert busy == {"PUT": 2, "GET": 1, "LIST": 1}  # and one PUT to mark the launch
+
+
+class SlowTickets(Forwarding):
+    """Listing tickets takes ``seconds`` of the scaler's clock (a deep or forged backlog)."""
+
+    def __init__(self, inner: Store, mono: Clock, seconds: float) -> None:
+        super().__init__(inner)
+        self.mono, self.seconds = mono, seconds
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        if "/_tickets/" in prefix:
+            self.mono.t += self.seconds
+        return super().list(prefix, start_after)
+
+
+def test_a_slow_depth_count_never_eats_into_the_lease() -> None:
+    mono = Clock(0.0)
+    store = SlowTickets(MemoryStore(), mono, seconds=1000.0)
+    q = _plane_with_work(store, 5, max_workers=2, jobs_per_worker=1)
+    (report,) = _scaler(q, Fleet(), monotonic=mono, lease_s=30).tick()
+    assert len(report.launched) == 2  # counted before the lease was taken
+
+
+def test_counting_stops_where_it_changes_nothing() -> None:
+    q = _plane_with_work(MemoryStore(), 30, max_workers=2, jobs_per_worker=5)
+    (report,) = _scaler(q, Fleet()).tick()
+    assert (report.live, report.more, len(report.launched)) == (10, True, 2)
+    assert "10+ live" in report.line()
+
+
+class SlowMark(Forwarding):
+    """The lease write that marks a launch answers ``seconds`` late (of the scaler's clock)."""
+
+    def __init__(self, inner: Store, mono: Clock, seconds: float) -> None:
+        super().__init__(inner)
+        self.mono, self.seconds, self.puts = mono, seconds, 0
+
+    def put(self, key: str, data: bytes, mode: Any = OVERWRITE) -> str:
+        etag = super().put(key, data, mode)
+        if key.endswith("/_scaler"):
+            self.puts += 1
+            if self.puts == 2:  # the first renews the lease, the second marks the launch
+                self.mono.t += self.seconds
+        return etag
+
+
+def test_a_launch_never_starts_once_half_the_lease_passed_in_the_mark() -> None:
+    mono = Clock(0.0)
+    store = SlowMark(MemoryStore(), mono, seconds=21.0)
+    q = _plane_with_work(store, 5, max_workers=2, jobs_per_worker=1)
+    fleet = Fleet()
+    scaler = _scaler(q, fleet, monotonic=mono, lease_s=40)
+    (report,) = scaler.tick()
+    assert not report.launched and "took over half the lease" in report.why
+    assert not fleet.workers
+    assert len(scaler.tick()[0].launched) == 2  # next round, with a fresh mark
+
+
+def test_a_queue_that_changes_provider_kind_is_let_go() -> None:
+    q = _plane_with_work(MemoryStore(), 5, max_workers=2, jobs_per_worker=1)
+    local = _scaler(q, Fleet())
+    assert local.tick()[0].acting
+    q.configure(
+        "hpc", provider={"kind": "slurm", "max_workers": 2, "jobs_per_worker": 1, "cooldown_s": 0}
+    )
+    assert local.tick()[0].error  # and it gave the lease back
+    slurm = Fleet()
+    slurm.kind = "slurm"
+    (report,) = _scaler(q, slurm).tick()
+    assert report.acting and len(report.launched) == 2
+
+
+def test_a_store_clock_stepping_back_holds_off_one_cooldown_at_most() -> None:
+    clock = Clock()
+    q = _plane_with_work(MemoryStore(), 5, max_workers=2, jobs_per_worker=1)
+    q.configure("hpc", **{"provider.cooldown_s": 60})
+    fleet = Fleet()
+    scaler = _scaler(q, fleet, clock=clock)
+    assert len(scaler.tick()[0].launched) == 2
+    fleet.finish_all()
+    clock.t -= 86_400  # a day back: the last launch now lies in the future
+    assert "cooling down" in scaler.tick()[0].why
+    clock.t += 61
+    assert len(scaler.tick()[0].launched) == 2
+
+
+def test_waiting_slurm_tasks_are_cancelled_newest_first() -> None:
+    from lakeshore.scaler import _newest_first
+
+    ids = ["99_3", "5_9", "5_10", "100_1", "100_0", "pod-b", "pod-a"]
+    assert sorted(ids, key=_newest_first) == [
+        "100_1",
+        "100_0",
+        "99_3",
+        "5_10",
+        "5_9",
+        "pod-a",
+        "pod-b",
+    ]

@@ -257,7 +257,8 @@ CASES: list[tuple[str, bytes]] = [
     ("queue", msgpack.packb({"v": 1, "max_depth": True, "on_full": ["reject"]})),
     ("queue", msgpack.packb({"v": 1, "lease_s": float("nan")})),
     ("queue", msgpack.packb([1, 2])),
-    ("queue", msgpack.packb({"v": 1, "providerRef": msgpack.ExtType(1, b"\x90")})),
+    ("queue", msgpack.packb({"v": 1, "provider": msgpack.ExtType(1, b"\x90")})),
+    ("queue", msgpack.packb({"v": 1, "provider": {"kind": "slurm", "partition": ["x"]}})),
     *[
         ("sign_of_life", codec.encode({**LIFE, "seen_at": 1e12, field: bad}))
         for field, bad in [

