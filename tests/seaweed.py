@@ -67,7 +67,8 @@ def find_weed() -> str | None:
     return shutil.which("weed")
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """``n`` ports free on 127.0.0.1 now (for servers the test session starts)."""
     socks, ports = [], []
     try:
         for _ in range(n):
@@ -89,7 +90,7 @@ def start_seaweed(weed: str, timeout: float = 90.0) -> Seaweed:
             message carries the tail of its log).
     """
     workdir = Path(tempfile.mkdtemp(prefix="lakeshore-seaweed-"))
-    ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS)), strict=True))
+    ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS)), strict=True))
     args = [
         weed,
         "mini",

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.seaweed import free_ports
+
 __all__ = ["SlurmCluster", "find_slurm", "start_slurm"]
 
 PARTITION = "debug"
@@ -185,20 +187,6 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
-
-
 def _slurm_conf(d: Path, node: str, host: str, cpus: int, ctld_port: int, slurmd_port: int) -> str:
     lines = {
         "ClusterName": "lakeshore",
@@ -271,7 +259,7 @@ def start_slurm(tmpdir: Path, cpus: int = 8, timeout: float = 30.0) -> SlurmClus
     key = munge / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)
-    ctld_port, slurmd_port = _free_ports(2)
+    ctld_port, slurmd_port = free_ports(2)
     conf = d / "slurm.conf"
     conf.write_text(_slurm_conf(d, node, host, cpus, ctld_port, slurmd_port))
     cluster = SlurmCluster(d, conf, node, cpus, env={"SLURM_CONF": str(conf)})

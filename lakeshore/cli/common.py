@@ -79,6 +79,11 @@ def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def add_imports(p: argparse.ArgumentParser, help: str) -> None:
+    """``--import``/``-i``, repeatable, into ``args.imports`` (None when not given)."""
+    p.add_argument("--import", "-i", dest="imports", action="append", metavar="MODULE", help=help)
+
+
 def add_queues(p: argparse.ArgumentParser, help: str) -> None:
     """``--queue``/``-q``, repeatable, into ``args.queues`` (None when not given)."""
     p.add_argument("--queue", "-q", dest="queues", action="append", metavar="QUEUE", help=help)

@@ -7,7 +7,7 @@ import signal
 import threading
 from typing import Any
 
-from lakeshore.cli.common import add_common, dumps, finite, plane, require_queue
+from lakeshore.cli.common import add_common, add_imports, dumps, finite, plane, require_queue
 from lakeshore.errors import InvalidArgument
 from lakeshore.providers import CommandProvider, LocalProvider, Provider, SlurmProvider
 from lakeshore.scaler import Scaler, ScaleReport
@@ -94,8 +94,9 @@ def register(sub: Any) -> None:
         "scale",
         help="launch and drain a queue's workers through its provider (local, slurm, command)",
         description=(
-            "Every --interval seconds, read each queue's live depth (one LIST per 1000 live "
-            "invocations) and its provider block, count the workers the provider lists "
+            "Every --interval seconds, read each queue's provider block and live depth (one "
+            "LIST page per 1000 live invocations, counted only as far as it changes the "
+            "decision), count the workers the provider lists "
             "(waiting ones too), and launch what the queue wants: ceil(live / "
             "jobs_per_worker), at most max_workers, once the cool-down is over. "
             "Workers leave by themselves after idle_exit_s without work. Only the scaler "
@@ -126,14 +127,7 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="how long the scaler's lease lasts unrenewed (default max(3 x interval, 30))",
     )
-    p.add_argument(
-        "--import",
-        "-i",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        help="the workers' --import (the modules of the @udf functions); repeatable",
-    )
+    add_imports(p, "the workers' --import (the modules of the @udf functions); repeatable")
     p.add_argument(
         "--allow", action="append", metavar="PATTERN", help="the workers' --allow; repeatable"
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 from lakeshore.cli.common import (
     add_common,
+    add_imports,
     add_queues,
     err,
     finite,
@@ -261,14 +262,7 @@ def register(sub: Any) -> None:
         "queue to serve (repeat for several; default: the queues of the "
         "--import modules' @udf functions, else default)",
     )
-    p.add_argument(
-        "--import",
-        "-i",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        help="module to import first (its functions, its hooks); repeatable",
-    )
+    add_imports(p, "module to import first (its functions, its hooks); repeatable")
     p.add_argument(
         "--allow",
         action="append",
