@@ -2,20 +2,24 @@
 
 Each round, for each queue it serves, a scaler:
 
-1. takes or renews the queue's scaler lease (one conditional write; see
+1. reads the queue record (one GET) for the provider block — a queue with none, or of
+   another kind, is let go (its lease given back, for the scaler that can serve it);
+2. counts the queue's tickets (one LIST page per 1000 live invocations, and only as far as
+   a larger count would change the decision);
+3. takes or renews the queue's scaler lease (one conditional write; see
    ``lakeshore.protocol.scaler_lease``) — without it, it only reports who acts;
-2. reads the queue record (one GET) for the provider block, and the queue's tickets (one
-   LIST page per 1000 live invocations) for the live count;
-3. lists the provider's workers (its tool, not the store), waiting ones included;
-4. decides (``lakeshore.model.scaling.decide``) and, to launch, first writes the launch time
+4. lists the provider's workers (its tool, not the store), waiting ones included;
+5. decides (``lakeshore.model.scaling.decide``) and, to launch, first writes the launch time
    into the lease — a conditional write that proves, right before ``sbatch``, that no one
-   took the lease over — then asks the provider.
+   took the lease over — then asks the provider, which must be done within half a lease of
+   that write.
 
-A round whose lease is older than half its length by the time it would act (a slow store, a
-slow ``squeue``) acts not at all: a scaler that lost the lease by expiry can never launch
-beside the one that took it over. A scaler that cannot reach the store or list its workers
-launches nothing. Workers leave by themselves (``--idle-exit``): the fleet scales to zero
-without the scaler killing anything that runs.
+A round whose lease is older than half its length by the time it would act (a slow
+``squeue``) acts not at all, and a launch never outlasts half the lease it renewed: a
+scaler that lost the lease by expiry can never launch beside the one that took it over. A
+scaler that cannot reach the store or list its workers launches nothing. Workers leave by
+themselves (``--idle-exit``): the fleet scales to zero without the scaler killing anything
+that runs.
 """
 
 from __future__ import annotations
@@ -67,9 +71,9 @@ class ScaleReport:
         """One line for the scaler's log."""
         if self.error:
             return f"{self.queue}: {self.error}"
-        if not self.acting:
+        if self.holder is not None:
             return f"{self.queue}: another scaler acts ({self.holder}); launching nothing"
-        if self.live is None:
+        if self.live is None:  # let go, or no provider
             return f"{self.queue}: {self.why}"
         done = ""
         if self.launched:
@@ -139,9 +143,11 @@ class Scaler:
             raise InvalidArgument(
                 "scale", f"max_workers must be >= 1, got {max_workers!r}", "give a whole number"
             )
-        if not 0.05 <= interval_s <= 3600:
+        if not 0.05 <= interval_s <= MAX_LEASE_S / 2:
             raise InvalidArgument(
-                "scale", f"the interval must be 0.05..3600 s, got {interval_s}", "give another"
+                "scale",
+                f"the interval must be 0.05..{MAX_LEASE_S / 2:g} s, got {interval_s}",
+                f"give another (the lease must last two rounds, at most {MAX_LEASE_S:g} s)",
             )
         lease_s = lease_s if lease_s is not None else min(max(3 * interval_s, 30.0), MAX_LEASE_S)
         if not 2 * interval_s <= lease_s <= MAX_LEASE_S:

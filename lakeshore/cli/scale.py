@@ -125,7 +125,8 @@ def register(sub: Any) -> None:
         "--lease",
         type=finite,
         metavar="SECONDS",
-        help="how long the scaler's lease lasts unrenewed (default max(3 x interval, 30))",
+        help="how long the scaler's lease lasts unrenewed: 2 x interval to 600 "
+        "(default max(3 x interval, 30), at most 600)",
     )
     add_imports(p, "the workers' --import (the modules of the @udf functions); repeatable")
     p.add_argument(

@@ -173,11 +173,18 @@ def live_ids(store: Store, keys: QueueKeys) -> list[str]:
     return sorted(_live(store, keys))
 
 
-def _live(store: Store, keys: QueueKeys) -> Iterator[str]:
+def _live(
+    store: Store, keys: QueueKeys, scanned: list[int] | None = None, limit: int | None = None
+) -> Iterator[str]:
     """Each live id once, as the tickets are listed: a rerun's ticket may sit beside an
-    earlier life's stale one, and a name that is not an id is not lakeshore's."""
+    earlier life's stale one, and a name that is not an id is not lakeshore's. ``scanned``
+    counts the keys listed; listing stops after ``limit`` of them."""
     seen: set[str] = set()
     for info in store.list(keys.tickets_prefix):
+        if scanned is not None:
+            scanned[0] += 1
+            if limit is not None and scanned[0] > limit:
+                return
         inv = QueueKeys.id_of(info.key)
         if inv not in seen and _is_id(inv):
             seen.add(inv)
@@ -191,10 +198,15 @@ def count_live(store: Store, keys: QueueKeys, enough: int | None = None) -> tupl
     Raises:
         StoreError: the store failed.
     """
-    n = 0
-    for n, _ in enumerate(_live(store, keys), 1):
+    n, scanned = 0, [0]
+    # a ticket name that is no id counts for nothing, but listing it costs: past 2 keys per
+    # id wanted (plus a page), the count stops too, so planted names cannot make it endless
+    limit = None if enough is None else 2 * enough + 1000
+    for n, _ in enumerate(_live(store, keys, scanned, limit), 1):
         if enough is not None and n >= enough:
             return n, True
+    if limit is not None and scanned[0] >= limit:
+        return n, True
     return n, False
 
 

@@ -8,8 +8,9 @@ expired (or unreadable) one with ``if_match`` on the etag it read, and renews it
 the other is a clean miss, so it launches nothing.
 
 A lease is trusted no further than anything else in the store: bytes that are not a lease,
-or one that claims to last more than ``MAX_LEASE_S`` from now, count as expired, so a
-forged object cannot stop scaling for longer than one lease.
+or one that claims to last more than ``MAX_LEASE_S`` from now (give or take a minute of
+clock difference between scalers), count as expired, so a forged object cannot stop scaling
+for longer than that.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = ["MAX_LEASE_S", "Held", "ScalerLease", "ScalerLeases"]
 
 MAX_LEASE_S = 600.0  # also how long one forged lease can hold scaling off
 _MAX_BYTES = 4096
+_CLOCK_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,9 @@ class ScalerLeases:
         return mine, mine.lease if mine else current
 
     def _expired(self, lease: ScalerLease, now: float) -> bool:
-        return lease.expires_at <= now or lease.expires_at > now + MAX_LEASE_S
+        # the slack: a scaler whose estimate of the store clock runs ahead writes a lease
+        # that looks a little longer than MAX_LEASE_S to others; that is still no forgery
+        return lease.expires_at <= now or lease.expires_at > now + MAX_LEASE_S + _CLOCK_SLACK_S
 
     def mark_launch(self, held: Held) -> Held | None:
         """Record a launch now in the lease (the cool-down outlives this scaler); None when

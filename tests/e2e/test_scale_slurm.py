@@ -88,7 +88,9 @@ def test_300_jobs_drain_through_at_most_4_array_tasks(
             thread.join(30)
     assert [q.result(i) for i in ids] == [i + 1 for i in range(300)]
     assert Counter(q.get(i).attempt for i in ids) == {1: 300}  # nothing ran twice
-    assert slurm_cluster.run(["squeue", "--noheader", "--name=lakeshore:default:hpc"]).stdout == ""
+    tag = scalers[0].tags[0]
+    assert tag.startswith("lakeshore:default:hpc:")
+    assert slurm_cluster.run(["squeue", "--noheader", f"--name={tag}"]).stdout == ""
     launched = [sum(len(r.launched) for r in reports) for _, reports in runs]
     assert sorted(launched)[0] == 0, launched  # the second scaler launched nothing
     assert sorted(launched)[1] >= 1 and 1 <= most <= 4

@@ -282,7 +282,7 @@ def test_a_forged_lease_is_taken_over(forged: bytes) -> None:
 def test_a_live_lease_far_in_the_future_counts_as_forged() -> None:
     store, clock = MemoryStore(), Clock()
     keys = QueueKeys("default", "hpc")
-    lease = ScalerLease("mallory", clock.t + MAX_LEASE_S + 10)
+    lease = ScalerLease("mallory", clock.t + MAX_LEASE_S + 100)  # past the clock slack too
     store.put(keys.scaler_lease, lease.to_bytes(), OVERWRITE)
     held, _ = ScalerLeases(store, keys, "me", 30, clock).take(None)
     assert held is not None and held.lease.owner == "me"
@@ -487,3 +487,20 @@ def test_waiting_slurm_tasks_are_cancelled_newest_first() -> None:
         "pod-a",
         "pod-b",
     ]
+
+
+def test_planted_ticket_names_cannot_make_the_count_endless() -> None:
+    store = Counting(MemoryStore())
+    q = _plane_with_work(store, 1, max_workers=2, jobs_per_worker=1)
+    keys = QueueKeys("default", "hpc")
+    for i in range(3000):  # names that are no id: listed, never counted
+        store.inner.put(f"{keys.tickets_prefix}5/planted-{i:05d}", b"x", OVERWRITE)
+    (report,) = _scaler(q, Fleet()).tick()
+    assert report.more and report.live <= 1  # the count gave up after 2 x 2 + 1000 keys
+
+
+def test_a_queue_without_a_provider_says_so_in_the_log_line() -> None:
+    q = _plane_with_work(MemoryStore(), 1)
+    q.configure("hpc", provider=None)
+    (report,) = _scaler(q, Fleet()).tick()
+    assert report.line() == "hpc: no provider on the queue record: workers are attached by hand"
