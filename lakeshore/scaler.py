@@ -36,16 +36,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound, ProviderError, RecordError
 from lakeshore.keys import check_name
 from lakeshore.model.provider import ProviderConfig
+from lakeshore.model.record import Record
 from lakeshore.model.scaling import decide
 from lakeshore.plane import Plane
 from lakeshore.protocol.census import count_live
 from lakeshore.protocol.scaler_lease import MAX_LEASE_S, Held, ScalerLeases
+from lakeshore.protocol.steps import QueueOps
 from lakeshore.providers.base import Provider, WorkerSpec, tag_of
+from lakeshore.store.base import ObjectInfo
 
-__all__ = ["ScaleReport", "Scaler"]
+__all__ = ["JUDGED_UP_TO", "ScaleReport", "Scaler"]
+
+JUDGED_UP_TO = 64  # live invocations up to which the tickets' contents are read
 
 log = logging.getLogger("lakeshore.scale")
 
@@ -170,6 +175,7 @@ class Scaler:
             for q in self.queues
         }
         self._held: dict[str, Held] = {}
+        self._judged: dict[str, dict[str, tuple[str, bool]]] = {}
 
     @property
     def tags(self) -> list[str]:
@@ -198,6 +204,9 @@ class Scaler:
                 launched_now += self._one(report, launched_now)
             except LakeshoreError as e:  # the store or the provider's tool: no launch
                 report.error = str(e)
+            except Exception as e:  # a bug must not end the loop that keeps the fleet
+                log.debug("scale round of %s failed", queue, exc_info=True)
+                report.error = f"scale {queue}: {type(e).__name__}: {e} — a bug; please report it"
         return reports
 
     def _one(self, report: ScaleReport, launched_now: int) -> int:
@@ -216,8 +225,13 @@ class Scaler:
             return 0
         # the depth before the lease: a deep (or forged) ticket listing never eats into it;
         # counting stops where no larger number would change the decision
+        ops = self.plane.ops(queue)
         enough = block.max_workers * block.jobs_per_worker
-        live, report.more = count_live(self.plane.store, self.plane.ops(queue).keys, enough)
+        live, report.more = count_live(ops.store, ops.keys, enough)
+        if not report.more and 0 < live <= JUDGED_UP_TO:
+            # a near-empty queue: read what its tickets hold (once per ticket and etag), so a
+            # gc tombstone or a work queue's payload does not keep a worker cycling for ever
+            live, _ = count_live(ops.store, ops.keys, enough, self._judge(ops))
         started = self.monotonic()
         held, seen = leases.take(self._held.pop(queue, None))
         if held is None:
@@ -230,6 +244,8 @@ class Scaler:
         listed = self.provider.list(self.tags)
         mine = [w for w in listed if w.tag == tag_of(self.url, self.plane.ns, queue)]
         report.live = live
+        if report.more:  # counting stopped early: at least enough, whatever it had reached
+            live = max(live, enough)
         report.running = sum(w.state == "running" for w in mine)
         report.pending = len(mine) - report.running
         launched_at = held.lease.launched_at
@@ -275,8 +291,34 @@ class Scaler:
             return 0
         argv = self.worker_argv(queue, block)
         spec = WorkerSpec(self.url, self.plane.ns, queue, argv, block)
-        report.launched = self.provider.launch(spec, n, timeout=left)
+        try:
+            report.launched = self.provider.launch(spec, n, timeout=left)
+        except ProviderError as e:  # some arrays may be queued: say which, and the error
+            report.launched = list(e.details.get("launched", []))
+            report.error = str(e)
         return len(report.launched)
+
+    def _judge(self, ops: QueueOps) -> Callable[[ObjectInfo], bool]:
+        """Whether a ticket stands for work this scaler's workers take: a queued or running
+        function call of a schema this version reads (not a tombstone, a payload, a newer
+        or corrupt record). Remembered by key and etag: a ticket is read once."""
+        judged = self._judged.setdefault(ops.keys.queue, {})
+
+        def counts(info: ObjectInfo) -> bool:
+            hit = judged.get(info.key)
+            if hit is not None and hit[0] == info.etag:
+                return hit[1]
+            try:
+                rec = Record.from_bytes(ops.read_bounded(info.key)[0], info.key)
+                verdict = rec.state in ("queued", "running") and not rec.is_payload
+            except (NotFound, RecordError):
+                verdict = False
+            if len(judged) > 4 * JUDGED_UP_TO:
+                judged.clear()  # tickets come and go: forget the old ones now and then
+            judged[info.key] = (info.etag, verdict)
+            return verdict
+
+        return counts
 
     def _let_go(self, queue: str) -> None:
         held = self._held.pop(queue, None)

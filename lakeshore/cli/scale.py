@@ -20,9 +20,17 @@ def _provider(args: argparse.Namespace, kind: str) -> Provider:
     templates = {"launch": args.launch, "list": args.list, "cancel": args.cancel}
     given = [f"--{k}" for k, v in templates.items() if v]
     if kind != "command" and given:
-        raise InvalidArgument("scale", f"{', '.join(given)} only go with a command provider", "")
+        raise InvalidArgument(
+            "scale",
+            f"{', '.join(given)}: only for a command provider, and the queue's is {kind!r}",
+            "leave them out, or attach a command provider to the queue",
+        )
     if kind != "slurm" and args.setup:
-        raise InvalidArgument("scale", "--setup only goes with a slurm provider", "")
+        raise InvalidArgument(
+            "scale",
+            f"--setup: only for a slurm provider, and the queue's is {kind!r}",
+            "leave it out, or attach a slurm provider to the queue",
+        )
     if kind == "local":
         return LocalProvider(args.state_dir, args.log_dir)
     if kind == "slurm":

@@ -25,7 +25,7 @@ import contextlib
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +37,7 @@ from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, NotFo
 from lakeshore.keys import QueueKeys, check_name, workers_prefix
 from lakeshore.model.record import Record
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
-from lakeshore.store.base import Store
+from lakeshore.store.base import ObjectInfo, Store
 
 __all__ = [
     "EXACT_UP_TO",
@@ -54,6 +54,7 @@ __all__ = [
 
 _FIRST_WINDOW_MS = 60_000
 EXACT_UP_TO = 256  # live invocations whose records status reads for exact counts
+MAX_SCAN = 200_000  # ticket keys a scaler's count lists at most (200 LIST pages)
 
 
 def id_time(inv: str) -> float:
@@ -174,11 +175,15 @@ def live_ids(store: Store, keys: QueueKeys) -> list[str]:
 
 
 def _live(
-    store: Store, keys: QueueKeys, scanned: list[int] | None = None, limit: int | None = None
+    store: Store,
+    keys: QueueKeys,
+    scanned: list[int] | None = None,
+    limit: int | None = None,
+    counts: Callable[[ObjectInfo], bool] | None = None,
 ) -> Iterator[str]:
     """Each live id once, as the tickets are listed: a rerun's ticket may sit beside an
     earlier life's stale one, and a name that is not an id is not lakeshore's. ``scanned``
-    counts the keys listed; listing stops after ``limit`` of them."""
+    counts the keys listed; listing stops once more than ``limit`` were."""
     seen: set[str] = set()
     for info in store.list(keys.tickets_prefix):
         if scanned is not None:
@@ -186,28 +191,34 @@ def _live(
             if limit is not None and scanned[0] > limit:
                 return
         inv = QueueKeys.id_of(info.key)
-        if inv not in seen and _is_id(inv):
+        if inv not in seen and _is_id(inv) and (counts is None or counts(info)):
             seen.add(inv)
             yield inv
 
 
-def count_live(store: Store, keys: QueueKeys, enough: int | None = None) -> tuple[int, bool]:
+def count_live(
+    store: Store,
+    keys: QueueKeys,
+    enough: int | None = None,
+    counts: Callable[[ObjectInfo], bool] | None = None,
+) -> tuple[int, bool]:
     """How many live invocations the queue has, counting its tickets, and whether the count
-    stopped at ``enough`` (then there are at least that many): a scaler needs no more.
+    stopped early (then take it as *at least* ``enough``: a scaler needs no more).
+
+    It stops at ``enough`` ids, and also after ``2 × enough + 1000`` keys (at most
+    ``MAX_SCAN``): a ticket name that is no id counts for nothing, but listing it costs, and
+    planted names must not make a count endless. ``counts`` (optional) judges each ticket:
+    one it refuses is not counted.
 
     Raises:
         StoreError: the store failed.
     """
     n, scanned = 0, [0]
-    # a ticket name that is no id counts for nothing, but listing it costs: past 2 keys per
-    # id wanted (plus a page), the count stops too, so planted names cannot make it endless
-    limit = None if enough is None else 2 * enough + 1000
-    for n, _ in enumerate(_live(store, keys, scanned, limit), 1):
+    limit = None if enough is None else min(2 * enough + 1000, MAX_SCAN)
+    for n, _ in enumerate(_live(store, keys, scanned, limit, counts), 1):
         if enough is not None and n >= enough:
             return n, True
-    if limit is not None and scanned[0] >= limit:
-        return n, True
-    return n, False
+    return n, limit is not None and scanned[0] > limit
 
 
 def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:

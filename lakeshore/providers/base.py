@@ -126,6 +126,17 @@ def valid_id(value: str) -> str | None:
     return value if _ID.match(value) else None
 
 
+def _abandon(proc: subprocess.Popen[bytes]) -> None:
+    """Reap a killed tool without waiting on its pipes: a process that escaped into a
+    session of its own may hold them open for as long as it lives."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        with contextlib.suppress(OSError):
+            if pipe is not None:
+                pipe.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
 def run_tool(
     argv: Sequence[str] | str,
     op: str,
@@ -146,6 +157,12 @@ def run_tool(
     """
     shown = argv if isinstance(argv, str) else " ".join(argv)
     try:
+        given = stdin.encode() if stdin is not None else None
+    except UnicodeEncodeError as e:  # before anything starts: nothing half-done
+        raise ProviderError(
+            op, f"the input for {shown!r} cannot be encoded: {e}", "fix --setup or --import"
+        ) from None
+    try:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -164,15 +181,16 @@ def run_tool(
             command=shown,
         ) from None
     try:
-        out, err = proc.communicate(stdin.encode() if stdin is not None else None, timeout)
+        out, err = proc.communicate(given, timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        _abandon(proc)
         raise ProviderError(
             op,
-            f"{shown!r} did not finish in {timeout:g} s (killed)",
-            "check the provider's tool; nothing is launched until it answers",
+            f"{shown!r} did not finish in {timeout:g} s: killed, with its session; what it "
+            "had started in a session of its own may still have launched",
+            "check the provider's tool; the next rounds count what it launched",
             command=shown,
         ) from None
     said = err.decode(errors="replace").strip() or out.decode(errors="replace").strip()

@@ -70,6 +70,14 @@ def _check(op: str, template: str) -> str:
             f"unknown field(s) {sorted(unknown)} in {template!r}",
             f"it may use {sorted('{' + f + '}' for f in _FIELDS[op])}",
         )
+    try:  # format specs and conversions fail here, not at the first launch
+        template.format(**dict.fromkeys(_FIELDS[op], "x"))
+    except (ValueError, KeyError, IndexError, AttributeError) as e:
+        raise InvalidArgument(
+            f"command provider --{op}",
+            f"{template!r} cannot be filled in: {e}",
+            "use plain fields such as {name}, with no format spec or index",
+        ) from None
     return template
 
 

@@ -76,11 +76,11 @@ class SlurmProvider(Provider):
         return "\n".join(lines) + "\n"
 
     def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
-        """One array job per ``MAX_ARRAY`` workers; if a later one fails, the ids of those
-        already queued come back (the next round lists them anyway).
+        """One array job per ``MAX_ARRAY`` workers.
 
         Raises:
-            ProviderError: the first ``sbatch`` failed (nothing was launched).
+            ProviderError: an ``sbatch`` failed; ``launched`` (when not empty) holds the ids
+                of the arrays queued before it.
         """
         deadline = time.monotonic() + timeout
         ids: builtins.list[str] = []
@@ -88,10 +88,10 @@ class SlurmProvider(Provider):
             size = min(MAX_ARRAY, n - len(ids))
             try:
                 ids += self._array(spec, size, deadline - time.monotonic())
-            except ProviderError:
-                if not ids:
-                    raise
-                break
+            except ProviderError as e:
+                if ids:  # said, with what is queued: the scaler reports both
+                    e.details["launched"] = ids
+                raise
         return ids
 
     def _array(self, spec: WorkerSpec, n: int, timeout: float) -> builtins.list[str]:
@@ -99,7 +99,10 @@ class SlurmProvider(Provider):
             raise ProviderError(
                 "slurm launch", "no time left in this round", "the rest follows next round"
             )
-        argv = ["sbatch", "--parsable", f"--job-name={spec.tag}", f"--array=0-{n - 1}"]
+        # --no-requeue: a preempted or failed worker is the scaler's to replace, or the
+        # requeued task would come back beside its replacement
+        argv = ["sbatch", "--parsable", "--no-requeue", f"--job-name={spec.tag}"]
+        argv.append(f"--array=0-{n - 1}")
         if self.log_dir:
             try:  # a task whose output file cannot be opened dies before the worker starts
                 os.makedirs(self.log_dir, exist_ok=True)
@@ -127,16 +130,21 @@ class SlurmProvider(Provider):
     def list(self, tags: Collection[str]) -> list[Launched]:
         if not tags:
             return []
+        # --all: also jobs in hidden partitions; every user's, as a scaler of another account
+        # may have taken over; no SQUEUE_* variable of the scaler's filters the list
+        env = {k: v for k, v in (self.env or os.environ).items() if not k.startswith("SQUEUE_")}
         out = run_tool(
             [
                 "squeue",
                 "--noheader",
-                "--array",  # every user's: a scaler of another account may have taken over
+                "--all",
+                "--states=all",
+                "--array",
                 f"--name={','.join(sorted(tags))}",
                 "--format=%i|%j|%T",
             ],
             "slurm list",
-            env=self.env,
+            env=env,
         )
         alive = []
         for line in out.splitlines():

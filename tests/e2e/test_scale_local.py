@@ -175,7 +175,7 @@ def test_lakeshore_scale_as_a_program(tmp_path: Path) -> None:
     out = _cli("queue", "show", "burst", env=env)
     assert "local, up to 4 workers, 10 jobs each, idle exit 1 s" in out.stdout
     out = _cli("scale", "burst", "--once", "--setup", "x", env=env)
-    assert out.returncode == 2 and "--setup only goes with a slurm provider" in out.stderr
+    assert out.returncode == 2 and "--setup: only for a slurm provider" in out.stderr
     state = str(tmp_path / "state")
     args = ("scale", "burst", "--once", "--allow", "tests.jobs:*", "--state-dir", state)
     out = _cli(*args, "--json", env=env)
@@ -276,3 +276,38 @@ def test_squeue_states_count_as_waiting_unless_running_or_ended(tmp_path: Path) 
     provider = SlurmProvider(env=_fake_slurm(tmp_path, text))
     states = {w.id: w.state for w in provider.list([tag])}
     assert states == {"7_0": "running", "7_1": "pending", "7_2": "pending", "7_3": "pending"}
+
+
+def test_a_template_that_cannot_be_filled_in_is_refused_at_once() -> None:
+    with pytest.raises(dls.InvalidArgument, match="cannot be filled in"):
+        CommandProvider("run {name:d}", "true", "true {id}")
+    with pytest.raises(dls.InvalidArgument, match="cannot be filled in"):
+        CommandProvider("run {name!z}", "true", "true {id}")
+
+
+def test_a_tool_that_escapes_its_session_does_not_hold_the_scaler(tmp_path: Path) -> None:
+    env = {**os.environ, "D": str(tmp_path)}
+    # the escaped child keeps the tool's stdout open for ten minutes (pytest's limit is 5)
+    template = """setsid sh -c 'echo $$ > "$D/pid"; exec sleep 600' & wait"""
+    provider = CommandProvider(template, "true", "true {id}", env=env)
+    try:
+        with pytest.raises(dls.ProviderError, match="may still have launched"):
+            provider.launch(_spec(("w",)), 1, timeout=1.0)
+    finally:
+        pid = int(poll(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text()))
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_sbatch_and_squeue_get_the_options_that_keep_the_count_right(tmp_path: Path) -> None:
+    env = _fake_slurm(tmp_path, "")
+    env["SQUEUE_PARTITION"] = "elsewhere"  # the scaler's profile must not filter the list
+    (tmp_path / "bin" / "squeue").write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/squeue.args\nenv > {tmp_path}/squeue.env\n'
+    )
+    provider = SlurmProvider(env=env)
+    provider.launch(WorkerSpec("file:///x", "default", "q", ("w",), ProviderConfig("slurm")), 1)
+    assert "--no-requeue" in (tmp_path / "sbatch.log").read_text().split()
+    provider.list([tag_of("file:///x", "default", "q")])
+    args = (tmp_path / "squeue.args").read_text().split()
+    assert {"--all", "--states=all", "--array"} <= set(args)
+    assert "SQUEUE_PARTITION" not in (tmp_path / "squeue.env").read_text()

@@ -5,6 +5,7 @@ cool-down and the caps hold, and a hostile lease or ticket cannot steer it."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
@@ -16,6 +17,7 @@ import pytest
 import lakeshore as dls
 from lakeshore.errors import ProviderError, StoreUnavailable
 from lakeshore.keys import QueueKeys
+from lakeshore.model.record import Record
 from lakeshore.protocol.scaler_lease import MAX_LEASE_S, ScalerLease, ScalerLeases
 from lakeshore.providers import Launched, Provider, WorkerSpec
 from lakeshore.store import MemoryStore, ObjectInfo, Store
@@ -387,7 +389,10 @@ def test_a_round_costs_the_same_however_long_the_history() -> None:
     dls.run_worker(q, queues=["hpc"], max_jobs=200, isolation="thread")
     assert q.status(f.submit(0)) == "queued"  # one live invocation, 200 finished
     busy = one_round()
-    assert busy == {"PUT": 2, "GET": 1, "LIST": 1}  # and one PUT to mark the launch
+    # a near-empty queue (1 to 64 live) lists its tickets once more and reads each new one
+    # once; and one PUT marks the launch
+    assert busy == {"PUT": 2, "GET": 2, "LIST": 2}
+    assert one_round() == {"PUT": 1, "GET": 1, "LIST": 2}  # the ticket is known now
 
 
 class SlowTickets(Forwarding):
@@ -489,14 +494,20 @@ def test_waiting_slurm_tasks_are_cancelled_newest_first() -> None:
     ]
 
 
-def test_planted_ticket_names_cannot_make_the_count_endless() -> None:
-    store = Counting(MemoryStore())
-    q = _plane_with_work(store, 1, max_workers=2, jobs_per_worker=1)
+def test_planted_ticket_names_cannot_make_the_count_endless_nor_cancel() -> None:
+    store = MemoryStore()
+    q = _plane_with_work(store, 3, max_workers=2, jobs_per_worker=1)
     keys = QueueKeys("default", "hpc")
-    for i in range(3000):  # names that are no id: listed, never counted
-        store.inner.put(f"{keys.tickets_prefix}5/planted-{i:05d}", b"x", OVERWRITE)
-    (report,) = _scaler(q, Fleet()).tick()
-    assert report.more and report.live <= 1  # the count gave up after 2 x 2 + 1000 keys
+    for i in range(3000):  # names that are no id, sorting before the real tickets
+        store.put(f"{keys.tickets_prefix}0/0planted-{i:05d}", b"x", OVERWRITE)
+    fleet = Fleet(state="pending")
+    tag = dls.providers.tag_of(UNUSED_URL, "default", "hpc")
+    fleet.workers = {"p1": Launched("p1", tag, "pending")}
+    (report,) = _scaler(q, fleet).tick()
+    # the count gave up after 2 x 2 + 1000 keys, having seen no id: taken as "at least
+    # enough", so it launches up to the maximum and cancels no waiting worker
+    assert (report.live, report.more) == (0, True) and "0+ live" in report.line()
+    assert not report.cancelled and len(report.launched) == 1 and len(fleet.workers) == 2
 
 
 def test_a_queue_without_a_provider_says_so_in_the_log_line() -> None:
@@ -504,3 +515,44 @@ def test_a_queue_without_a_provider_says_so_in_the_log_line() -> None:
     q.configure("hpc", provider=None)
     (report,) = _scaler(q, Fleet()).tick()
     assert report.line() == "hpc: no provider on the queue record: workers are attached by hand"
+
+
+def test_tombstones_and_payloads_keep_no_worker_cycling() -> None:
+    store = Counting(MemoryStore())
+    q = _plane_with_work(store, 0, max_workers=2)
+    keys = QueueKeys("default", "hpc")
+    wq = dls.WorkQueue("hpc", dispatch=q)
+    wq.submit({"a": 1})  # a work queue's payload: no function worker takes it
+    inv = q.udf(jobs.add_one, queue="hpc").submit(1)
+    ticket = next(i.key for i in store.list(keys.tickets_prefix) if inv in i.key)
+    rec = Record.from_bytes(store.get(ticket)[0])
+    done = dataclasses.replace(rec, state="failed")  # a gc tombstone at a ticket's key
+    store.put(ticket, done.to_bytes(), OVERWRITE)
+    fleet = Fleet()
+    scaler = _scaler(q, fleet)
+    (report,) = scaler.tick()
+    assert report.live == 0 and not fleet.workers
+    store.calls.clear()
+    scaler.tick()  # each ticket was read once: a steady round reads none again
+    assert store.calls["GET"] == 1  # the queue record
+
+
+def test_a_partly_failed_launch_says_both() -> None:
+    class Partial(Fleet):
+        def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
+            ids = super().launch(spec, 1)
+            raise ProviderError("fleet launch", "out of quota", "ask", launched=ids)
+
+    q = _plane_with_work(MemoryStore(), 5, max_workers=3, jobs_per_worker=1)
+    (report,) = _scaler(q, Partial()).tick()
+    assert report.launched == ["w0"] and report.error and "out of quota" in report.error
+
+
+def test_a_bug_in_a_round_is_reported_not_raised() -> None:
+    class Broken(Fleet):
+        def list(self, tags: Collection[str]) -> list[Launched]:
+            raise ZeroDivisionError("boom")
+
+    q = _plane_with_work(MemoryStore(), 5)
+    (report,) = _scaler(q, Broken()).tick()
+    assert report.error and "ZeroDivisionError: boom" in report.error
