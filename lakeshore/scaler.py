@@ -36,7 +36,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lakeshore.errors import InvalidArgument, LakeshoreError, NotFound, ProviderError, RecordError
+from lakeshore.errors import (
+    InvalidArgument,
+    LakeshoreError,
+    NewerRecord,
+    NotFound,
+    ProviderError,
+    RecordError,
+)
 from lakeshore.keys import check_name
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.record import Record
@@ -299,9 +306,12 @@ class Scaler:
         return len(report.launched)
 
     def _judge(self, ops: QueueOps) -> Callable[[ObjectInfo], bool]:
-        """Whether a ticket stands for work this scaler's workers take: a queued or running
-        function call of a schema this version reads (not a tombstone, a payload, a newer
-        or corrupt record). Remembered by key and etag: a ticket is read once."""
+        """Whether a ticket stands for work this scaler's workers take. A ticket that holds
+        a record (an invocation nothing has claimed yet, or a gc tombstone) counts when it
+        is a queued function call of a schema this version reads: not a tombstone, a
+        payload or a newer record. Any other ticket (a claimed, released or rerun
+        invocation's, which holds a marker while the truth is in its record) counts.
+        Remembered by key and etag: a ticket is read once."""
         judged = self._judged.setdefault(ops.keys.queue, {})
 
         def counts(info: ObjectInfo) -> bool:
@@ -311,8 +321,10 @@ class Scaler:
             try:
                 rec = Record.from_bytes(ops.read_bounded(info.key)[0], info.key)
                 verdict = rec.state in ("queued", "running") and not rec.is_payload
-            except (NotFound, RecordError):
-                verdict = False
+            except (NotFound, NewerRecord):
+                verdict = False  # gone since the listing, or not this version's to run
+            except RecordError:
+                verdict = True  # a marker (or unreadable): live as far as the ticket says
             if len(judged) > 4 * JUDGED_UP_TO:
                 judged.clear()  # tickets come and go: forget the old ones now and then
             judged[info.key] = (info.etag, verdict)

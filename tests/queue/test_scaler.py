@@ -556,3 +556,14 @@ def test_a_bug_in_a_round_is_reported_not_raised() -> None:
     q = _plane_with_work(MemoryStore(), 5)
     (report,) = _scaler(q, Broken()).tick()
     assert report.error and "ZeroDivisionError: boom" in report.error
+
+
+def test_a_claimed_or_released_invocations_ticket_counts() -> None:
+    """After its first claim a ticket holds a marker, not the record (steps.py): live."""
+    store = MemoryStore()
+    q = _plane_with_work(store, 1, max_workers=2)
+    keys = QueueKeys("default", "hpc")
+    ticket = next(iter(store.list(keys.tickets_prefix))).key
+    store.put(ticket, b"0123456789abcdef", OVERWRITE)  # the marker a claim leaves
+    (report,) = _scaler(q, Fleet()).tick()
+    assert report.live == 1 and len(report.launched) == 1
