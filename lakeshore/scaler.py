@@ -49,7 +49,7 @@ from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.record import Record
 from lakeshore.model.scaling import decide
 from lakeshore.plane import Plane
-from lakeshore.protocol.census import count_live
+from lakeshore.protocol.census import live_tickets
 from lakeshore.protocol.scaler_lease import MAX_LEASE_S, Held, ScalerLeases
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.providers.base import Provider, WorkerSpec, tag_of
@@ -234,11 +234,12 @@ class Scaler:
         # counting stops where no larger number would change the decision
         ops = self.plane.ops(queue)
         enough = block.max_workers * block.jobs_per_worker
-        live, report.more = count_live(ops.store, ops.keys, enough)
+        tickets, report.more = live_tickets(ops.store, ops.keys, enough)
+        live = len(tickets)
         if not report.more and 0 < live <= JUDGED_UP_TO:
             # a near-empty queue: read what its tickets hold (once per ticket and etag), so a
             # gc tombstone or a work queue's payload does not keep a worker cycling for ever
-            live, _ = count_live(ops.store, ops.keys, enough, self._judge(ops))
+            live = sum(map(self._judge(ops), tickets))
         started = self.monotonic()
         held, seen = leases.take(self._held.pop(queue, None))
         if held is None:

@@ -65,9 +65,7 @@ def _parse_setting(text: str) -> tuple[str, Any]:
     value: Any = raw
     if raw.lower() in ("none", "null", ""):
         value = None
-    elif name in _WORDS:
-        pass  # a SLURM account "0123" or partition "1e3" is a word, not a number
-    else:
+    elif name not in _WORDS:  # a SLURM account "0123" or partition "1e3" stays a word
         for cast in (int, float):
             try:
                 value = cast(raw)

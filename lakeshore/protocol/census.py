@@ -25,7 +25,7 @@ import contextlib
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +42,9 @@ from lakeshore.store.base import ObjectInfo, Store
 __all__ = [
     "EXACT_UP_TO",
     "QueueStatus",
-    "count_live",
     "id_time",
     "live_ids",
+    "live_tickets",
     "newest_ids",
     "queue_status",
     "read_sign_of_life",
@@ -171,19 +171,16 @@ def live_ids(store: Store, keys: QueueKeys) -> list[str]:
     Raises:
         StoreError: the store failed.
     """
-    return sorted(_live(store, keys))
+    return sorted(QueueKeys.id_of(info.key) for info in _live(store, keys))
 
 
 def _live(
-    store: Store,
-    keys: QueueKeys,
-    scanned: list[int] | None = None,
-    limit: int | None = None,
-    counts: Callable[[ObjectInfo], bool] | None = None,
-) -> Iterator[str]:
-    """Each live id once, as the tickets are listed: a rerun's ticket may sit beside an
-    earlier life's stale one, and a name that is not an id is not lakeshore's. ``scanned``
-    counts the keys listed; listing stops once more than ``limit`` were."""
+    store: Store, keys: QueueKeys, scanned: list[int] | None = None, limit: int | None = None
+) -> Iterator[ObjectInfo]:
+    """The first ticket of each live invocation, as the tickets are listed: a rerun's ticket
+    may sit beside an earlier life's stale one, and a name that is not an id is not
+    lakeshore's. ``scanned`` counts the keys listed; listing stops once more than ``limit``
+    were."""
     seen: set[str] = set()
     for info in store.list(keys.tickets_prefix):
         if scanned is not None:
@@ -191,34 +188,29 @@ def _live(
             if limit is not None and scanned[0] > limit:
                 return
         inv = QueueKeys.id_of(info.key)
-        if inv not in seen and _is_id(inv) and (counts is None or counts(info)):
+        if inv not in seen and _is_id(inv):
             seen.add(inv)
-            yield inv
+            yield info
 
 
-def count_live(
-    store: Store,
-    keys: QueueKeys,
-    enough: int | None = None,
-    counts: Callable[[ObjectInfo], bool] | None = None,
-) -> tuple[int, bool]:
-    """How many live invocations the queue has, counting its tickets, and whether the count
-    stopped early (then take it as *at least* ``enough``: a scaler needs no more).
+def live_tickets(store: Store, keys: QueueKeys, enough: int) -> tuple[list[ObjectInfo], bool]:
+    """The first ticket of each live invocation, and whether the listing stopped early
+    (then take the count as *at least* ``enough``: a scaler needs no more).
 
-    It stops at ``enough`` ids, and also after ``2 × enough + 1000`` keys (at most
+    It stops at ``enough`` invocations, and also after ``2 × enough + 1000`` keys (at most
     ``MAX_SCAN``): a ticket name that is no id counts for nothing, but listing it costs, and
-    planted names must not make a count endless. ``counts`` (optional) judges each ticket:
-    one it refuses is not counted.
+    planted names must not make a count endless.
 
     Raises:
         StoreError: the store failed.
     """
-    n, scanned = 0, [0]
-    limit = None if enough is None else min(2 * enough + 1000, MAX_SCAN)
-    for n, _ in enumerate(_live(store, keys, scanned, limit, counts), 1):
-        if enough is not None and n >= enough:
-            return n, True
-    return n, limit is not None and scanned[0] > limit
+    found: list[ObjectInfo] = []
+    scanned, limit = [0], min(2 * enough + 1000, MAX_SCAN)
+    for info in _live(store, keys, scanned, limit):
+        found.append(info)
+        if len(found) >= enough:
+            return found, True
+    return found, scanned[0] > limit
 
 
 def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
