@@ -48,7 +48,9 @@ __all__ = [
     "check_name",
     "id_index",
     "namespace_prefix",
+    "namespaces_prefix",
     "new_id",
+    "past_folder",
     "probe_prefix",
     "topic_prefix",
     "topic_seq_key",
@@ -270,6 +272,19 @@ def doctor_prefix(ns: str | None) -> str:
     if ns is None:
         return "lakeshore-doctor/"
     return f"{ROOT}/{check_name(ns, 'namespace')}/_doctor/"
+
+
+def namespaces_prefix() -> str:
+    """Every namespace's folder is under here."""
+    return f"{ROOT}/"
+
+
+def past_folder(prefix: str, name: str) -> str:
+    """The listing position just after every key lakeshore writes in the folder
+    ``<prefix><name>/`` (the largest code point after its ``/``). Not ``<name>0``, the next
+    name in byte order: a server that lists by walking directories (SeaweedFS) puts ``a/``
+    before ``a-b/``, and would skip ``a-b`` from there."""
+    return f"{prefix}{name}/\U0010ffff"
 
 
 def namespace_prefix(ns: str) -> str:

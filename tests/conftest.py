@@ -46,6 +46,8 @@ FAKE_CREDS = {"aws_access_key_id": "lakeshore-test", "aws_secret_access_key": "l
 _report_key = pytest.StashKey[list[str]]()
 _seaweed_key = pytest.StashKey[dict[str, Any]]()
 _slurm_key = pytest.StashKey[dict[str, Any]]()
+_browser_key = pytest.StashKey[dict[str, Any]]()
+CHROMIUM = "/usr/bin/chromium"  # Debian's package, installed by scripts/test
 _s3url_key = pytest.StashKey[Counter[str]]()
 
 S3URL_ENV = "LAKESHORE_TEST_S3_URL"
@@ -64,10 +66,15 @@ def _require_slurm() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("LAKESHORE_REQUIRE_SLURM"))
 
 
+def _require_browser() -> bool:
+    return bool(os.environ.get("CI") or os.environ.get("LAKESHORE_REQUIRE_BROWSER"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_report_key] = []
     config.stash[_seaweed_key] = {"tests": 0}
     config.stash[_slurm_key] = {"tests": 0}
+    config.stash[_browser_key] = {"tests": 0}
     config.stash[_s3url_key] = Counter()
     config.addinivalue_line("markers", f"s3url: runs on the store that ${S3URL_ENV} names")
     url = _s3url()
@@ -91,6 +98,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     else:
         tr.write_line("SeaweedFS tier: not requested by the selected tests")
     tr.write_line(_slurm_summary(config.stash[_slurm_key]))
+    tr.write_line(_browser_summary(config.stash[_browser_key]))
     tr.write_line(_s3url_summary(config.stash[_s3url_key]))
     for line in config.stash[_report_key]:
         tr.write_line(line)
@@ -112,6 +120,14 @@ def _slurm_summary(info: dict[str, Any]) -> str:
     if "skipped" in info:
         return f"SLURM tier: SKIPPED — {info['skipped']}"
     return "SLURM tier: not requested by the selected tests"
+
+
+def _browser_summary(info: dict[str, Any]) -> str:
+    if "version" in info:
+        return f"Browser tier: RAN — {info['tests']} tests in headless Chromium {info['version']}"
+    if "skipped" in info:
+        return f"Browser tier: SKIPPED — {info['skipped']}"
+    return "Browser tier: not requested by the selected tests"
 
 
 def _s3url_summary(outcomes: Counter[str]) -> str:
@@ -164,6 +180,40 @@ def _count_slurm_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "slurm_cluster" in request.fixturenames:
         request.config.stash[_slurm_key]["tests"] += 1
+
+
+@pytest.fixture(autouse=True)
+def _count_browser_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "chromium" in request.fixturenames:
+        request.config.stash[_browser_key]["tests"] += 1
+
+
+@pytest.fixture(scope="session")
+def chromium(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """Headless Chromium (Debian's package) driven by Playwright, for the session; skipped
+    with a reason when either is missing, except under ``CI`` or
+    ``LAKESHORE_REQUIRE_BROWSER``, where that fails."""
+    info = pytestconfig.stash[_browser_key]
+    reason = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        reason = "Playwright is not installed (it is in the test extra)"
+    if reason is None and not os.access(CHROMIUM, os.X_OK):
+        reason = f"{CHROMIUM} is missing (apt-get install chromium; scripts/test does it as root)"
+    if reason is not None:
+        info["skipped"] = reason
+        if _require_browser():
+            pytest.fail(f"the browser tier is required in CI but {reason}")
+        pytest.skip(reason)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        info["version"] = browser.version
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 @pytest.fixture(scope="session")

@@ -135,6 +135,13 @@ def _cmd_show(args: argparse.Namespace) -> int:
         rows.append(("error", f"{rec.error.get('type')}: {rec.error.get('message')}"))
     for name, value in rows:
         print(f"{name:<10} {inert(value)}")  # fn, key, worker, error: written by others
+    if rec.history:
+        print("attempts")
+        for t in rec.history:
+            took = f"{t.ended_at - t.started_at:.2f}s" if t.ended_at is not None else "running"
+            print(
+                f"    {t.attempt:<4} {inert(t.worker)}  {wall(t.started_at)}  {took}  {t.outcome or ''}"
+            )
     trace = rec.error.get("traceback", "") if rec.error else ""
     if trace.strip():  # the last field: its lines follow, indented
         print("traceback")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from lakeshore.errors import IllegalTransition
-from lakeshore.model.record import Lease, Record
+from lakeshore.model.record import MAX_HISTORY, Lease, Record, Turn
 
 __all__ = [
     "MAX_BACKOFF_S",
@@ -45,6 +45,20 @@ def _illegal(rec: Record, move: str) -> IllegalTransition:
         "re-read the record; another process moved it first",
         state=rec.state,
     )
+
+
+def _began(rec: Record, worker: str, now: float) -> tuple[Turn, ...]:
+    """The history with the attempt a claim starts (the oldest entries make room)."""
+    return (*rec.history, Turn(rec.attempt + 1, worker, now))[-MAX_HISTORY:]
+
+
+def _ended(rec: Record, now: float, outcome: str) -> tuple[Turn, ...]:
+    """The history with the running attempt's entry closed (unchanged for a record that
+    runs no attempt, or whose entry is missing: written before the history existed)."""
+    last = rec.history[-1] if rec.history else None
+    if rec.state != "running" or last is None or last.attempt != rec.attempt or last.outcome:
+        return rec.history
+    return (*rec.history[:-1], Turn(last.attempt, last.worker, last.started_at, now, outcome))
 
 
 def holds(rec: Record, token: str) -> bool:
@@ -78,6 +92,7 @@ def claim(rec: Record, worker: str, token: str, now: float, lease_s: float | Non
         lease=Lease(worker, token, now + lease_s),
         started_at=now,
         journal=None,
+        history=_began(rec, worker, now),
     )
 
 
@@ -96,7 +111,13 @@ def succeed(
     if not holds(rec, token):
         raise _illegal(rec, "complete")
     return rec.next_write(
-        state="succeeded", result=result, error=None, finished_at=now, lease=None, journal=journal
+        state="succeeded",
+        result=result,
+        error=None,
+        finished_at=now,
+        lease=None,
+        journal=journal,
+        history=_ended(rec, now, "succeeded"),
     )
 
 
@@ -116,6 +137,7 @@ def fail(
             raise _illegal(rec, "expire")
     elif not holds(rec, token):
         raise _illegal(rec, "fail")
+    lost = "expired" if token is None else None
     if retry and rec.attempt - rec.released < rec.max_attempts:
         return rec.next_write(
             state="queued",
@@ -123,8 +145,16 @@ def fail(
             error=error,
             not_before=now + backoff_s(rec),
             journal=journal,
+            history=_ended(rec, now, lost or "retried"),
         )
-    return rec.next_write(state="failed", lease=None, error=error, finished_at=now, journal=journal)
+    return rec.next_write(
+        state="failed",
+        lease=None,
+        error=error,
+        finished_at=now,
+        journal=journal,
+        history=_ended(rec, now, lost or "failed"),
+    )
 
 
 def release(rec: Record, token: str, now: float) -> Record:
@@ -133,7 +163,12 @@ def release(rec: Record, token: str, now: float) -> Record:
     if not holds(rec, token):
         raise _illegal(rec, "release")
     return rec.next_write(
-        state="queued", lease=None, not_before=now, released=rec.released + 1, journal=None
+        state="queued",
+        lease=None,
+        not_before=now,
+        released=rec.released + 1,
+        journal=None,
+        history=_ended(rec, now, "released"),
     )
 
 
@@ -172,7 +207,13 @@ def cancel(rec: Record, now: float, reason: str = "cancelled") -> Record:
     if rec.terminal:
         raise _illegal(rec, "cancel")
     error = {"type": "Killed", "message": reason, "traceback": ""}
-    return rec.next_write(state="killed", lease=None, error=error, finished_at=now)
+    return rec.next_write(
+        state="killed",
+        lease=None,
+        error=error,
+        finished_at=now,
+        history=_ended(rec, now, "killed"),
+    )
 
 
 def time_out(rec: Record, now: float, token: str | None = None) -> Record:
@@ -189,4 +230,10 @@ def time_out(rec: Record, now: float, token: str | None = None) -> Record:
     else:
         raise _illegal(rec, "timeout")
     error = {"type": "Timeout", "message": message, "traceback": ""}
-    return rec.next_write(state="timeout", lease=None, error=error, finished_at=now)
+    return rec.next_write(
+        state="timeout",
+        lease=None,
+        error=error,
+        finished_at=now,
+        history=_ended(rec, now, "timeout"),
+    )

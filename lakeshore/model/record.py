@@ -18,7 +18,7 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -30,7 +30,9 @@ __all__ = [
     "LIMITS",
     "LIVE",
     "MAX_COUNT",
+    "MAX_HISTORY",
     "MAX_INLINE_BYTES",
+    "OUTCOMES",
     "PAYLOAD_FN",
     "SCHEMA_VERSION",
     "STATES",
@@ -38,6 +40,7 @@ __all__ = [
     "Blob",
     "Lease",
     "Record",
+    "Turn",
     "check_fields",
     "check_key_arg",
     "check_text",
@@ -58,6 +61,9 @@ PAYLOAD_FN = "payload"
 # each write: the caps keep a record small whoever writes it. Submit refuses an oversize
 # field, a worker's error text is clipped, and a reader refuses a record that breaks one.
 MAX_INLINE_BYTES = 1 << 20  # an inline args or result blob; larger values are spilled
+MAX_HISTORY = 16  # attempts the record remembers (the newest), for people looking at it
+# how an attempt ended, in its history entry (None while it runs)
+OUTCOMES = ("succeeded", "failed", "retried", "released", "expired", "killed", "timeout")
 MAX_ERROR_TEXT = 64 * 1024  # each text of the error map (message, traceback, ...)
 MAX_ERROR_ENTRIES = 8  # entries of the error map
 LIMITS: dict[str, int] = {
@@ -223,6 +229,16 @@ class Lease:
     expires_at: float
 
 
+class Turn(NamedTuple):
+    """One attempt as the record's ``history`` remembers it (stored as a 5-item array)."""
+
+    attempt: int
+    worker: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: str | None = None  # one of OUTCOMES once it ended
+
+
 @dataclass(frozen=True)
 class Record:
     """One invocation. Frozen: transitions return a new record (see ``lifecycle``)."""
@@ -256,6 +272,7 @@ class Record:
     reruns: int = 0  # times q.retry queued it again: names its ticket (see keys.ticket)
     slot: int | None = None  # admission slot held while live (queues with max_depth)
     slot_etag: str | None = None
+    history: tuple[Turn, ...] = ()  # the newest MAX_HISTORY attempts: who ran them, when
     rev: int = 0
     wid: str = field(default_factory=lambda: write_id())
     v: int = SCHEMA_VERSION
@@ -291,6 +308,7 @@ class Record:
         obj = {name: getattr(self, name) for name in _FIELD_NAMES}
         obj["args"] = self.args.to_obj()
         obj["result"] = self.result.to_obj() if self.result else None
+        obj["history"] = [list(t) for t in self.history]
         lease = self.lease
         obj["lease"] = (
             {"worker": lease.worker, "token": lease.token, "expires_at": lease.expires_at}
@@ -481,6 +499,29 @@ def _error(v: Any) -> None:
     # a retry -- refusing them would fail those invocations as corrupt and hide failed ones' errors.
 
 
+def _history(v: Any) -> tuple[Turn, ...]:
+    if v == () or v == []:
+        return ()
+    if type(v) is not list or len(v) > MAX_HISTORY:
+        raise _Bad("history", f"must be a list of at most {MAX_HISTORY} attempts, got {_show(v)}")
+    turns = []
+    for item in v:
+        if type(item) is not list or len(item) != 5:
+            raise _Bad("history", "each attempt must be [attempt, worker, started, ended, outcome]")
+        attempt, worker, started, ended, outcome = item
+        if not (_is_int(attempt) and 1 <= attempt <= MAX_COUNT) or type(worker) is not str:
+            raise _Bad("history", "an attempt must have a number >= 1 and a str worker")
+        _capped(worker, "history.worker", "lease.worker")
+        if not _is_number(started) or not (ended is None or _is_number(ended)):
+            raise _Bad("history", "an attempt's start must be a number, its end one or None")
+        if not (outcome is None or (type(outcome) is str and outcome in OUTCOMES)):
+            raise _Bad("history", f"an attempt's outcome must be one of {OUTCOMES} or None")
+        turns.append(
+            Turn(attempt, worker, float(started), None if ended is None else float(ended), outcome)
+        )
+    return tuple(turns)
+
+
 def _journal(v: Any) -> None:
     if v is None:
         return
@@ -559,6 +600,7 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     full["args"] = _blob(full, "args")
     full["result"] = None if full["result"] is None else _blob(full, "result")
     full["lease"] = _lease(full["lease"])
+    full["history"] = _history(full["history"])
     return full
 
 

@@ -34,15 +34,18 @@ from ulid import ULID
 
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, NotFound, RecordError
-from lakeshore.keys import QueueKeys, check_name, workers_prefix
-from lakeshore.model.record import Record
+from lakeshore.keys import QueueKeys, check_name, past_folder, workers_prefix
+from lakeshore.model.record import LIVE, Record
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import ObjectInfo, Store
 
 __all__ = [
     "EXACT_UP_TO",
+    "Page",
     "QueueStatus",
+    "folder_names",
     "id_time",
+    "list_invocations",
     "live_ids",
     "live_tickets",
     "newest_ids",
@@ -88,6 +91,36 @@ def ids_between(store: Store, keys: QueueKeys, lo: str | None, hi: str) -> Itera
             last = inv
             if _is_id(inv):
                 yield inv
+
+
+def folder_names(store: Store, prefix: str, limit: int = 256) -> list[str]:
+    """The names of the folders right under ``prefix`` (the first ``limit`` of them, in
+    listing order), one LIST each: every listing starts past the folder found before, so
+    what the folders hold costs nothing (namespaces with long histories, too). Objects
+    directly under ``prefix`` are passed over.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    names: list[str] = []
+    after: str | None = None
+    while len(names) < limit:
+        listing = store.list(prefix, start_after=after)
+        try:
+            info = next(listing, None)
+        finally:
+            close = getattr(listing, "close", None)
+            if close is not None:
+                close()
+        if info is None:
+            return names
+        name, slash, _ = info.key[len(prefix) :].partition("/")
+        if slash and name not in names:
+            names.append(name)
+            after = past_folder(prefix, name)
+        else:  # an object right under the prefix, or a key past the skip (anyone's): step on
+            after = info.key
+    return names
 
 
 def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) -> Iterator[str]:
@@ -246,6 +279,72 @@ def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
         st.recent_n = len(recs)
         st.recent = Counter(r.state for r in recs)
     return st
+
+
+@dataclass
+class Page:
+    """One page of a queue's invocations, newest first; ``next_before`` is the cursor of the
+    next page (None: nothing older)."""
+
+    records: list[Record]
+    next_before: str | None
+
+
+def list_invocations(
+    ops: QueueOps,
+    now: float,
+    *,
+    state: str | None = None,
+    fn: str | None = None,
+    before: str | None = None,
+    limit: int = 20,
+    max_read: int = 1000,
+) -> Page:
+    """The newest ``limit`` invocations older than ``before``, in ``state`` and of function
+    ``fn`` when given. Live states read only the tickets (their cost does not grow with
+    history); otherwise folders are listed backwards in time (see :func:`newest_ids`).
+    At most ``max_read`` records are read: a filter that matches little returns a short
+    page whose cursor goes on from the last invocation read, so no page costs more.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    if state in LIVE:
+        tickets = {QueueKeys.id_of(i.key) for i in ops.store.list(ops.keys.tickets_prefix)}
+        candidates: Iterator[str] = iter(
+            sorted(
+                (i for i in tickets if _is_id(i) and (before is None or i < before)), reverse=True
+            )
+        )
+    else:
+        candidates = newest_ids(ops.store, ops.keys, before, now)
+    found: list[Record] = []
+    read, last, batch = 0, None, []
+    exhausted = True
+    for inv in candidates:
+        batch.append(inv)
+        if len(batch) < 64 and read + len(batch) < max_read:
+            continue
+        found += _matching(ops, batch, state, fn)
+        read, last, batch = read + len(batch), batch[-1], []
+        if len(found) >= limit or read >= max_read:
+            exhausted = False
+            break
+    if batch:
+        found += _matching(ops, batch, state, fn)
+        last = batch[-1]
+    found = sorted(found, key=lambda r: r.id, reverse=True)
+    if len(found) > limit:
+        return Page(found[:limit], found[limit - 1].id)
+    if exhausted:
+        return Page(found, None)
+    return Page(found, found[-1].id if len(found) == limit else last)
+
+
+def _matching(ops: QueueOps, ids: list[str], state: str | None, fn: str | None) -> list[Record]:
+    return [
+        r for r in records(ops, ids) if (not state or r.state == state) and (not fn or r.fn == fn)
+    ]
 
 
 def workers_seen(

@@ -46,10 +46,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     ("worker and declared functions", {"worker", "udf"}),
     ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
+    ("the dashboard", {"ui", "ui.board", "ui.server"}),
     (
         "the command line",
         {"__main__", "cli", "cli.common", "cli.admin", "cli.jobs", "cli.watch", "cli.work"}
-        | {"cli.progress", "cli.scale"},
+        | {"cli.progress", "cli.scale", "cli.ui"},
     ),
 ]
 LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}

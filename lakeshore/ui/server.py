@@ -1,0 +1,394 @@
+"""The dashboard's HTTP server: the standard library's, a static page and a JSON API.
+
+**Security.** The page is read-only unless the server was started with ``allow_actions``.
+Without a token the server answers only requests whose ``Host`` is the loopback address
+it is bound to (a web page elsewhere cannot reach it through a name that resolves to
+127.0.0.1); with a token (required for any other address) every request must carry it:
+the printed URL holds it once, the server turns it into an ``HttpOnly``, ``SameSite=Strict``
+cookie. Actions are POSTs with a CSRF token that only the page can read (``/api/session``
+answers same-origin JSON; no CORS), and a foreign ``Origin`` is refused. The page builds
+everything from the store as text nodes, and a content security policy allows only its own
+script: a value holding markup stays text. Credentials never reach the page: the store is
+named by its scheme, bucket and prefix only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from lakeshore import __version__
+from lakeshore.dispatch import Dispatch
+from lakeshore.errors import (
+    Conflict,
+    InvalidArgument,
+    LakeshoreError,
+    NotFound,
+    StoreError,
+)
+from lakeshore.keys import check_id, check_name
+from lakeshore.ui.board import BUSY, Board
+
+__all__ = ["UiServer", "public_url"]
+
+log = logging.getLogger("lakeshore.ui")
+
+_COOKIE = "lakeshore_ui"
+_STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+}
+_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+_MAX_BODY = 4096
+
+
+def public_url(url: str) -> str:
+    """The store URL as the page may show it: scheme, host and path, without a user, a
+    password or a query (where options and keys could be)."""
+    parts = urlsplit(url)
+    if not parts.scheme or len(parts.scheme) == 1:  # a bare path, or C:\\...
+        return url.split("?", 1)[0]
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class UiServer:
+    """Serve the dashboard of ``board`` on ``host:port`` (port 0: any free one).
+
+    Raises:
+        InvalidArgument: a non-loopback ``host`` without a token.
+        OSError: the address cannot be bound.
+    """
+
+    def __init__(
+        self,
+        board: Board,
+        url: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8321,
+        token: str | None = None,
+        allow_actions: bool = False,
+    ) -> None:
+        if not is_loopback(host) and not token:
+            raise InvalidArgument(
+                "ui",
+                f"binding to {host} without a token would show the store to anyone on the network",
+                "pass --token (or keep the default host 127.0.0.1)",
+            )
+        self.board = board
+        self.store_url = public_url(url)
+        self.token = token
+        self.allow_actions = allow_actions
+        self.csrf = secrets.token_urlsafe(32)
+        self._planes: dict[str, Dispatch] = {}
+        self._planes_lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"ui": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self.host = host
+        self.port = self.httpd.server_address[1]
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """Where to open the page (with the token, when there is one)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        base = f"http://{host}:{self.port}/"
+        return f"{base}?token={self.token}" if self.token else base
+
+    def start(self) -> None:
+        """Serve in a background thread (and start the board's poller)."""
+        self.board.start()
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="lakeshore-ui-http", daemon=True
+        )
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        self.board.start()
+        self.httpd.serve_forever()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.board.close()
+        with self._planes_lock:
+            planes, self._planes = list(self._planes.values()), {}
+        del planes  # the planes share the board's store, which its owner closes
+
+    def plane(self, ns: str) -> Dispatch:
+        with self._planes_lock:
+            found = self._planes.get(ns)
+            if found is None:
+                found = Dispatch(self.store_url, ns, store=self.board.store)
+                self._planes[ns] = found
+            return found
+
+    def act(self, action: str, ns: str, inv: str) -> dict[str, Any]:
+        """Cancel or retry an invocation.
+
+        Raises:
+            InvalidArgument: a bad action, name or id. NotFound: no such invocation.
+            Conflict: retry of a live invocation.
+        """
+        check_name(ns, "namespace")
+        inv = check_id(inv)
+        q = self.plane(ns)
+        if action == "cancel":
+            done = q.cancel(inv, "cancelled from the dashboard")
+            out = {"ok": done, "message": "cancelled" if done else "it had already finished"}
+        elif action == "retry":
+            attempt = q.retry(inv)
+            out = {"ok": True, "message": f"queued again as attempt {attempt}"}
+        else:
+            raise InvalidArgument("ui", f"no action {action[:40]!r}", "cancel or retry")
+        self.board.forget(ns, inv)
+        return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    ui: UiServer
+    server_version = "lakeshore-ui"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("ui: %s %s", self.address_string(), format % args)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _host_ok(self) -> bool:
+        if self.ui.token:
+            return True  # the token decides; the cookie is bound to the name anyway
+        host = self.headers.get("Host", "")
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        return is_loopback(name.strip("[]") if name else "")
+
+    def _token_ok(self, query: dict[str, list[str]]) -> bool | str:
+        token = self.ui.token
+        if not token:
+            return True
+        given = query.get("token", [""])[0]
+        if given and hmac.compare_digest(given.encode(), token.encode()):
+            return "set"
+        for part in self.headers.get("Cookie", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == _COOKIE and hmac.compare_digest(value.encode(), token.encode()):
+                return True
+        return False
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        ctype: str,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Security-Policy", _POLICY)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Cache-Control", "no-store")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, data: Any) -> None:
+        if isinstance(data, dict) and data.get("busy"):
+            status = HTTPStatus.TOO_MANY_REQUESTS
+        body = json.dumps(data, ensure_ascii=True, allow_nan=False, default=str).encode()
+        self._send(status, body, "application/json")
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": message})
+
+    def _guard(self) -> dict[str, list[str]] | None:
+        """The query, or None when the request was refused (and answered)."""
+        if not self._host_ok():
+            self._error(HTTPStatus.MISDIRECTED_REQUEST, "ui: unexpected Host — use 127.0.0.1")
+            return None
+        query = parse_qs(urlsplit(self.path).query, max_num_fields=16)
+        ok = self._token_ok(query)
+        if ok == "set":
+            cookie = f"{_COOKIE}={self.ui.token}; HttpOnly; SameSite=Strict; Path=/"
+            self._send(
+                HTTPStatus.SEE_OTHER, b"", "text/plain", {"Location": "/", "Set-Cookie": cookie}
+            )
+            return None
+        if not ok:
+            self._error(
+                HTTPStatus.UNAUTHORIZED,
+                "ui: this dashboard needs its token — open the URL `lakeshore ui` printed",
+            )
+            return None
+        return query
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        query = self._guard()
+        if query is None:
+            return
+        path = urlsplit(self.path).path
+        if path in _STATIC:
+            name, ctype = _STATIC[path]
+            body = resources.files("lakeshore.ui").joinpath("static", name).read_bytes()
+            self._send(HTTPStatus.OK, body, ctype)
+            return
+
+        def arg(name: str, default: str = "") -> str:
+            return query.get(name, [default])[0]
+
+        board = self.ui.board
+        try:
+            if path == "/api/session":
+                self._json(
+                    HTTPStatus.OK,
+                    {
+                        "csrf": self.ui.csrf,
+                        "actions": self.ui.allow_actions,
+                        "store": self.ui.store_url,
+                        "version": __version__,
+                        "interval_s": board.interval_s,
+                        "live_s": board.live_s,
+                    },
+                )
+            elif path == "/api/overview":
+                self._json(HTTPStatus.OK, board.overview())
+            elif path == "/api/queue":
+                data = board.queue_page(
+                    arg("ns", "default"),
+                    arg("queue", "default"),
+                    state=arg("state") or None,
+                    fn=arg("fn") or None,
+                    before=arg("before") or None,
+                    limit=_int(arg("limit", "25")),
+                )
+                self._json(HTTPStatus.OK, data)
+            elif path == "/api/invocation":
+                self._json(HTTPStatus.OK, board.invocation(arg("ns", "default"), arg("id")))
+            elif path == "/api/frames":
+                data = board.frames(arg("ns", "default"), arg("id"), _int(arg("after", "-1")))
+                self._json(HTTPStatus.OK, data)
+            elif path == "/api/download":
+                got = board.download(arg("ns", "default"), arg("id"), arg("what"))
+                if got is None:
+                    self._json(HTTPStatus.TOO_MANY_REQUESTS, BUSY)
+                    return
+                data_bytes, name = got
+                self._send(
+                    HTTPStatus.OK,
+                    data_bytes,
+                    "application/octet-stream",
+                    {"Content-Disposition": f'attachment; filename="{name}"'},
+                )
+            else:
+                self._error(HTTPStatus.NOT_FOUND, "ui: no such page")
+        except LakeshoreError as e:
+            self._error(_status(e), str(e))
+        except Exception:  # one bad request never stops the server
+            log.exception("ui: GET %s failed", path)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "ui: internal error — see the log")
+
+    def do_POST(self) -> None:
+        # read the body before anything can refuse the request: on a kept-alive connection,
+        # bytes left unread would be taken for the next request
+        try:
+            length = int(self.headers.get("Content-Length") or "0")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _MAX_BODY:
+            self.close_connection = True
+            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "ui: the request body is too large")
+            return
+        raw = self.rfile.read(length)
+        query = self._guard()
+        if query is None:
+            return
+        path = urlsplit(self.path).path
+        origin = self.headers.get("Origin")
+        host = self.headers.get("Host", "")
+        if origin is not None and urlsplit(origin).netloc != host:
+            self._error(HTTPStatus.FORBIDDEN, "ui: a request from another site — refused")
+            return
+        given = self.headers.get("X-CSRF-Token", "")
+        if not given or not hmac.compare_digest(given.encode(), self.ui.csrf.encode()):
+            self._error(HTTPStatus.FORBIDDEN, "ui: missing or wrong CSRF token — reload the page")
+            return
+        if not self.ui.allow_actions:
+            self._error(
+                HTTPStatus.FORBIDDEN,
+                "ui: actions are off — restart `lakeshore ui` with --allow-actions to allow them",
+            )
+            return
+        if path not in ("/api/cancel", "/api/retry"):
+            self._error(HTTPStatus.NOT_FOUND, "ui: no such action")
+            return
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise InvalidArgument("ui", "the request body is no JSON object", "send {ns, id}")
+            action = path.rsplit("/", 1)[1]
+            self._json(HTTPStatus.OK, self.ui.act(action, str(body.get("ns")), str(body.get("id"))))
+        except (ValueError, UnicodeDecodeError) as e:
+            if isinstance(e, LakeshoreError):
+                self._error(_status(e), str(e))
+            else:
+                self._error(HTTPStatus.BAD_REQUEST, "ui: the request body is no JSON")
+        except LakeshoreError as e:
+            self._error(_status(e), str(e))
+        except Exception:
+            log.exception("ui: POST %s failed", path)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "ui: internal error — see the log")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgument("ui", f"{text[:20]!r} is not a number", "") from None
+
+
+def _status(e: LakeshoreError) -> int:
+    if isinstance(e, NotFound):
+        return HTTPStatus.NOT_FOUND
+    if isinstance(e, InvalidArgument):
+        return HTTPStatus.BAD_REQUEST
+    if isinstance(e, Conflict):
+        return HTTPStatus.CONFLICT
+    if isinstance(e, StoreError):
+        return HTTPStatus.BAD_GATEWAY
+    return HTTPStatus.INTERNAL_SERVER_ERROR
