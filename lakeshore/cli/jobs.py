@@ -131,17 +131,17 @@ def _cmd_show(args: argparse.Namespace) -> int:
             else f"{rec.journal.get('frames')} frames of attempt {rec.journal.get('attempt')}",
         ),
     ]
-    if rec.error:
-        rows.append(("error", f"{rec.error.get('type')}: {rec.error.get('message')}"))
     for name, value in rows:
-        print(f"{name:<10} {inert(value)}")  # fn, key, worker, error: written by others
-    if rec.history:
+        print(f"{name:<10} {inert(value)}")  # fn, key, worker: written by others
+    if rec.history:  # the attempts, each on a line of its own, indented
         print("attempts")
         for t in rec.history:
             took = f"{t.ended_at - t.started_at:.2f}s" if t.ended_at is not None else "running"
-            print(
-                f"    {t.attempt:<4} {inert(t.worker)}  {wall(t.started_at)}  {took}  {t.outcome or ''}"
-            )
+            ended = t.outcome or ""
+            print(f"    {t.attempt:<4} {inert(t.worker)}  {wall(t.started_at)}  {took}  {ended}")
+    if rec.error:  # then the error, which the traceback follows
+        error = f"{rec.error.get('type')}: {rec.error.get('message')}"
+        print(f"{'error':<10} {inert(error)}")
     trace = rec.error.get("traceback", "") if rec.error else ""
     if trace.strip():  # the last field: its lines follow, indented
         print("traceback")

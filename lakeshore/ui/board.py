@@ -3,7 +3,8 @@
 However many tabs are open, the store sees one reader:
 
 * **The overview** is refreshed by the board's own thread every ``interval_s`` and served
-  from memory. A round lists each queue's tickets (one LIST per 1000 live invocations) and
+  from memory; when no page asked for it in ``IDLE_AFTER_S``, the thread sleeps until one
+  does. A round lists each queue's tickets (one LIST per 1000 live invocations) and
   the workers' signs of life, and reads the records of the first ``RECORD_READS`` tickets
   in claim order (those the next claims take) for the state; a record found running is
   remembered until its ticket changes (leaving ``running`` rewrites or deletes it) or a
@@ -65,7 +66,7 @@ from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import MARKER_MAX, MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import ObjectInfo, Store
 
-__all__ = ["BUSY", "MAX_SHOWN", "RECORD_READS", "Board"]
+__all__ = ["BUSY", "IDLE_AFTER_S", "MAX_SHOWN", "RECORD_READS", "Board"]
 
 log = logging.getLogger("lakeshore.ui")
 
@@ -75,6 +76,7 @@ MAX_FRAMES = 1000  # frames an invocation's page keeps (the newest)
 MAX_LOG_CHARS = 256 * 1024  # characters of log output an invocation's page keeps (the tail)
 MAX_DOWNLOAD = 256 * 1024 * 1024  # bytes of a spilled value the download link serves
 SERIES_POINTS = 180  # points of the throughput/depth chart (15 minutes at 5 s)
+IDLE_AFTER_S = 60.0  # the poller sleeps when no page asked for the overview this long
 _RUNNING_TRUSTED_S = 60.0  # a remembered "running" verdict is read again after this
 _LIVE_LIMIT = 100_000  # tickets a round lists per queue at most
 _WORKERS_WITHIN_S = 300.0
@@ -159,9 +161,13 @@ class Board:
         self._overview: dict[str, Any] = {"namespaces": [], "at": None, "error": None}
         self._views: dict[tuple[Any, ...], _View] = {}
         self._following: dict[tuple[str, str], _Following] = {}
+        self._where: dict[tuple[str, str], str] = {}  # (ns, id) -> queue: ids never move
         self._reads: deque[float] = deque()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._asked_at: float | None = None  # when a page last asked for the overview
+        self._round_at: float | None = None
         self.rounds = 0
 
     # -- the poller ------------------------------------------------------------------------
@@ -174,13 +180,26 @@ class Board:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        """A round every ``interval_s`` while a page watches; none once no page asked for
+        ``IDLE_AFTER_S`` (nobody looking costs nothing), until one asks again."""
         while not self._stop.is_set():
-            self.poll()
-            self._stop.wait(self.interval_s)
+            asked = self._asked_at
+            if self.rounds == 0 or (asked is not None and self.monotonic() - asked < IDLE_AFTER_S):
+                self.poll()
+                self._wake.wait(self.interval_s)
+            else:
+                self._wake.wait()
+            self._wake.clear()
+
+    def watched(self) -> bool:
+        """Whether the poller has a round to do: the first, or a page asked lately."""
+        asked = self._asked_at
+        return self.rounds == 0 or (asked is not None and self.monotonic() - asked < IDLE_AFTER_S)
 
     def poll(self) -> None:
         """One round of the overview (the poller calls it; tests call it directly)."""
@@ -204,7 +223,12 @@ class Board:
             self.rounds += 1
 
     def overview(self) -> dict[str, Any]:
-        """The last round's overview (nothing is read)."""
+        """The last round's overview (nothing is read here: a sleeping poller is woken)."""
+        now = self.monotonic()
+        idle = self._asked_at is None or now - self._asked_at >= IDLE_AFTER_S
+        self._asked_at = now
+        if idle:
+            self._wake.set()
         with self._lock:
             return {
                 **self._overview,
@@ -442,6 +466,11 @@ class Board:
 
     def _locate(self, ns: str, inv: str) -> tuple[QueueOps, Record]:
         """Find an invocation's queue: the id index, then every queue of the namespace."""
+        found = self._where.get((ns, inv))
+        if found is not None:
+            ops = self._watch(ns, found).ops
+            with contextlib.suppress(NotFound):  # gc'd since: look again
+                return ops, self._read(ops, inv)
         queues = ["default"]
         try:
             raw = self.store.get(id_index(ns, inv), max_bytes=MAX_SMALL_BYTES)[0]
@@ -456,18 +485,32 @@ class Board:
         for queue in dict.fromkeys(queues):
             ops = self._watch(ns, queue).ops
             try:
-                return ops, ops.read(inv)[0]
+                rec = self._read(ops, inv)
             except NotFound:
                 continue
-            except NewerRecord:
-                raise
-            except RecordError as e:  # shown as the failed stub a claimer would write
-                return ops, corrupt_stub(ops.keys, inv, e, None, submitted_at=id_time(inv))
+            if len(self._where) > 10_000:
+                self._where.clear()
+            self._where[(ns, inv)] = queue
+            return ops, rec
         raise NotFound(
             f"ui {inv}",
             f"no invocation with this id in namespace {ns!r}",
             "check the id and the namespace",
         )
+
+    @staticmethod
+    def _read(ops: QueueOps, inv: str) -> Record:
+        """The record; a corrupt one as the failed stub a claimer would write instead.
+
+        Raises:
+            NotFound: not in this queue. NewerRecord: written by a newer lakeshore.
+        """
+        try:
+            return ops.read(inv)[0]
+        except NewerRecord:
+            raise
+        except RecordError as e:
+            return corrupt_stub(ops.keys, inv, e, None, submitted_at=id_time(inv))
 
     def _read_invocation(self, ns: str, inv: str) -> dict[str, Any]:
         ops, rec = self._locate(ns, inv)

@@ -123,6 +123,8 @@ def test_show_of_a_failed_invocation_ends_with_its_traceback(
     lines = out.splitlines()
     at = lines.index("traceback")
     assert lines[at - 1] == "error      ValueError: boom"  # after the fields
+    tried = lines[lines.index("attempts") + 1 : at - 1]  # each attempt, with how it ended
+    assert [ln.split()[0] for ln in tried] == ["1"] and tried[0].endswith("  failed")
     trace = lines[at + 1 :]
     assert (
         trace[0] == "    Traceback (most recent call last):" and trace[-1] == "    ValueError: boom"

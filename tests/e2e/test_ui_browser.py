@@ -64,13 +64,18 @@ class Dash:
         assert path.stat().st_size > 10_000, "the screenshot is blank"
         return path
 
-    def close(self) -> None:
+    def stop_workers(self) -> None:
         for stop, _ in self.stops:
             stop.set()
         for gate in GATES.values():
             gate.set()
         for _, t in self.stops:
             t.join(timeout=30)
+            assert not t.is_alive(), "a worker did not stop"
+        self.stops.clear()
+
+    def close(self) -> None:
+        self.stop_workers()
         self.context.close()
         self.server.close()
         self.q.store.close()
@@ -78,6 +83,9 @@ class Dash:
 
 @pytest.fixture
 def dash(chromium: Any, tmp_path: Path) -> Iterator[Callable[..., Dash]]:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
     made: list[Dash] = []
     shots = Path(os.environ.get("LAKESHORE_UI_SHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
@@ -106,7 +114,6 @@ def test_overview_counts_follow_submits_and_a_draining_worker(dash: Callable[...
     expect(d.page.locator("tr[data-queue=default] td.queued")).to_have_text("0")
     ids = [add.submit(i) for i in range(5)]
     expect(d.page.locator("tr[data-queue=default] td.queued")).to_have_text("5")
-    d.shot("overview")
     d.worker(["default"])
     expect(d.page.locator("tr[data-queue=default] td.queued")).to_have_text("0")
     expect(d.page.locator("tr[data-queue=default] td.running")).to_have_text("0")
@@ -114,6 +121,10 @@ def test_overview_counts_follow_submits_and_a_draining_worker(dash: Callable[...
     expect(d.page.locator("h3", has_text="workers alive: 1")).to_be_visible()
     # the chart drew the finished invocations as bars
     expect(d.page.locator("tr[data-queue=default] svg.chart rect.done").first).to_be_attached()
+    d.stop_workers()
+    add.submit(9)  # one waiting, for the picture
+    expect(d.page.locator("tr[data-queue=default] td.queued")).to_have_text("1")
+    d.shot("overview")
 
 
 def test_a_failed_invocation_shows_its_traceback(dash: Callable[..., Dash]) -> None:

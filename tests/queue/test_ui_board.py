@@ -20,6 +20,7 @@ from lakeshore.ui import Board
 from tests import jobs
 from tests.conftest import make_plane, record_key
 from tests.forwarding import Forwarding
+from tests.waiting import poll
 
 
 class Counting(Forwarding):
@@ -130,13 +131,15 @@ def test_many_tabs_cost_what_one_does() -> None:
     tab()
     one = store.requests()
     store.calls.clear()
-    board._views.clear()  # noqa: SLF001 - start the many from the same cold cache
+    board = Board(store, interval_s=60, live_s=60)  # the many start as cold as the one did
+    board.poll()
+    store.calls.clear()
     tabs = [threading.Thread(target=tab) for _ in range(8)]
     for t in tabs:
         t.start()
     for t in tabs:
         t.join()
-    assert 0 < store.requests() == one  # 8 tabs x 20 refreshes: one read of each view
+    assert 0 < store.requests() == one, store.calls  # 8 tabs x 20 refreshes: one read each
 
 
 def test_the_read_budget_serves_stale_copies_then_refuses() -> None:
@@ -183,7 +186,7 @@ def test_folder_names_on_seaweedfs(seaweed_s3: Store) -> None:
 def test_hostile_objects_do_not_stop_the_board() -> None:
     q = make_plane(MemoryStore())
     f = q.udf(jobs.add_one)
-    good = f.submit(1)
+    f.submit(1)
     bad = f.submit(2)
     ops = q.ops("default")
     held = Claimer(ops, "w1").claim(q.store.now())  # takes `good` or `bad`: both get records
@@ -214,7 +217,7 @@ def test_a_record_pointing_outside_its_invocation_is_not_followed() -> None:
     inv = q.udf(jobs.echo).submit("x" * 100)  # spilled: <id>/args
     store.put("lakeshore/other/secret", b"the other tenant's data")
     ops = q.ops("default")
-    rec, etag = ops.read(inv)
+    rec, _ = ops.read(inv)
     forged = rec.next_write(args=Blob(ref="lakeshore/other/secret", size=23, sha256="0" * 64))
     store.put(record_key(ops, inv), forged.to_bytes())
     board = Board(store)
@@ -253,3 +256,43 @@ def test_list_invocations_filters_by_function_and_stops_reading() -> None:
     assert short.next_before is not None  # and the cursor to go on from
     rest = list_invocations(ops, now, fn="tests.jobs:echo", before=short.next_before)
     assert [r.id for r in rest.records] == wanted[:1]
+
+
+def test_the_documented_cost_of_an_idle_store() -> None:
+    """docs/ui.md, 'What it costs', first row: 1 namespace, 3 idle queues, no worker."""
+    store = Counting(MemoryStore())
+    q = make_plane(store)
+    for name in ("a", "b", "c"):
+        q.configure(name, max_attempts=2)
+    board = Board(store)
+    store.calls.clear()
+    board.poll()  # the names (and settings), then a round
+    first = Counter(store.calls)
+    store.calls.clear()
+    board.poll()
+    assert store.calls == Counter(LIST=4)  # _workers/, and each queue's _tickets/
+    names = first - store.calls
+    # the root: 1 namespace + the end; the namespace: 3 queues + the end; 3 queue records
+    assert names == Counter(LIST=2 + 4, GET=3)
+    assert 12 * 4 + sum(names.values()) == 57  # a minute of it, as the table says
+
+
+def test_the_poller_sleeps_while_no_page_asks() -> None:
+    from lakeshore.ui.board import IDLE_AFTER_S
+
+    clock = [0.0]
+    board = Board(MemoryStore(), monotonic=lambda: clock[0])
+    assert board.watched()  # the first round, to have something to show
+    board.poll()
+    assert not board.watched()  # nobody asked
+    board.overview()
+    clock[0] += IDLE_AFTER_S - 1
+    assert board.watched()
+    clock[0] += 2
+    assert not board.watched()  # a minute without a page: asleep
+    board.start()
+    try:
+        board.overview()  # a page asks again: it wakes at once
+        poll(lambda: board.overview()["rounds"] >= 2, 30, "a round after the wake-up")
+    finally:
+        board.close()

@@ -133,7 +133,8 @@ async function showOverview() {
       el("thead", {}, el("tr", {}, ["queue", "queued", "running", "oldest queued", "live and finished", "admission", "provider"].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows)));
     const workers = space.workers || [];
-    page.append(el("h3", {}, `workers alive: ${workers.length}`));
+    const alive = workers.filter((w) => w.status !== "stopped").length;
+    page.append(el("h3", {}, `workers alive: ${alive}`, el("span", { class: "muted small" }, ` (${workers.length} seen in the last 5 minutes)`)));
     if (workers.length) {
       page.append(el("table", { class: "workers" },
         el("thead", {}, el("tr", {}, ["worker", "host", "status", "running", "done", "queues", "seen"].map((h) => el("th", {}, h)))),
