@@ -72,6 +72,7 @@ log = logging.getLogger("lakeshore.ui")
 
 RECORD_READS = 32  # records a round reads per queue (the first tickets: the next claimed)
 MAX_SHOWN = 4096  # characters of a value's repr on a page
+MAX_VIEWS = 256  # pages kept in memory (the least recently read go first)
 MAX_FRAMES = 1000  # frames an invocation's page keeps (the newest)
 MAX_LOG_CHARS = 256 * 1024  # characters of log output an invocation's page keeps (the tail)
 MAX_DOWNLOAD = 256 * 1024 * 1024  # bytes of a spilled value the download link serves
@@ -153,7 +154,8 @@ class Board:
         self.max_reads_per_min = max_reads_per_min
         self.monotonic = monotonic
         self._lock = threading.RLock()  # the board's state
-        self._reading = threading.Lock()  # one on-demand read at a time, for every tab
+        self._reading = threading.Lock()  # the views, their locks, the budget, the followed
+        self._view_locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._queues: dict[tuple[str, str], _QueueWatch] = {}
         self._signs: dict[str, tuple[str, dict[str, Any] | None]] = {}  # key -> (etag, data)
         self._names: list[tuple[str, list[str]]] = []
@@ -390,20 +392,29 @@ class Board:
     def _cached(
         self, key: tuple[Any, ...], max_age: float, read: Callable[[], dict[str, Any]]
     ) -> dict[str, Any]:
-        """A view no older than ``max_age``, read at most once for all askers."""
+        """A view no older than ``max_age``, read at most once for all askers: tabs asking
+        for one view wait for one read; other views are read meanwhile (a slow request
+        holds up only the view that made it)."""
         with self._reading:
             view = self._views.get(key)
             if view is not None and self.monotonic() - view.at < max_age:
                 return view.data
-            if not self._spend():
-                return {**view.data, "stale": True} if view is not None else dict(BUSY)
-            if len(self._views) > 256:  # views nobody asked for lately
-                oldest = sorted(self._views.items(), key=lambda kv: kv[1].at)[:128]
-                for k, _ in oldest:
-                    self._views.pop(k, None)
-            # read under the lock: two tabs asking at once wait for one read, not two
+            lock = self._view_locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._reading:
+                view = self._views.get(key)
+                if view is not None and self.monotonic() - view.at < max_age:
+                    return view.data  # read by the tab this one waited for
+                if not self._spend():
+                    return {**view.data, "stale": True} if view is not None else dict(BUSY)
             data = read()
-            self._views[key] = _View(data, self.monotonic())
+            with self._reading:
+                self._views[key] = _View(data, self.monotonic())
+                if len(self._views) > MAX_VIEWS:  # forget the views nobody asked for lately
+                    oldest = sorted(self._views.items(), key=lambda kv: kv[1].at)
+                    for k, _ in oldest[: MAX_VIEWS // 2]:
+                        self._views.pop(k, None)
+                        self._view_locks.pop(k, None)
             return data
 
     def queue_page(
@@ -468,7 +479,7 @@ class Board:
         """Find an invocation's queue: the id index, then every queue of the namespace."""
         found = self._where.get((ns, inv))
         if found is not None:
-            ops = self._watch(ns, found).ops
+            ops = QueueOps(self.store, QueueKeys(ns, found))
             with contextlib.suppress(NotFound):  # gc'd since: look again
                 return ops, self._read(ops, inv)
         queues = ["default"]
@@ -483,7 +494,7 @@ class Board:
             if ns_name == ns:
                 queues += known
         for queue in dict.fromkeys(queues):
-            ops = self._watch(ns, queue).ops
+            ops = QueueOps(self.store, QueueKeys(ns, queue))
             try:
                 rec = self._read(ops, inv)
             except NotFound:
@@ -572,7 +583,7 @@ class Board:
         with self._reading:
             if not self._spend():
                 return None
-            ops, rec = self._locate(ns, inv)
+        ops, rec = self._locate(ns, inv)
         blob = rec.args if what == "args" else rec.result
         if blob is None:
             raise NotFound(f"ui {inv}", f"the invocation has no {what}", "it has not finished")
@@ -592,12 +603,13 @@ class Board:
         from lakeshore.streams.journal import VALUE, read_segments
 
         key = (ops.keys.ns, rec.id)
-        f = self._following.get(key)
-        if f is None or f.attempt != rec.attempt:
-            f = _Following(attempt=rec.attempt)
-            if len(self._following) > 64:
-                self._following.pop(next(iter(self._following)))
-            self._following[key] = f
+        with self._reading:
+            f = self._following.get(key)
+            if f is None or f.attempt != rec.attempt:
+                f = _Following(attempt=rec.attempt)
+                if len(self._following) > 64:
+                    self._following.pop(next(iter(self._following)))
+                self._following[key] = f
         if rec.attempt > 0:
             try:
                 for seg_key, _, first, frames in read_segments(
@@ -642,6 +654,8 @@ class Board:
             return data
         with self._reading:
             f = self._following.get((ns, check_id(inv)))
+            lock = self._view_locks.get(("inv", ns, check_id(inv)))
+        with lock or threading.Lock():  # not while the view's read appends to it
             frames = [x for x in (f.frames if f else []) if x["seq"] > after]
         return {
             "attempt": data["stream"]["attempt"],

@@ -34,7 +34,7 @@ class Dash:
 
     def __init__(self, browser: Any, shots: Path, allow_actions: bool) -> None:
         self.q = dls.Dispatch(":memory:", retry_backoff_s=0.01)
-        self.board = Board(self.q.store, interval_s=0.5, live_s=0.25)
+        self.board = Board(self.q.store, interval_s=0.5, live_s=0.25, discover_s=1.0)
         self.server = UiServer(self.board, self.q.url, port=0, allow_actions=allow_actions)
         self.server.start()
         self.context = browser.new_context(viewport={"width": 1280, "height": 820})
@@ -110,7 +110,11 @@ def test_overview_counts_follow_submits_and_a_draining_worker(dash: Callable[...
 
     d = dash()
     add = d.q.udf(_add, queue="default")
+    d.q.configure("default", max_depth=100, provider={"kind": "local", "max_workers": 2})
     d.page.goto(d.base)
+    row = d.page.locator("tr[data-queue=default]")
+    expect(row).to_contain_text("max_depth=100, on_full=reject")  # the queue record's settings
+    expect(row).to_contain_text("kind=local, max_workers=2")  # and its provider
     expect(d.page.locator("tr[data-queue=default] td.queued")).to_have_text("0")
     ids = [add.submit(i) for i in range(5)]
     expect(d.page.locator("tr[data-queue=default] td.queued")).to_have_text("5")

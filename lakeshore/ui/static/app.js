@@ -62,7 +62,13 @@ function notice(text, kind) {
 }
 
 let shown = "";  // what the page shows now: a page whose data did not change is not redrawn
-function replace(node, signature) {
+// `route`: the page the data was read for; an answer that comes back after the reader moved
+// to another page is dropped
+function current(route) {
+  return route === (location.hash || "#/");
+}
+function replace(node, signature, route) {
+  if (!current(route)) return;
   if (signature !== undefined && signature === shown) return;
   shown = signature === undefined ? "" : signature;
   document.getElementById("main").replaceChildren(node);
@@ -97,10 +103,13 @@ function chart(series) {
 }
 
 function admission(cfg) {
+  // the queue record's settings that are set (the provider has a column of its own)
   if (!cfg) return "-";
   const parts = [];
-  for (const k of ["max_depth", "rate_limit", "rate_per_s", "max_attempts", "deadline_cutoff_s"]) {
-    if (cfg[k] !== null && cfg[k] !== undefined) parts.push(`${k}=${cfg[k]}`);
+  for (const [k, v] of Object.entries(cfg)) {
+    if (k === "provider" || v === null || v === undefined) continue;
+    if (k === "on_full" && cfg.max_depth === null) continue;  // means nothing without a depth
+    parts.push(`${k}=${v}`);
   }
   return parts.join(", ") || "none";
 }
@@ -111,7 +120,7 @@ function provider(cfg) {
   return Object.entries(p).map(([k, v]) => `${k}=${v}`).join(", ");
 }
 
-async function showOverview() {
+async function showOverview(route) {
   const data = await api("overview");
   const sig = JSON.stringify(["overview", data.rounds, data.at]);
   if (sig === shown) return;
@@ -130,7 +139,7 @@ async function showOverview() {
         el("td", { class: "small" }, row.config_error ? `unreadable: ${row.config_error}` : admission(row.config)),
         el("td", { class: "small" }, provider(row.config))));
     page.append(el("table", { class: "queues" },
-      el("thead", {}, el("tr", {}, ["queue", "queued", "running", "oldest queued", "live and finished", "admission", "provider"].map((h) => el("th", {}, h)))),
+      el("thead", {}, el("tr", {}, ["queue", "queued", "running", "oldest queued", "live and finished", "settings", "provider"].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows)));
     const workers = space.workers || [];
     const alive = workers.filter((w) => w.status !== "stopped").length;
@@ -144,13 +153,13 @@ async function showOverview() {
           el("td", {}, (w.queues || []).join(", ")), el("td", {}, `${ago(w.age_s)} ago`))))));
     }
   }
-  replace(page, sig);
+  replace(page, sig, route);
   footer(`overview refreshed by the server every ${data.interval_s} s (round ${data.rounds}, store time ${when(data.at)})`);
 }
 
 // -- a queue -----------------------------------------------------------------------------
 
-async function showQueue(ns, queue, params) {
+async function showQueue(ns, queue, params, route) {
   const data = await api("queue", { ns, queue, state: params.get("state"), fn: params.get("fn"), before: params.get("before") });
   const base = `#/q/${encodeURIComponent(ns)}/${encodeURIComponent(queue)}`;
   const stateSel = el("select", { name: "state" },
@@ -176,6 +185,7 @@ async function showQueue(ns, queue, params) {
       el("thead", {}, el("tr", {}, ["id", "state", "attempt", "submitted", "function"].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 5, class: "muted" }, "nothing here")))),
     nav);
+  if (!current(route)) return;
   const page = document.getElementById("queue");
   if (page && page.dataset.route === location.hash) {
     document.getElementById("listing").replaceWith(listing);  // the filters keep what is typed
@@ -184,7 +194,7 @@ async function showQueue(ns, queue, params) {
       el("h2", {}, "queue ", el("code", {}, queue), el("span", { class: "muted" }, ` in ${ns}`)),
       form, listing);
     fresh.dataset.route = location.hash;
-    replace(fresh);
+    replace(fresh, undefined, route);
   }
   footer(`newest first · refreshed every ${session.interval_s} s${data.stale ? " · stale: the read budget is spent" : ""}`);
 }
@@ -216,7 +226,7 @@ async function act(action, ns, id) {
   tick();
 }
 
-async function showInvocation(ns, id, params) {
+async function showInvocation(ns, id, params, route) {
   const key = `${ns}/${id}`;
   if (stream.key !== key) {
     stream.key = key;
@@ -226,6 +236,7 @@ async function showInvocation(ns, id, params) {
   }
   const data = await api("invocation", { ns, id });
   const frames = await api("frames", { ns, id, after: stream.after });
+  if (!current(route) || stream.key !== key) return;  // the reader moved on meanwhile
   if (frames.attempt !== stream.attempt) {
     if (stream.attempt !== -1) { stream.frames = []; stream.after = -1; }
     stream.attempt = frames.attempt;
@@ -233,6 +244,7 @@ async function showInvocation(ns, id, params) {
   for (const f of frames.frames) {
     if (f.seq > stream.after) { stream.frames.push(f); stream.after = f.seq; }
   }
+  if (stream.frames.length > 1000) stream.frames.splice(0, stream.frames.length - 1000);
   const sig = JSON.stringify([key, data.record, data.error, data.logs, data.history, stream.after, stream.attempt, data.stale]);
   if (sig === shown) return;
   const r = data.record;
@@ -269,7 +281,7 @@ async function showInvocation(ns, id, params) {
     el("h3", {}, "logs"),
     el("pre", { class: "logs" }, (data.logs || []).map((l) => `--- attempt ${l.attempt} ---\n${l.text}`).join("\n") || "(no output)"),
     el("h3", {}, "record"),
-    el("table", { class: "record" }, el("tbody", {}, fields))), sig);
+    el("table", { class: "record" }, el("tbody", {}, fields))), sig, route);
   footer(`live: refreshed every ${session.live_s} s · store time ${when(data.at)}${data.stale ? " · stale: the read budget is spent" : ""}`);
 }
 
@@ -285,9 +297,9 @@ async function tick() {
   const params = new URLSearchParams(query || "");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   try {
-    if (parts[0] === "q" && parts.length === 3) await showQueue(parts[1], parts[2], params);
-    else if (parts[0] === "i" && parts.length === 3) await showInvocation(parts[1], parts[2], params);
-    else await showOverview();
+    if (parts[0] === "q" && parts.length === 3) await showQueue(parts[1], parts[2], params, hash);
+    else if (parts[0] === "i" && parts.length === 3) await showInvocation(parts[1], parts[2], params, hash);
+    else await showOverview(hash);
     if (document.getElementById("notice").className === "error-load") notice("");
   } catch (e) {
     notice(`could not refresh: ${e.message}`, "error-load");
