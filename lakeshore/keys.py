@@ -47,6 +47,7 @@ __all__ = [
     "check_id",
     "check_name",
     "id_index",
+    "is_name",
     "namespace_prefix",
     "namespaces_prefix",
     "new_id",
@@ -82,6 +83,11 @@ def check_name(name: str, what: str) -> str:
             name=name,
         )
     return name
+
+
+def is_name(name: object) -> bool:
+    """Whether ``name`` is a valid namespace, queue or topic name (anyone's text may not be)."""
+    return type(name) is str and _NAME.match(name) is not None
 
 
 def check_id(inv: str) -> str:

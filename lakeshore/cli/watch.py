@@ -11,7 +11,7 @@ from lakeshore.errors import InvalidArgument, LakeshoreError
 from lakeshore.keys import check_id
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.record import STATES
-from lakeshore.protocol.census import list_invocations, queue_status, workers_seen
+from lakeshore.protocol.census import list_invocations, queue_status, summary, workers_seen
 from lakeshore.text import inert
 
 __all__ = ["register"]
@@ -90,24 +90,13 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     )
     found, more = page.records, page.next_before
     if args.json:
-        print_json({"invocations": [_row(r) for r in found], "next_before": more})
+        print_json({"invocations": [summary(r) for r in found], "next_before": more})
         return 0
     rows = [[r.id, r.state, str(r.attempt), ago(r.submitted_at, now), r.fn] for r in found]
     print(table(rows, ["ID", "STATE", "ATTEMPT", "SUBMITTED", "FUNCTION"]))
     if more:
         print(f"\nmore: lakeshore ls {args.queue} --before {more}")
     return 0
-
-
-def _row(r: Any) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "state": r.state,
-        "attempt": r.attempt,
-        "fn": r.fn,
-        "submitted_at": r.submitted_at,
-        "finished_at": r.finished_at,
-    }
 
 
 def register(sub: Any) -> None:

@@ -34,7 +34,7 @@ from ulid import ULID
 
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, NotFound, RecordError
-from lakeshore.keys import QueueKeys, check_name, past_folder, workers_prefix
+from lakeshore.keys import QueueKeys, is_name, past_folder, workers_prefix
 from lakeshore.model.record import LIVE, Record
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import ObjectInfo, Store
@@ -52,6 +52,7 @@ __all__ = [
     "queue_status",
     "read_sign_of_life",
     "records",
+    "summary",
     "workers_seen",
 ]
 
@@ -387,20 +388,22 @@ def read_sign_of_life(data: bytes, where: str = "sign of life") -> dict[str, Any
             out[name] = obj[name]
     queues = obj.get("queues")
     if type(queues) is list:
-        out["queues"] = [name for name in queues if _queue_name(name)]
+        out["queues"] = [name for name in queues if is_name(name)]
     by_queue = obj.get("running_by_queue")
     if type(by_queue) is dict:
         out["running_by_queue"] = {
-            name: n
-            for name, n in by_queue.items()
-            if _queue_name(name) and type(n) is int and n >= 0
+            name: n for name, n in by_queue.items() if is_name(name) and type(n) is int and n >= 0
         }
     return out
 
 
-def _queue_name(name: Any) -> bool:
-    try:
-        check_name(name, "queue")
-    except InvalidArgument:
-        return False
-    return True
+def summary(r: Record) -> dict[str, Any]:
+    """One line of a listing (``lakeshore ls --json``, the dashboard's queue page)."""
+    return {
+        "id": r.id,
+        "state": r.state,
+        "attempt": r.attempt,
+        "fn": r.fn,
+        "submitted_at": r.submitted_at,
+        "finished_at": r.finished_at,
+    }

@@ -50,6 +50,7 @@ from lakeshore.keys import (
     check_id,
     check_name,
     id_index,
+    is_name,
     namespace_prefix,
     namespaces_prefix,
     workers_prefix,
@@ -61,6 +62,7 @@ from lakeshore.protocol.census import (
     list_invocations,
     live_tickets,
     read_sign_of_life,
+    summary,
 )
 from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import MARKER_MAX, MAX_SMALL_BYTES, QueueOps, corrupt_stub
@@ -242,12 +244,12 @@ class Board:
         if self.fixed is not None:
             spaces = list(self.fixed)
         else:
-            spaces = [n for n in folder_names(self.store, namespaces_prefix()) if _name_ok(n)]
+            spaces = [n for n in folder_names(self.store, namespaces_prefix()) if is_name(n)]
             spaces = spaces or ["default"]
         names = []
         for ns in spaces:
             found = folder_names(self.store, namespace_prefix(ns))
-            queues = sorted({q for q in found if not q.startswith("_") and _name_ok(q)})
+            queues = sorted({q for q in found if not q.startswith("_") and is_name(q)})
             names.append((ns, queues or ["default"]))
             for q in queues:
                 self._read_config(self._watch(ns, q))
@@ -452,7 +454,7 @@ class Board:
                 "ns": ns,
                 "queue": queue,
                 "at": now,
-                "invocations": [_row(r) for r in page.records],
+                "invocations": [summary(r) for r in page.records],
                 "next_before": page.next_before,
             }
 
@@ -486,7 +488,7 @@ class Board:
         try:
             raw = self.store.get(id_index(ns, inv), max_bytes=MAX_SMALL_BYTES)[0]
             named = raw.decode("utf-8", "replace")
-            if _name_ok(named):
+            if is_name(named):
                 queues.insert(0, named)
         except NotFound:
             pass
@@ -664,14 +666,6 @@ class Board:
         }
 
 
-def _name_ok(name: str) -> bool:
-    try:
-        check_name(name, "name")
-    except InvalidArgument:
-        return False
-    return True
-
-
 def _size(blob: Blob) -> int:
     return blob.size if blob.ref is not None else len(blob.inline or b"")
 
@@ -686,17 +680,6 @@ def _shown_bytes(payload: bytes) -> str:
         return _shown(codec.decode(payload, "frame"))
     except LakeshoreError as e:
         return f"(undecodable frame: {e})"
-
-
-def _row(r: Record) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "state": r.state,
-        "attempt": r.attempt,
-        "fn": r.fn,
-        "submitted_at": r.submitted_at,
-        "finished_at": r.finished_at,
-    }
 
 
 def _fields(r: Record) -> dict[str, Any]:
