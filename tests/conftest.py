@@ -189,11 +189,13 @@ def _count_browser_tests(request: pytest.FixtureRequest) -> Iterator[None]:
         request.config.stash[_browser_key]["tests"] += 1
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """Headless Chromium (Debian's package) driven by Playwright, for the session; skipped
-    with a reason when either is missing, except under ``CI`` or
-    ``LAKESHORE_REQUIRE_BROWSER``, where that fails."""
+    """Headless Chromium (Debian's package) driven by Playwright, for one test module;
+    skipped with a reason when either is missing, except under ``CI`` or
+    ``LAKESHORE_REQUIRE_BROWSER``, where that fails. Not for the session: Playwright's sync
+    API keeps an asyncio loop running on the main thread while it is open, and every later
+    test's ``asyncio.run`` would meet it."""
     info = pytestconfig.stash[_browser_key]
     reason = None
     try:
