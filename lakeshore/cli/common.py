@@ -201,7 +201,14 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def wall(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    """A store time as a local date and time; a number no date can hold (a record may say
+    anything finite) as the number."""
+    if t is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:g}"
 
 
 def err(text: object) -> None:

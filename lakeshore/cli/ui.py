@@ -25,8 +25,17 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     args.ns = (namespaces or ["default"])[0]
     q = plane(args)  # a mistyped directory is refused, not shown as an empty store
     token = args.token or os.environ.get("LAKESHORE_UI_TOKEN") or None
-    if token is None and not is_loopback(args.host):
-        token = secrets.token_urlsafe(24)  # reachable from elsewhere: never without one
+    if args.no_token:
+        if token or not is_loopback(args.host):
+            raise InvalidArgument(
+                "ui",
+                "--no-token goes with neither --token nor a --host other than loopback",
+                "drop --no-token: a dashboard others can reach needs a token",
+            )
+    elif token is None:
+        # even on loopback: on a shared machine (a cluster's login node) every user can
+        # reach 127.0.0.1, so the printed URL carries a token, as Jupyter's does
+        token = secrets.token_urlsafe(24)
     board = Board(q.store, namespaces, interval_s=args.interval)
     server = UiServer(
         board, q.url, host=args.host, port=args.port, token=token, allow_actions=args.allow_actions
@@ -49,8 +58,8 @@ def register(sub: Any) -> None:
         help="a web dashboard of the store: queues, invocations, streams (read-only by default)",
         description="Serve a dashboard of one store on 127.0.0.1. One poller reads the store "
         "for every open tab; the overview never lists finished history. Read-only unless "
-        "--allow-actions. Bound to another address, it requires a token (one is made up and "
-        "printed in the URL when --token is not given).",
+        "--allow-actions. Every request carries a token (made up and printed in the URL "
+        "unless --token gives one); --no-token drops it on loopback.",
     )
     p.add_argument(
         "--url", type=store_url, help="store URL; default: $LAKESHORE_URL, else the default store"
@@ -65,8 +74,13 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8321, help="port (default 8321; 0: any free)")
     p.add_argument(
         "--token",
-        help="the token every request must carry (default $LAKESHORE_UI_TOKEN; required, "
-        "and made up when missing, for an address other than loopback)",
+        help="the token every request must carry (default $LAKESHORE_UI_TOKEN, else a new "
+        "one, printed in the URL)",
+    )
+    p.add_argument(
+        "--no-token",
+        action="store_true",
+        help="no token, on loopback only: for a machine no one else logs in to",
     )
     p.add_argument(
         "--allow-actions",

@@ -500,25 +500,27 @@ def _error(v: Any) -> None:
 
 
 def _history(v: Any) -> tuple[Turn, ...]:
-    if v == () or v == []:
+    """The well-formed entries of a stored history, the newest ``MAX_HISTORY`` (anything
+    else is dropped, not refused: the history is for people, nothing decides by it, and a
+    newer version may word an outcome this one does not know)."""
+    if type(v) is not list:
         return ()
-    if type(v) is not list or len(v) > MAX_HISTORY:
-        raise _Bad("history", f"must be a list of at most {MAX_HISTORY} attempts, got {_show(v)}")
     turns = []
-    for item in v:
+    for item in v[-MAX_HISTORY:]:
         if type(item) is not list or len(item) != 5:
-            raise _Bad("history", "each attempt must be [attempt, worker, started, ended, outcome]")
+            continue
         attempt, worker, started, ended, outcome = item
-        if not (_is_int(attempt) and 1 <= attempt <= MAX_COUNT) or type(worker) is not str:
-            raise _Bad("history", "an attempt must have a number >= 1 and a str worker")
-        _capped(worker, "history.worker", "lease.worker")
-        if not _is_number(started) or not (ended is None or _is_number(ended)):
-            raise _Bad("history", "an attempt's start must be a number, its end one or None")
-        if not (outcome is None or (type(outcome) is str and outcome in OUTCOMES)):
-            raise _Bad("history", f"an attempt's outcome must be one of {OUTCOMES} or None")
-        turns.append(
-            Turn(attempt, worker, float(started), None if ended is None else float(ended), outcome)
-        )
+        if (
+            _is_int(attempt)
+            and 1 <= attempt <= MAX_COUNT
+            and type(worker) is str
+            and _size(worker, LIMITS["lease.worker"]) <= LIMITS["lease.worker"]
+            and _is_number(started)
+            and (ended is None or _is_number(ended))
+            and (outcome is None or (type(outcome) is str and outcome in OUTCOMES))
+        ):
+            ended = None if ended is None else float(ended)
+            turns.append(Turn(attempt, worker, float(started), ended, outcome))
     return tuple(turns)
 
 

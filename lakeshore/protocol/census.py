@@ -25,7 +25,7 @@ import contextlib
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,33 +94,42 @@ def ids_between(store: Store, keys: QueueKeys, lo: str | None, hi: str) -> Itera
                 yield inv
 
 
-def folder_names(store: Store, prefix: str, limit: int = 256) -> list[str]:
-    """The names of the folders right under ``prefix`` (the first ``limit`` of them, in
-    listing order), one LIST each: every listing starts past the folder found before, so
-    what the folders hold costs nothing (namespaces with long histories, too). Objects
-    directly under ``prefix`` are passed over.
+def folder_names(
+    store: Store, prefix: str, keep: Callable[[str], bool] | None = None, limit: int = 256
+) -> list[str]:
+    """The names of the folders right under ``prefix`` that ``keep`` accepts (the first
+    ``limit`` of them, in listing order). Each folder found costs one LIST: the next listing
+    starts past it, so what the folders hold costs nothing (namespaces with long
+    histories, too); objects right under ``prefix`` are read past in the same listing.
+    Folders ``keep`` refuses (anyone may plant names) count towards ``4 × limit`` listings
+    at most, so they cannot make the walk endless or hide the rest for long.
 
     Raises:
         StoreError: the store failed.
     """
     names: list[str] = []
     after: str | None = None
-    while len(names) < limit:
+    for _ in range(4 * limit):
         listing = store.list(prefix, start_after=after)
+        found = None
         try:
-            info = next(listing, None)
+            for info in listing:
+                name, slash, _ = info.key[len(prefix) :].partition("/")
+                if slash and name not in names:
+                    found = name
+                    break
+                after = info.key  # an object right under the prefix, or a key past the skip
         finally:
             close = getattr(listing, "close", None)
             if close is not None:
                 close()
-        if info is None:
+        if found is None or len(names) >= limit:
             return names
-        name, slash, _ = info.key[len(prefix) :].partition("/")
-        if slash and name not in names:
-            names.append(name)
-            after = past_folder(prefix, name)
-        else:  # an object right under the prefix, or a key past the skip (anyone's): step on
-            after = info.key
+        if keep is None or keep(found):
+            names.append(found)
+            if len(names) >= limit:
+                return names
+        after = past_folder(prefix, found)
     return names
 
 

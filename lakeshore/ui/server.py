@@ -42,7 +42,9 @@ __all__ = ["UiServer", "public_url"]
 
 log = logging.getLogger("lakeshore.ui")
 
-_COOKIE = "lakeshore_ui"
+_HEADER = "X-Lakeshore-UI"  # on every API call of the page: a plain cross-site request has none
+MAX_CONNECTIONS = 64
+_TIMEOUT_S = 30.0
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -108,10 +110,11 @@ class UiServer:
         self._planes: dict[str, Dispatch] = {}
         self._planes_lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"ui": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), handler)
         self.host = host
         self.port = self.httpd.server_address[1]
+        # per port: dashboards of other stores on this host keep their own cookies
+        self.cookie = f"lakeshore_ui_{self.port}"
         self._thread: threading.Thread | None = None
 
     @property
@@ -171,11 +174,43 @@ class UiServer:
         return out
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``MAX_CONNECTIONS`` at once (more are closed at
+    once: a flood of idle connections cannot hold the machine's threads)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that went away mid-answer, or a request too broken to parse: not ours
+        log.debug("ui: a connection from %s failed", client_address, exc_info=True)
+
+
 class _Handler(BaseHTTPRequestHandler):
     ui: UiServer
     server_version = "lakeshore-ui"
     sys_version = ""
     protocol_version = "HTTP/1.1"
+    timeout = _TIMEOUT_S  # a connection that sends nothing this long is closed
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("ui: %s %s", self.address_string(), format % args)
@@ -198,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
             return "set"
         for part in self.headers.get("Cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == _COOKIE and hmac.compare_digest(value.encode(), token.encode()):
+            if name == self.ui.cookie and hmac.compare_digest(value.encode(), token.encode()):
                 return True
         return False
 
@@ -239,10 +274,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._host_ok():
             self._error(HTTPStatus.MISDIRECTED_REQUEST, "ui: unexpected Host — use 127.0.0.1")
             return None
-        query = parse_qs(urlsplit(self.path).query, max_num_fields=16)
+        try:
+            query = parse_qs(urlsplit(self.path).query, max_num_fields=16)
+        except ValueError:
+            self._error(HTTPStatus.BAD_REQUEST, "ui: too many query fields")
+            return None
         ok = self._token_ok(query)
         if ok == "set":
-            cookie = f"{_COOKIE}={self.ui.token}; HttpOnly; SameSite=Strict; Path=/"
+            cookie = f"{self.ui.cookie}={self.ui.token}; HttpOnly; SameSite=Strict; Path=/"
             self._send(
                 HTTPStatus.SEE_OTHER, b"", "text/plain", {"Location": "/", "Set-Cookie": cookie}
             )
@@ -254,6 +293,15 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return None
         return query
+
+    def _from_the_page(self, path: str) -> bool:
+        """An API call made by the page: it sends ``X-Lakeshore-UI`` (a header a plain
+        cross-site request cannot carry, and a cross-site fetch could only send after a
+        preflight this server never grants); a download link, which cannot, must be
+        followed from the same origin (browsers say so in ``Sec-Fetch-Site``)."""
+        if path == "/api/download":
+            return self.headers.get("Sec-Fetch-Site", "same-origin") in ("same-origin", "none")
+        return self.headers.get(_HEADER) == "1"
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -271,6 +319,10 @@ class _Handler(BaseHTTPRequestHandler):
 
         def arg(name: str, default: str = "") -> str:
             return query.get(name, [default])[0]
+
+        if path.startswith("/api/") and not self._from_the_page(path):
+            self._error(HTTPStatus.FORBIDDEN, "ui: not a request of the dashboard's page")
+            return
 
         board = self.ui.board
         try:

@@ -221,12 +221,17 @@ def test_cancel_is_refused_when_actions_are_off(dash: Callable[..., Dash]) -> No
     assert notice.startswith("cancel refused: ui: actions are off"), notice
     assert d.q.status(inv) == "queued"
     # and not only the page: the server refuses the POST itself, even with the CSRF token
-    with urllib.request.urlopen(d.base + "api/session") as answer:
+    page_call = urllib.request.Request(d.base + "api/session", headers={"X-Lakeshore-UI": "1"})
+    with urllib.request.urlopen(page_call) as answer:
         session = json.loads(answer.read())
     request = urllib.request.Request(
         d.base + "api/cancel",
         data=json.dumps({"ns": "default", "id": inv}).encode(),
-        headers={"Content-Type": "application/json", "X-CSRF-Token": session["csrf"]},
+        headers={
+            "Content-Type": "application/json",
+            "X-CSRF-Token": session["csrf"],
+            "X-Lakeshore-UI": "1",
+        },
         method="POST",
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -272,3 +277,22 @@ def _stepper() -> Iterator[str]:
     yield "step 1"
     GATES["two"].wait(60)
     yield "step 2"
+
+
+def test_a_record_with_times_no_date_can_hold_still_shows(dash: Callable[..., Dash]) -> None:
+    from playwright.sync_api import expect
+
+    from lakeshore.model.record import Turn
+    from tests.conftest import record_key
+
+    d = dash()
+    inv = d.q.udf(_add, queue="default").submit(1)
+    d.q.cancel(inv)  # the record now exists: rewrite it as anyone with write access could
+    ops = d.q.ops("default")
+    rec, _ = ops.read(inv)
+    odd = rec.next_write(deadline_at=1e300, history=(Turn(1, "w", 1e300, None, None),))
+    d.q.store.put(record_key(ops, inv), odd.to_bytes())
+    d.page.goto(f"{d.base}#/i/default/{inv}")
+    expect(d.page.locator("table.record")).to_contain_text("1e+300")
+    expect(d.page.locator("table.history")).to_contain_text("1e+300")
+    expect(d.page.locator("#notice")).to_be_hidden()

@@ -41,7 +41,7 @@ class Client:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             data = json.dumps(body).encode() if body is not None else None
-            sent = {"Content-Type": "application/json", **(headers or {})}
+            sent = {"Content-Type": "application/json", "X-Lakeshore-UI": "1", **(headers or {})}
             conn.request(method, path, body=data, headers=sent)
             r = conn.getresponse()
             return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
@@ -120,7 +120,11 @@ def test_a_token_is_required_off_loopback_and_checked_everywhere(plane: Any) -> 
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
         jar = {"Cookie": cookie.split(";", 1)[0]}
         assert c.call("GET", "/api/session", headers=jar)[0] == 200
-        assert c.call("GET", "/api/session", headers={"Cookie": "lakeshore_ui=nope"})[0] == 401
+        assert cookie.startswith(f"lakeshore_ui_{server.port}=")  # per port: per dashboard
+        assert (
+            c.call("GET", "/api/session", headers={"Cookie": cookie.replace("token", "toke")})[0]
+            == 401
+        )
     finally:
         server.close()
 
@@ -134,6 +138,27 @@ def test_without_a_token_only_a_loopback_host_is_answered(plane: Any) -> None:
         # a page elsewhere that points its own name at 127.0.0.1 (DNS rebinding) gets nothing
         status, _, body = c.call("GET", "/api/overview", headers={"Host": "evil.example"})
         assert status == 421 and b"Host" in body
+    finally:
+        server.close()
+
+
+def test_only_the_page_may_call_the_api(plane: Any) -> None:
+    """A cross-site page can send a plain GET (it cannot read the answer); without the
+    page's header it is refused before the store is read."""
+    inv = plane.udf(jobs.add_one).submit(1)
+    server = serve(plane.store)
+    try:
+        c = Client(server)
+        bare = {"X-Lakeshore-UI": "0"}
+        for path in ("/api/session", "/api/overview", "/api/queue", f"/api/invocation?id={inv}"):
+            status, _, body = c.call("GET", path, headers=bare)
+            assert status == 403 and b"not a request of the dashboard" in body, path
+        download = f"/api/download?id={inv}&what=args"
+        assert c.call("GET", download, headers={"Sec-Fetch-Site": "cross-site", **bare})[0] == 403
+        assert c.call("GET", download, headers={"Sec-Fetch-Site": "same-origin", **bare})[0] == 200
+        many = "&".join(f"f{i}=1" for i in range(40))
+        assert c.call("GET", f"/api/session?{many}")[0] == 400  # answered, not dropped
+        assert c.call("GET", "/api/session")[0] == 200
     finally:
         server.close()
 
@@ -215,16 +240,24 @@ def test_the_lakeshore_ui_command_serves_the_store(tmp_path: Path) -> None:
         line = proc.stdout.readline()
         assert line.startswith("lakeshore ui: http://127.0.0.1:") and "read-only" in line
         port = int(line.split("127.0.0.1:", 1)[1].split("/", 1)[0])
+        token = line.split("?token=", 1)[1].split()[0]  # a token even on loopback
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/api/overview", headers={"X-Lakeshore-UI": "1"})
+        refused = conn.getresponse()
+        assert refused.status == 401 and refused.read()
+        conn.request("GET", f"/?token={token}")
+        answer = conn.getresponse()
+        answer.read()
+        page = {"Cookie": answer.getheader("Set-Cookie", "").split(";")[0], "X-Lakeshore-UI": "1"}
 
         def queued() -> bool:
-            conn.request("GET", "/api/overview")
+            conn.request("GET", "/api/overview", headers=page)
             data = json.loads(conn.getresponse().read())
             rows = [r for s in data["namespaces"] for r in s["queues"]]
             return any(r["queue"] == "default" and r["queued"] == 1 for r in rows)
 
         poll(queued, 30, "the submitted invocation in the overview")
-        conn.request("GET", f"/api/invocation?id={inv}")
+        conn.request("GET", f"/api/invocation?id={inv}", headers=page)
         assert json.loads(conn.getresponse().read())["record"]["state"] == "queued"
         conn.close()
     finally:
@@ -238,3 +271,11 @@ def test_the_lakeshore_ui_command_serves_the_store(tmp_path: Path) -> None:
         timeout=60,
     )
     assert missing.returncode == 2 and "lakeshore:" in missing.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "lakeshore", "ui", "--url", url, "--no-token", "--host", "::"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "needs a token" in bad.stderr

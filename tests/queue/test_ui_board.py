@@ -119,6 +119,7 @@ def test_many_tabs_cost_what_one_does() -> None:
     ids = [f.submit(i) for i in range(30)]
     board = Board(store, interval_s=60, live_s=60)
     board.poll()
+    dls.run_worker(q, once=True, isolation="thread")  # ids[0] has a record, the rest tickets
 
     def tab() -> None:
         for _ in range(20):
@@ -142,19 +143,33 @@ def test_many_tabs_cost_what_one_does() -> None:
     assert 0 < store.requests() == one, store.calls  # 8 tabs x 20 refreshes: one read each
 
 
-def test_the_read_budget_serves_stale_copies_then_refuses() -> None:
+def test_the_budget_counts_store_requests_then_serves_stale_copies() -> None:
     q = make_plane(MemoryStore())
     ids = [q.udf(jobs.add_one).submit(i) for i in range(3)]
     clock = [0.0]
-    board = Board(q.store, live_s=1, max_reads_per_min=2, monotonic=lambda: clock[0])
+    board = Board(q.store, live_s=1, max_requests_per_min=5, monotonic=lambda: clock[0])
     first = board.invocation("default", ids[0])
-    assert "stale" not in first
-    board.invocation("default", ids[1])
+    spent = board.pages.budget.spent()
+    assert "stale" not in first and spent >= 3  # the requests of the read, not one "read"
+    board.invocation("default", ids[1])  # starts within the budget, may end past it
     clock[0] = 5.0
     assert board.invocation("default", ids[0]) == {**first, "stale": True}
     assert board.invocation("default", ids[2])["busy"] is True
+    assert board.download("default", ids[2], "args") is None  # downloads spend it too
     clock[0] = 61.0  # a new minute: reads again
     assert board.invocation("default", ids[2])["record"]["id"] == ids[2]
+
+
+def test_varied_filters_cannot_buy_unbounded_reads() -> None:
+    store = Counting(MemoryStore())
+    q = make_plane(store)
+    [q.udf(jobs.add_one).submit(i) for i in range(300)]
+    board = Board(store, max_requests_per_min=2000)
+    store.calls.clear()
+    for n in range(100):  # a new filter each time: no copy to share
+        board.queue_page("default", "default", fn=f"m:f{n}")
+    # each page reads at most 4 x 25 records; past the budget only copies are served
+    assert store.requests() <= 2000 + 4 * 25 * 2 + 20, store.calls
 
 
 def test_names_of_namespaces_and_queues_cost_one_list_each() -> None:
@@ -278,7 +293,7 @@ def test_the_documented_cost_of_an_idle_store() -> None:
 
 
 def test_the_poller_sleeps_while_no_page_asks() -> None:
-    from lakeshore.ui.board import IDLE_AFTER_S
+    from lakeshore.ui.overview import IDLE_AFTER_S
 
     clock = [0.0]
     board = Board(MemoryStore(), monotonic=lambda: clock[0])
@@ -296,3 +311,121 @@ def test_the_poller_sleeps_while_no_page_asks() -> None:
         poll(lambda: board.overview()["rounds"] >= 2, 30, "a round after the wake-up")
     finally:
         board.close()
+
+
+def test_a_tombstone_in_a_ticket_is_not_counted_as_queued() -> None:
+    q = make_plane(MemoryStore())
+    live = q.udf(jobs.add_one).submit(1)
+    ops = q.ops("default")
+    from lakeshore.keys import new_id
+
+    dead = new_id()
+    assert ops.fence(dead, q.store.now(), "its submitter died")  # a failed record in the ticket
+    board = Board(q.store)
+    for _ in range(2):  # the second round knows the tombstone by its etag
+        board.poll()
+        row = _row(board)
+        assert (row["queued"], row["running"], row["live"]) == (1, 0, 1), row
+    assert q.status(live) == "queued"
+
+
+def test_a_planted_key_among_the_signs_of_life_does_not_stop_the_overview(
+    moto_store: Store,
+) -> None:
+    from lakeshore.keys import workers_prefix
+
+    q = make_plane(moto_store)
+    q.udf(jobs.add_one).submit(1)
+    dls.run_worker(q, once=True, isolation="thread")
+    client = moto_store.client  # type: ignore[attr-defined]
+    # a key no lakeshore store would write (S3 takes it): reading it is refused
+    planted = moto_store.prefix + workers_prefix("default") + "x/../y"  # type: ignore[attr-defined]
+    client.put_object(Bucket=moto_store.bucket, Key=planted, Body=b"x")  # type: ignore[attr-defined]
+    board = Board(moto_store)
+    board.poll()
+    overview = board.overview()
+    assert overview["error"] is None and overview["namespaces"][0]["problems"] == []
+    assert len(overview["namespaces"][0]["workers"]) == 1  # the real one still shown
+
+
+class Failing(Forwarding):
+    """A store whose LISTs fail, as told (an OS error: no lakeshore error at all)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.fail: BaseException | None = None
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Any:
+        if self.fail is not None:
+            raise self.fail
+        return super().list(prefix, start_after)
+
+
+def test_a_round_that_meets_any_exception_is_said_and_the_rounds_go_on() -> None:
+    store = Failing(MemoryStore())
+    q = make_plane(store)
+    q.udf(jobs.add_one).submit(1)
+    board = Board(store, interval_s=0.05)
+    store.fail = OSError(24, "Too many open files")
+    board.start()
+    try:
+        board.overview()
+        poll(lambda: "Too many open files" in str(board.overview()["error"]), 30, "the error")
+        store.fail = None
+        poll(lambda: board.overview()["error"] is None, 30, "a round after the error")
+        assert _row(board)["queued"] == 1
+    finally:
+        board.close()
+
+
+def test_a_blip_in_a_stream_is_said_and_read_again() -> None:
+    store = Failing(MemoryStore())
+    q = make_plane(store)
+    inv = q.udf(jobs.squares).submit(3)
+    dls.run_worker(q, once=True, isolation="thread")
+    clock = [0.0]
+    board = Board(store, live_s=1, monotonic=lambda: clock[0])
+    store.fail = dls.StoreUnavailable("list", "a network blip", "retry")
+    page = board.invocation("default", inv)
+    assert "trying again" in page["stream"]["problem"]
+    assert "trying again" in page["logs_problem"]
+    store.fail = None
+    clock[0] = 100.0
+    frames = board.frames("default", inv, -1)
+    assert frames["problem"] is None and [f["seq"] for f in frames["frames"]] == [0, 1, 2]
+
+
+def test_a_long_journal_is_read_from_its_newest_frames() -> None:
+    from lakeshore.ui.following import MAX_FRAMES
+
+    store = Counting(MemoryStore())
+    q = make_plane(store)
+    inv = q.udf(jobs.squares).submit(3000)
+    dls.run_worker(q, once=True, isolation="thread")
+    segments = len(list(store.list(q.ops("default").keys.journal_prefix(inv, 1))))
+    board = Board(store)
+    store.calls.clear()
+    frames = board.frames("default", inv, -1)["frames"]
+    assert len(frames) == 500 and frames[0]["seq"] == 3000 - MAX_FRAMES
+    assert store.calls["GET"] < segments / 2 + 10, (store.calls, segments)
+
+
+def test_a_spilled_value_is_read_once_and_only_from_its_own_key() -> None:
+    store = Counting(MemoryStore())
+    q = make_plane(store, spill_bytes=10)
+    a = q.udf(jobs.echo).submit("SECRET-OF-A" * 10)
+    b = q.udf(jobs.echo).submit("b" * 100)
+    ops = q.ops("default")
+    rec_b, _ = ops.read(b)
+    rec_a, _ = ops.read(a)
+    forged = rec_b.next_write(args=rec_a.args)  # b's record names a's arguments
+    store.put(record_key(ops, b), forged.to_bytes())
+    clock = [0.0]
+    board = Board(store, live_s=1, monotonic=lambda: clock[0])
+    page = board.invocation("default", b)
+    assert page["args"]["shown"] is None and "outside" in page["args"]["problem"]
+    assert "SECRET" in board.invocation("default", a)["args"]["shown"]
+    clock[0] = 10.0
+    store.calls.clear()
+    board.invocation("default", a)
+    assert store.calls["GET"] == 2  # its record and ticket: the spilled value is known

@@ -38,7 +38,9 @@ function ago(seconds) {
 }
 
 function when(t) {
-  return t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "-";
+  if (t === null || t === undefined || t === 0) return "-";
+  const d = new Date(t * 1000);  // a record may hold any finite number: not every one is a date
+  return Number.isFinite(d.getTime()) ? d.toISOString().replace("T", " ").slice(0, 19) + " UTC" : String(t);
 }
 
 function q(params) {
@@ -48,7 +50,10 @@ function q(params) {
 }
 
 async function api(path, params) {
-  const r = await fetch(`/api/${path}?${q(params || {})}`, { credentials: "same-origin" });
+  const r = await fetch(`/api/${path}?${q(params || {})}`, {
+    credentials: "same-origin",
+    headers: { "X-Lakeshore-UI": "1" },
+  });
   const data = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
   if (!r.ok) throw new Error(data.error || `HTTP ${r.status}`);
   return data;
@@ -129,12 +134,15 @@ async function showOverview(route) {
   if (data.at === null) page.append(el("p", { class: "muted" }, "reading the store…"));
   for (const space of data.namespaces || []) {
     page.append(el("h2", {}, "namespace ", el("code", {}, space.ns)));
-    const rows = (space.queues || []).map((row) =>
-      el("tr", { "data-queue": row.queue },
+    for (const problem of space.problems || []) page.append(el("p", { class: "error" }, problem));
+    const rows = (space.queues || []).map((row) => row.error !== undefined
+      ? el("tr", { "data-queue": row.queue },
+        el("td", {}, row.queue), el("td", { colspan: 6, class: "error" }, `could not count: ${row.error}`))
+      : el("tr", { "data-queue": row.queue },
         el("td", {}, el("a", { href: `#/q/${encodeURIComponent(space.ns)}/${encodeURIComponent(row.queue)}` }, row.queue)),
         el("td", { class: "num queued" }, (row.estimated ? "~" : "") + row.queued),
         el("td", { class: "num running" }, (row.estimated ? "~" : "") + row.running),
-        el("td", { class: "num" }, ago(row.oldest_queued_s)),
+        el("td", { class: "num" }, (row.estimated && row.oldest_queued_s !== null ? "~" : "") + ago(row.oldest_queued_s)),
         el("td", {}, chart(row.series)),
         el("td", { class: "small" }, row.config_error ? `unreadable: ${row.config_error}` : admission(row.config)),
         el("td", { class: "small" }, provider(row.config))));
@@ -217,7 +225,7 @@ async function act(action, ns, id) {
   const r = await fetch(`/api/${action}`, {
     method: "POST",
     credentials: "same-origin",
-    headers: { "Content-Type": "application/json", "X-CSRF-Token": session.csrf },
+    headers: { "Content-Type": "application/json", "X-CSRF-Token": session.csrf, "X-Lakeshore-UI": "1" },
     body: JSON.stringify({ ns, id }),
   });
   const data = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
@@ -231,7 +239,8 @@ async function showInvocation(ns, id, params, route) {
   if (stream.key !== key) {
     stream.key = key;
     stream.attempt = -1;
-    stream.after = Number(params.get("after") || -1);
+    const start = Number.parseInt(params.get("after") || "-1", 10);
+    stream.after = Number.isFinite(start) && start >= -1 ? start : -1;
     stream.frames = [];
   }
   const data = await api("invocation", { ns, id });
@@ -245,7 +254,7 @@ async function showInvocation(ns, id, params, route) {
     if (f.seq > stream.after) { stream.frames.push(f); stream.after = f.seq; }
   }
   if (stream.frames.length > 1000) stream.frames.splice(0, stream.frames.length - 1000);
-  const sig = JSON.stringify([key, data.record, data.error, data.logs, data.history, stream.after, stream.attempt, data.stale]);
+  const sig = JSON.stringify([key, data.record, data.error, data.logs, data.history, stream.after, stream.attempt, data.stale, frames.problem, data.logs_problem]);
   if (sig === shown) return;
   const r = data.record;
   const fields = Object.entries(r).map(([k, v]) => el("tr", {},
@@ -276,10 +285,15 @@ async function showInvocation(ns, id, params, route) {
     valueBlock("arguments", data.args, ns, id, "args"),
     valueBlock("result", data.result, ns, id, "result"),
     el("h3", {}, `stream (attempt ${stream.attempt}, ${stream.frames.length} frames)`),
-    el("ol", { class: "frames", start: stream.frames.length ? stream.frames[0].seq : 0 },
-      stream.frames.slice(-500).map((f) => el("li", { "data-seq": f.seq }, f.value))),
+    (() => {
+      const last = stream.frames.slice(-500);
+      return el("ol", { class: "frames", start: last.length ? last[0].seq : 0 },
+        last.map((f) => el("li", { "data-seq": f.seq }, f.value)));
+    })(),
+    frames.problem ? el("p", { class: "error" }, frames.problem) : null,
     el("h3", {}, "logs"),
     el("pre", { class: "logs" }, (data.logs || []).map((l) => `--- attempt ${l.attempt} ---\n${l.text}`).join("\n") || "(no output)"),
+    data.logs_problem ? el("p", { class: "error" }, data.logs_problem) : null,
     el("h3", {}, "record"),
     el("table", { class: "record" }, el("tbody", {}, fields))), sig, route);
   footer(`live: refreshed every ${session.live_s} s · store time ${when(data.at)}${data.stale ? " · stale: the read budget is spent" : ""}`);

@@ -1,0 +1,339 @@
+"""The dashboard's overview: one poller thread reads the store, every tab reads its copy.
+
+A **round** (every ``interval_s``, while a page asked for the overview in the last
+``IDLE_AFTER_S``; none while nobody looks) lists, per namespace, the workers' signs of life
+and each queue's tickets. Finished history is never listed: throughput is the number of
+invocations that left the tickets between two rounds.
+
+* A sign of life is read again only when its etag changed.
+* A ticket does not say whether its invocation runs (the first claim leaves it as it was),
+  so the records of the first ``RECORD_READS`` tickets in claim order (the next claimed)
+  are read. One found running is remembered by the ticket's etag: leaving ``running``
+  rewrites the ticket (back to queued) or deletes it (over). Not when the ticket changed
+  after the attempt started (a move is in flight: the marker is written before the record),
+  and for ``RUNNING_TRUSTED_S`` at most (a ticket whose delete was lost in a crash).
+* A ticket that holds a record (nothing moved it yet) is decoded once per etag: a
+  tombstone (a fenced submit's failed record, left to gc) is not live.
+* Past ``RECORD_READS`` unknown tickets, the split between queued and running comes from
+  what the workers' signs of life say they run, and the counts are marked estimated.
+* Names of namespaces and queues, and the queue records, are read every ``discover_s``.
+
+Anything read may be anyone's: one bad object (a planted key, a corrupt sign of life, an
+unreadable queue record) is passed over or shown as a problem; it never ends a round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lakeshore.errors import LakeshoreError, NewerRecord, NotFound, RecordError, StoreError
+from lakeshore.keys import (
+    QueueKeys,
+    is_name,
+    namespace_prefix,
+    namespaces_prefix,
+    workers_prefix,
+)
+from lakeshore.protocol.census import folder_names, id_time, live_tickets, read_sign_of_life
+from lakeshore.protocol.queue_record import QueueSettings
+from lakeshore.protocol.steps import MARKER_MAX, MAX_SMALL_BYTES, QueueOps, decode_ticket
+from lakeshore.store.base import ObjectInfo, Store
+
+__all__ = ["IDLE_AFTER_S", "RECORD_READS", "Overview"]
+
+log = logging.getLogger("lakeshore.ui")
+
+RECORD_READS = 32  # records a round reads per queue (the first tickets: the next claimed)
+IDLE_AFTER_S = 60.0  # the poller sleeps when no page asked for the overview this long
+RUNNING_TRUSTED_S = 30.0  # a remembered "running" is read again after this
+SERIES_POINTS = 180  # points of the throughput/depth chart (15 minutes at 5 s)
+_MOVE_SLACK_S = 2.0  # Last-Modified has whole seconds, and clocks differ a little
+_LIVE_LIMIT = 100_000  # tickets a round lists per queue at most
+_WORKERS_WITHIN_S = 300.0
+
+
+@dataclass
+class _Verdict:
+    etag: str
+    state: str  # "running", or "gone" for a tombstone, "queued" for a full ticket's content
+    at: float
+
+
+@dataclass
+class _Queue:
+    """What the overview remembers of one queue between rounds."""
+
+    ops: QueueOps
+    verdicts: dict[str, _Verdict] = field(default_factory=dict)  # ticket key -> verdict
+    live: set[str] | None = None  # ids live at the last round
+    series: deque[list[float]] = field(default_factory=lambda: deque(maxlen=SERIES_POINTS))
+    config: dict[str, Any] | None = None
+    config_error: str | None = None
+
+
+class Overview:
+    """The poller of one store (``namespaces``: those to show; None: every one found)."""
+
+    def __init__(
+        self,
+        store: Store,
+        namespaces: list[str] | None,
+        interval_s: float,
+        discover_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.fixed = namespaces
+        self.interval_s, self.discover_s = interval_s, discover_s
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[str, str], _Queue] = {}
+        self._signs: dict[str, tuple[str, dict[str, Any] | None]] = {}  # key -> (etag, data)
+        self.names: list[tuple[str, list[str]]] = []
+        self._discovered_at: float | None = None
+        self._copy: dict[str, Any] = {"namespaces": [], "at": None, "error": None}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._asked_at: float | None = None
+        self.rounds = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="lakeshore-ui", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.watched():
+                try:
+                    self.poll()
+                except Exception as e:  # a bug met in one round must not end the rounds
+                    log.exception("ui: a round of the overview failed")
+                    with self._lock:
+                        self._copy = {**self._copy, "error": f"ui: a round failed: {e!r}"[:500]}
+                        self.rounds += 1
+                self._wake.wait(self.interval_s)
+            else:
+                self._wake.wait()
+            self._wake.clear()
+
+    def watched(self) -> bool:
+        """Whether the poller has a round to do: the first, or a page asked lately."""
+        asked = self._asked_at
+        return self.rounds == 0 or (asked is not None and self.monotonic() - asked < IDLE_AFTER_S)
+
+    def copy(self) -> dict[str, Any]:
+        """The last round's overview (nothing is read here: a sleeping poller is woken)."""
+        now = self.monotonic()
+        idle = self._asked_at is None or now - self._asked_at >= IDLE_AFTER_S
+        self._asked_at = now
+        if idle:
+            self._wake.set()
+        with self._lock:
+            return {**self._copy, "interval_s": self.interval_s, "rounds": self.rounds}
+
+    def poll(self) -> None:
+        """One round (the poller calls it; tests call it directly)."""
+        try:
+            now = self.store.now()
+            now_m = self.monotonic()
+            if self._discovered_at is None or now_m - self._discovered_at >= self.discover_s:
+                self._discover()
+                self._discovered_at = now_m
+            spaces = [self._namespace(ns, queues, now) for ns, queues in self.names]
+            copy: dict[str, Any] = {"namespaces": spaces, "at": now, "error": None}
+        except LakeshoreError as e:  # the store's clock or the names: nothing to show
+            log.warning("ui: a round of the overview failed: %s", e)
+            copy = {**self._copy, "error": str(e)}
+        with self._lock:
+            self._copy = copy
+            self.rounds += 1
+
+    def _namespace(self, ns: str, queues: list[str], now: float) -> dict[str, Any]:
+        problems = []
+        try:
+            workers = self._workers(ns, now)
+        except StoreError as e:
+            workers, problems = [], [f"signs of life: {e}"]
+        rows = []
+        for queue in queues:
+            try:
+                rows.append(self._count(self.queue(ns, queue), now, workers))
+            except StoreError as e:
+                rows.append({"queue": queue, "error": str(e)})
+        return {"ns": ns, "queues": rows, "workers": workers, "problems": problems}
+
+    # -- names and settings -------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        if self.fixed is not None:
+            spaces = list(self.fixed)
+        else:
+            spaces = folder_names(self.store, namespaces_prefix(), keep=is_name) or ["default"]
+        names = []
+        for ns in spaces:
+            found = folder_names(self.store, namespace_prefix(ns), keep=_queue_name)
+            queues = sorted(found) or ["default"]
+            names.append((ns, queues))
+            for queue in queues:
+                self._read_config(self.queue(ns, queue))
+        self.names = names
+
+    def queue(self, ns: str, queue: str) -> _Queue:
+        with self._lock:
+            found = self._queues.get((ns, queue))
+            if found is None:
+                found = _Queue(QueueOps(self.store, QueueKeys(ns, queue)))
+                self._queues[(ns, queue)] = found
+            return found
+
+    def _read_config(self, q: _Queue) -> None:
+        keys = q.ops.keys
+        try:
+            cfg, _ = QueueSettings(self.store, keys.ns).read(keys.queue)
+            q.config, q.config_error = cfg.public(), None
+        except LakeshoreError as e:  # corrupt, newer, or not ours to read: said on the row
+            q.config, q.config_error = None, str(e)
+
+    # -- a round --------------------------------------------------------------------------------
+
+    def _workers(self, ns: str, now: float) -> list[dict[str, Any]]:
+        """Signs of life of the last 5 minutes; a sign is read again only when it changed
+        (one that cannot be read this round keeps its last copy)."""
+        seen = []
+        prefix = workers_prefix(ns)
+        listed = set()
+        for info in self.store.list(prefix):
+            listed.add(info.key)
+            hit = self._signs.get(info.key)
+            if hit is None or hit[0] != info.etag:
+                try:
+                    data, etag = self.store.get(info.key, max_bytes=MAX_SMALL_BYTES)
+                    hit = (etag, read_sign_of_life(data, info.key))
+                except NotFound:
+                    continue  # gone since the listing
+                except LakeshoreError:  # not a sign of life, a planted key, a blip
+                    hit = hit or (info.etag, None)
+                self._signs[info.key] = hit
+            sign = hit[1]
+            if sign is not None and now - sign["seen_at"] <= _WORKERS_WITHIN_S:
+                seen.append({**sign, "age_s": max(0.0, now - sign["seen_at"])})
+        for key in [k for k in self._signs if k.startswith(prefix) and k not in listed]:
+            del self._signs[key]
+        return sorted(seen, key=lambda d: -float(d["seen_at"]))
+
+    def _count(self, q: _Queue, now: float, workers: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = q.ops.keys
+        tickets, cut = live_tickets(self.store, keys, _LIVE_LIMIT)
+        counts = {"queued": 0, "running": 0, "?": 0, "gone": 0}
+        reads, oldest, ids = 0, None, set()
+        verdicts: dict[str, _Verdict] = {}
+        for info in tickets:
+            state, reads = self._state(q, info, now, reads, verdicts)
+            counts[state] += 1
+            if state == "gone":
+                continue
+            inv = QueueKeys.id_of(info.key)
+            ids.add(inv)
+            if state != "running" and (oldest is None or inv < oldest):
+                oldest = inv  # queued, or not read: it may be the oldest waiting
+        q.verdicts = verdicts
+        queued, running, unknown = counts["queued"], counts["running"], counts["?"]
+        if unknown:  # split what could not be read this round by the workers' own counts
+            said = sum(
+                int(w.get("running_by_queue", {}).get(keys.queue, 0))
+                for w in workers
+                if w.get("status") != "stopped"
+            )
+            extra = min(unknown, max(0, said - running))
+            running += extra
+            queued += unknown - extra
+        left = len(q.live - ids) if q.live is not None else 0
+        arrived = len(ids - q.live) if q.live is not None else 0
+        q.live = ids
+        q.series.append([round(now, 3), len(ids), queued, running, left, arrived])
+        oldest_s = None
+        if oldest is not None:
+            with contextlib.suppress(ValueError):
+                oldest_s = max(0.0, now - id_time(oldest))
+        return {
+            "queue": keys.queue,
+            "queued": queued,
+            "running": running,
+            "live": len(ids),
+            "estimated": cut or unknown > 0,
+            "oldest_queued_s": oldest_s,
+            "config": q.config,
+            "config_error": q.config_error,
+            "series": list(q.series),
+        }
+
+    def _state(
+        self, q: _Queue, info: ObjectInfo, now: float, reads: int, verdicts: dict[str, _Verdict]
+    ) -> tuple[str, int]:
+        """``queued``, ``running``, ``gone`` (over, or a tombstone) or ``?`` (not read this
+        round) for one live ticket, and the reads spent so far."""
+        known = q.verdicts.get(info.key)
+        if known is not None and known.etag != info.etag:
+            known = None  # the ticket changed: what was known of it is not
+        if known is not None and (
+            known.state == "gone"
+            or (known.state == "running" and now - known.at < RUNNING_TRUSTED_S)
+        ):
+            verdicts[info.key] = known
+            return known.state, reads
+        if reads >= RECORD_READS:
+            if known is not None:
+                verdicts[info.key] = known  # keep what the ticket's content said
+            return "?", reads
+        inv = QueueKeys.id_of(info.key)
+        try:
+            rec = q.ops.read_record(inv)[0]
+        except NotFound:
+            if info.size <= MARKER_MAX:
+                return "gone", reads + 1  # an orphaned marker, which a claimer drops
+            if known is not None:  # its content was decoded before
+                verdicts[info.key] = known
+                return known.state, reads + 1
+            return self._ticket(q, info, now, verdicts), reads + 2
+        except (NewerRecord, RecordError):
+            return "?", reads + 1  # corrupt (a claimer fails it) or newer: not counted here
+        except StoreError:
+            return "?", reads + 1
+        if rec.state == "running":
+            started = rec.started_at if rec.started_at is not None else now
+            if info.last_modified < started - _MOVE_SLACK_S:  # no move in flight
+                verdicts[info.key] = _Verdict(info.etag, "running", now)
+            return "running", reads + 1
+        return (rec.state if rec.state == "queued" else "gone"), reads + 1
+
+    def _ticket(self, q: _Queue, info: ObjectInfo, now: float, verdicts: dict[str, Any]) -> str:
+        """The state a full ticket's own record says (read once per etag: it never changes)."""
+        try:
+            data, etag = q.ops.read_bounded(info.key)
+            rec = decode_ticket(data, q.ops.keys, info.key)
+        except NotFound:
+            return "gone"
+        except LakeshoreError:
+            return "?"
+        state = "queued" if rec.state == "queued" else "gone"  # else a tombstone
+        verdicts[info.key] = _Verdict(etag, state, now)
+        return state
+
+
+def _queue_name(name: str) -> bool:
+    return not name.startswith("_") and is_name(name)
