@@ -167,13 +167,13 @@ class Overview:
         problems = []
         try:
             workers = self._workers(ns, now)
-        except StoreError as e:
+        except LakeshoreError as e:  # not ours to list, or a blip: the queues still count
             workers, problems = [], [f"signs of life: {e}"]
         rows = []
         for queue in queues:
             try:
                 rows.append(self._count(self.queue(ns, queue), now, workers))
-            except StoreError as e:
+            except LakeshoreError as e:
                 rows.append({"queue": queue, "error": str(e)})
         return {"ns": ns, "queues": rows, "workers": workers, "problems": problems}
 
@@ -185,8 +185,13 @@ class Overview:
         else:
             spaces = folder_names(self.store, namespaces_prefix(), keep=is_name) or ["default"]
         names = []
+        before = dict(self.names)
         for ns in spaces:
-            found = folder_names(self.store, namespace_prefix(ns), keep=_queue_name)
+            try:
+                found = folder_names(self.store, namespace_prefix(ns), keep=_queue_name)
+            except LakeshoreError as e:  # one namespace we may not list: keep what we knew
+                log.warning("ui: the queues of namespace %s: %s", ns, e)
+                found = before.get(ns, [])
             queues = sorted(found) or ["default"]
             names.append((ns, queues))
             for queue in queues:
