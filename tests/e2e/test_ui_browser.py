@@ -128,6 +128,8 @@ def test_overview_counts_follow_submits_and_a_draining_worker(dash: Callable[...
     d.stop_workers()
     add.submit(9)  # one waiting, for the picture
     expect(d.page.locator("tr[data-queue=default] td.queued")).to_have_text("1")
+    d.worker(["other"])  # and one worker alive beside the stopped one
+    expect(d.page.locator("h3", has_text="workers alive: 1 (2 seen")).to_be_visible()
     d.shot("overview")
 
 
