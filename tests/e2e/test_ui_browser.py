@@ -52,7 +52,13 @@ class Dash:
         t = threading.Thread(
             target=dls.run_worker,
             args=(self.q,),
-            kwargs={"queues": queues, "stop": stop, "max_poll_s": 0.05, "isolation": "thread"},
+            kwargs={
+                "queues": queues,
+                "stop": stop,
+                "max_poll_s": 0.05,
+                "isolation": "thread",
+                "worker_id": f"worker-{len(self.stops) + 1}",
+            },
             daemon=True,
         )
         t.start()
