@@ -8,6 +8,7 @@ go to the test's temporary folder, so every run still takes them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -42,6 +43,7 @@ class Dash:
         self.page.set_default_timeout(WAIT_MS)
         self.shots = shots
         self.stops: list[tuple[threading.Event, threading.Thread]] = []
+        self.names = itertools.count(1)
 
     @property
     def base(self) -> str:
@@ -57,7 +59,7 @@ class Dash:
                 "stop": stop,
                 "max_poll_s": 0.05,
                 "isolation": "thread",
-                "worker_id": f"worker-{len(self.stops) + 1}",
+                "worker_id": f"worker-{next(self.names)}",
             },
             daemon=True,
         )
