@@ -58,7 +58,7 @@ class Board:
         self.overview_poller = Overview(store, fixed, interval_s, discover_s, monotonic)
         self.pages = Pages(
             store,
-            lambda: self.overview_poller.names,
+            fixed,
             interval_s=interval_s,
             live_s=live_s,
             max_requests_per_min=max_requests_per_min,
@@ -100,4 +100,6 @@ class Board:
         return self.pages.download(ns, inv, what)
 
     def forget(self, ns: str, inv: str) -> None:
+        """An action changed ``inv``: its page and what the overview knew of it go."""
         self.pages.forget(ns, inv)
+        self.overview_poller.forget(ns, inv)

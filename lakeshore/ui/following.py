@@ -10,6 +10,7 @@ tried again at the next read.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,13 +26,23 @@ __all__ = ["MAX_FRAMES", "MAX_LOG_CHARS", "MAX_SHOWN", "Following", "shown"]
 
 MAX_SHOWN = 4096  # characters of a value's repr on a page
 MAX_FRAMES = 1000  # frames kept (the newest)
-MAX_LOG_CHARS = 256 * 1024  # characters of log output kept per attempt (the tail)
+MAX_LOG_CHARS = 64 * 1024  # characters of log output kept per attempt (the tail)
+MAX_LOG_ATTEMPTS = 5  # the newest attempts whose logs are kept
+MAX_FRAME_SHOWN = 1 << 20  # a frame larger than this is named by its size, not decoded
+
+
+_REPR = reprlib.Repr()  # attributes, not keywords: Python 3.11 takes none
+_REPR.maxlevel = 8
+_REPR.maxtuple = _REPR.maxlist = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 64
+_REPR.maxstring = MAX_SHOWN
+_REPR.maxother = _REPR.maxlong = 200
 
 
 def shown(value: Any) -> str:
-    """A decoded value as the page shows it: its repr, clipped."""
-    text = repr(value)
-    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + f"… ({len(text)} characters)"
+    """A decoded value as the page shows it: a repr that stops early in long containers
+    and strings (never the whole of a large value), clipped."""
+    text = _REPR.repr(value)
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…"
 
 
 @dataclass
@@ -85,13 +96,15 @@ class Following:
 
     def _read_logs(self, store: Store, ops: QueueOps, inv: str) -> None:
         try:
-            for key, attempt, text in read_logs(store, ops.keys, inv, None, self.logs_after or ""):
+            if self.logs_after is None:  # long logs: only the newest segments are fetched
+                self.logs_after = _tail_start(store, ops.keys.logs_prefix(inv))
+            for key, attempt, text in read_logs(store, ops.keys, inv, None, self.logs_after):
                 self.logs_after = key
                 if self.logs and self.logs[-1]["attempt"] == attempt:
                     self.logs[-1]["text"] = (self.logs[-1]["text"] + text)[-MAX_LOG_CHARS:]
                 else:
                     self.logs.append({"attempt": attempt, "text": text[-MAX_LOG_CHARS:]})
-                    del self.logs[:-50]  # the newest attempts' logs
+                    del self.logs[:-MAX_LOG_ATTEMPTS]
             self.logs_problem = None
         except (CorruptSegment, DecodeError) as e:
             self.logs_problem, self.logs_stuck = f"the logs stop here: {e}", True
@@ -99,7 +112,21 @@ class Following:
             self.logs_problem = f"could not read the logs (trying again): {e}"
 
 
+def _tail_start(store: Store, prefix: str) -> str:
+    """Where to start reading a folder of log segments so that only the newest ones, about
+    ``MAX_LOG_CHARS`` per kept attempt in all, are fetched ("" for the whole folder)."""
+    infos = list(store.list(prefix))
+    room = MAX_LOG_CHARS * MAX_LOG_ATTEMPTS
+    start = len(infos)
+    while start > 0 and room - infos[start - 1].size >= 0:
+        start -= 1
+        room -= infos[start].size
+    return infos[start - 1].key if start > 0 else ""
+
+
 def _frame(payload: bytes) -> str:
+    if len(payload) > MAX_FRAME_SHOWN:
+        return f"(a value of {len(payload)} bytes: too large to show here)"
     try:
         return shown(codec.decode(payload, "frame"))
     except LakeshoreError as e:

@@ -51,12 +51,17 @@ __all__ = ["IDLE_AFTER_S", "RECORD_READS", "Overview"]
 log = logging.getLogger("lakeshore.ui")
 
 RECORD_READS = 32  # records a round reads per queue (the first tickets: the next claimed)
+MAX_NAMESPACES = 16  # namespaces the overview shows (the first found; --ns picks others)
+MAX_QUEUES = 64  # queues per namespace it shows
+MAX_SIGNS = 1000  # signs of life a round lists per namespace
+SIGN_READS = 200  # changed signs of life a round reads per namespace
 IDLE_AFTER_S = 60.0  # the poller sleeps when no page asked for the overview this long
 RUNNING_TRUSTED_S = 30.0  # a remembered "running" is read again after this
 SERIES_POINTS = 180  # points of the throughput/depth chart (15 minutes at 5 s)
 _MOVE_SLACK_S = 2.0  # Last-Modified has whole seconds, and clocks differ a little
 _LIVE_LIMIT = 100_000  # tickets a round lists per queue at most
 _WORKERS_WITHIN_S = 300.0
+_FUTURE_S = 60.0
 
 
 @dataclass
@@ -177,18 +182,30 @@ class Overview:
                 rows.append({"queue": queue, "error": str(e)})
         return {"ns": ns, "queues": rows, "workers": workers, "problems": problems}
 
+    def forget(self, ns: str, inv: str) -> None:
+        """An action moved ``inv``: what the rounds remembered of its tickets goes."""
+        with self._lock:
+            queues = [q for (space, _), q in self._queues.items() if space == ns]
+        for q in queues:
+            for key in [k for k in q.verdicts if QueueKeys.id_of(k) == inv]:
+                q.verdicts.pop(key, None)
+
     # -- names and settings -------------------------------------------------------------------
 
     def _discover(self) -> None:
         if self.fixed is not None:
             spaces = list(self.fixed)
         else:
-            spaces = folder_names(self.store, namespaces_prefix(), keep=is_name) or ["default"]
+            spaces = folder_names(
+                self.store, namespaces_prefix(), keep=is_name, limit=MAX_NAMESPACES
+            ) or ["default"]
         names = []
         before = dict(self.names)
         for ns in spaces:
             try:
-                found = folder_names(self.store, namespace_prefix(ns), keep=_queue_name)
+                found = folder_names(
+                    self.store, namespace_prefix(ns), keep=_queue_name, limit=MAX_QUEUES
+                )
             except LakeshoreError as e:  # one namespace we may not list: keep what we knew
                 log.warning("ui: the queues of namespace %s: %s", ns, e)
                 found = before.get(ns, [])
@@ -197,6 +214,10 @@ class Overview:
             for queue in queues:
                 self._read_config(self.queue(ns, queue))
         self.names = names
+        shown = {(ns, q) for ns, queues in names for q in queues}
+        with self._lock:  # queues gone from the store are forgotten, with their charts
+            for key in [k for k in self._queues if k not in shown]:
+                del self._queues[key]
 
     def queue(self, ns: str, queue: str) -> _Queue:
         with self._lock:
@@ -221,11 +242,17 @@ class Overview:
         (one that cannot be read this round keeps its last copy)."""
         seen = []
         prefix = workers_prefix(ns)
-        listed = set()
+        listed: set[str] = set()
+        reads = 0
         for info in self.store.list(prefix):
+            if len(listed) >= MAX_SIGNS:
+                break  # anyone can write names here: a round reads so many at most
             listed.add(info.key)
             hit = self._signs.get(info.key)
             if hit is None or hit[0] != info.etag:
+                if reads >= SIGN_READS:
+                    continue  # read at a later round
+                reads += 1
                 try:
                     data, etag = self.store.get(info.key, max_bytes=MAX_SMALL_BYTES)
                     hit = (etag, read_sign_of_life(data, info.key))
@@ -235,7 +262,8 @@ class Overview:
                     hit = hit or (info.etag, None)
                 self._signs[info.key] = hit
             sign = hit[1]
-            if sign is not None and now - sign["seen_at"] <= _WORKERS_WITHIN_S:
+            # a sign from the future (a skewed or made-up clock) is not taken as alive forever
+            if sign is not None and -_FUTURE_S <= now - sign["seen_at"] <= _WORKERS_WITHIN_S:
                 seen.append({**sign, "age_s": max(0.0, now - sign["seen_at"])})
         for key in [k for k in self._signs if k.startswith(prefix) and k not in listed]:
             del self._signs[key]
@@ -296,7 +324,7 @@ class Overview:
         if known is not None and known.etag != info.etag:
             known = None  # the ticket changed: what was known of it is not
         if known is not None and (
-            known.state == "gone"
+            known.state in ("gone", "?")
             or (known.state == "running" and now - known.at < RUNNING_TRUSTED_S)
         ):
             verdicts[info.key] = known
@@ -320,8 +348,11 @@ class Overview:
         except StoreError:
             return "?", reads + 1
         if rec.state == "running":
+            # A full ticket is rewritten (to a marker) by any move back to queued; a marker
+            # is rewritten before the record moves, so one written after the attempt
+            # started may belong to a move in flight
             started = rec.started_at if rec.started_at is not None else now
-            if info.last_modified < started - _MOVE_SLACK_S:  # no move in flight
+            if info.size > MARKER_MAX or info.last_modified < started - _MOVE_SLACK_S:
                 verdicts[info.key] = _Verdict(info.etag, "running", now)
             return "running", reads + 1
         return (rec.state if rec.state == "queued" else "gone"), reads + 1
@@ -330,10 +361,17 @@ class Overview:
         """The state a full ticket's own record says (read once per etag: it never changes)."""
         try:
             data, etag = q.ops.read_bounded(info.key)
-            rec = decode_ticket(data, q.ops.keys, info.key)
         except NotFound:
             return "gone"
+        except RecordError:  # larger than any ticket: not fetched again
+            verdicts[info.key] = _Verdict(info.etag, "?", now)
+            return "?"
         except LakeshoreError:
+            return "?"  # a blip: read again next round
+        try:
+            rec = decode_ticket(data, q.ops.keys, info.key)
+        except LakeshoreError:  # not a ticket lakeshore reads: not fetched again
+            verdicts[info.key] = _Verdict(etag, "?", now)
             return "?"
         state = "queued" if rec.state == "queued" else "gone"  # else a tombstone
         verdicts[info.key] = _Verdict(etag, state, now)

@@ -30,6 +30,7 @@ from lakeshore.errors import (
     PermissionDenied,
     RecordError,
     StoreError,
+    StoreUnavailable,
 )
 from lakeshore.keys import QueueKeys, check_id, check_name, id_index, is_name
 from lakeshore.model.record import STATES, TERMINAL, Blob, Record
@@ -38,14 +39,13 @@ from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode, Store
 from lakeshore.ui.following import Following, shown
 
-__all__ = ["BUSY", "DONE_S", "MAX_DOWNLOAD", "Pages"]
+__all__ = ["BUSY", "DONE_S", "MAX_DOWNLOAD", "Budget", "Metered", "Pages"]
 
 DONE_S = 30.0  # a finished invocation's page is read again after this (a retry changes it)
 MAX_DOWNLOAD = 256 * 1024 * 1024  # bytes of a value the download link serves
 MAX_VALUE_SHOWN = 1 << 20  # a spilled value larger than this is offered for download only
 MAX_VIEWS = 256  # pages kept in memory (the least recently read go first)
 MAX_FOLLOWED = 64  # invocations whose stream and logs are kept (the least recently read go)
-DOWNLOADS_AT_ONCE = 2
 # what a page gets when the minute's budget is spent and no copy is at hand
 BUSY = {"busy": True, "error": "ui: the dashboard read its budget of the store this minute — wait"}
 
@@ -81,21 +81,31 @@ class Budget:
 
 
 class Metered(Store):
-    """The store as the pages read it: every request counted against ``budget``; writes
-    refused (the pages only read)."""
+    """The store as the pages read it: every request counted against ``budget``, and
+    refused once it is spent (reads running side by side cannot overshoot it together);
+    writes refused (the pages only read).
+
+    Raises:
+        StoreUnavailable: the budget is spent (``spent`` says so).
+    """
 
     def __init__(self, inner: Store, budget: Budget) -> None:
         self.inner, self.url, self.budget = inner, inner.url, budget
 
-    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+    def _spend(self, op: str) -> None:
+        if not self.budget.left():
+            raise StoreUnavailable(op, "the dashboard spent its requests of this minute", "wait")
         self.budget.spend()
+
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        self._spend("get")
         return self.inner.get(key, max_bytes)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
-        self.budget.spend()
+        self._spend("list")
         for n, info in enumerate(self.inner.list(prefix, start_after), 1):
             if n % 1000 == 0:
-                self.budget.spend()  # the next page
+                self._spend("list")  # the next page
             yield info
 
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
@@ -118,13 +128,13 @@ class _View:
 
 
 class Pages:
-    """The pages of one store, read on demand (``names``: the overview's namespaces and
-    queues, where an id is looked for)."""
+    """The pages of one store, read on demand (``namespaces``: the only ones shown; None:
+    every one)."""
 
     def __init__(
         self,
         store: Store,
-        names: Callable[[], list[tuple[str, list[str]]]],
+        namespaces: list[str] | None,
         *,
         interval_s: float,
         live_s: float,
@@ -133,7 +143,7 @@ class Pages:
     ) -> None:
         self.budget = Budget(max_requests_per_min, monotonic)
         self.store = Metered(store, self.budget)
-        self.names = names
+        self.namespaces = namespaces
         self.interval_s, self.live_s = interval_s, live_s
         self.monotonic = monotonic
         self._lock = threading.Lock()  # the dicts below
@@ -142,7 +152,6 @@ class Pages:
         self._following: OrderedDict[tuple[str, str], Following] = OrderedDict()
         self._values: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._where: dict[tuple[str, str], str] = {}  # (ns, id) -> queue: ids never move
-        self._downloads = threading.BoundedSemaphore(DOWNLOADS_AT_ONCE)
 
     # -- caching --------------------------------------------------------------------------
 
@@ -170,17 +179,36 @@ class Pages:
             hit = fresh()  # read by the tab this one waited for
             if hit is not None:
                 return hit
-            if not self.budget.left():
+            if self.budget.left():
+                try:
+                    data = read()
+                except StoreUnavailable:
+                    if self.budget.left():
+                        raise  # the store's own trouble, not the budget
+                    data = None
+            else:
+                data = None
+            if data is None:  # the budget is spent: what this tab saw last, or come back
                 with self._lock:
                     view = self._views.get(key)
                 return {**view.data, "stale": True} if view is not None else dict(BUSY)
-            data = read()
             with self._lock:
                 self._views[key] = _View(data, self.monotonic())
                 self._views.move_to_end(key)
                 while len(self._views) > MAX_VIEWS:
                     self._views.popitem(last=False)
             return data
+
+    def _shown(self, ns: str) -> str:
+        """``ns``, when this dashboard shows it.
+
+        Raises:
+            InvalidArgument: not a namespace name. NotFound: a namespace not shown here.
+        """
+        check_name(ns, "namespace")
+        if self.namespaces is not None and ns not in self.namespaces:
+            raise NotFound("ui", f"namespace {ns!r} is not shown here", "see the overview")
+        return ns
 
     def _stripe(self, key: tuple[Any, ...]) -> threading.Lock:
         return self._stripes[hash(key) % len(self._stripes)]
@@ -208,7 +236,7 @@ class Pages:
         Raises:
             InvalidArgument: a bad name, state, id or limit. StoreError: the store failed.
         """
-        keys = QueueKeys(ns, queue)
+        keys = QueueKeys(self._shown(ns), queue)
         if state and state not in STATES:
             raise InvalidArgument("ui", f"unknown state {state[:40]!r}", f"one of {STATES}")
         if before:
@@ -249,13 +277,24 @@ class Pages:
             InvalidArgument: a bad name or id. NotFound: no such invocation.
             StoreError: the store failed.
         """
-        check_name(ns, "namespace")
+        self._shown(ns)
         inv = check_id(inv)
 
+        def read() -> dict[str, Any]:
+            try:
+                return self._read(ns, inv)
+            except NotFound as e:  # kept like a page: asking again costs nothing for a while
+                return {"missing": str(e)}
+
         def age(page: dict[str, Any]) -> float:
+            if "missing" in page:
+                return self.interval_s
             return DONE_S if page.get("record", {}).get("state") in TERMINAL else self.live_s
 
-        return self._cached(("inv", ns, inv), age, lambda: self._read(ns, inv))
+        page = self._cached(("inv", ns, inv), age, read)
+        if "missing" in page:
+            raise NotFound(f"ui {inv}", page["missing"], "check the id and the namespace")
+        return page
 
     def _read(self, ns: str, inv: str) -> dict[str, Any]:
         ops, rec = self._locate(ns, inv)
@@ -305,8 +344,9 @@ class Pages:
         }
 
     def _locate(self, ns: str, inv: str) -> tuple[QueueOps, Record]:
-        """Find an invocation's queue: where it was found before, the id index, the default
-        queue, then every queue of the namespace.
+        """Find an invocation's queue: where it was found before, else the id index (every
+        submit to another queue than ``default`` writes it before its ticket), else the
+        default queue.
 
         Raises:
             NotFound: in none of them. NewerRecord: written by a newer lakeshore.
@@ -324,7 +364,6 @@ class Pages:
             if is_name(named):
                 queues.append(named)
         queues.append("default")
-        queues += [q for space, known in self.names() if space == ns for q in known]
         for queue in dict.fromkeys(queues):
             ops = QueueOps(self.store, QueueKeys(ns, queue))
             try:
@@ -379,24 +418,26 @@ class Pages:
             InvalidArgument: a bad name, id or ``what``. NotFound: no such value.
             StoreError: the store failed, or the record names another key.
         """
-        check_name(ns, "namespace")
+        self._shown(ns)
         inv = check_id(inv)
         if what not in ("args", "result"):
             raise InvalidArgument("ui", "download args or result", "what=args|result")
-        if not self.budget.left() or not self._downloads.acquire(blocking=False):
+        if not self.budget.left():
             return None
         try:
             ops, rec = self._locate(ns, inv)
-            blob = rec.args if what == "args" else rec.result
-            if blob is None:
-                raise NotFound(f"ui {inv}", f"the invocation has no {what}", "wait for it")
-            if not _owned(ops, rec, blob, what):
-                raise StoreError(
-                    f"ui {inv}", "the record names a value outside its invocation", "inspect it"
-                )
-            return ops.get_blob(blob, what, MAX_DOWNLOAD), f"{inv}-{what}.msgpack"
-        finally:
-            self._downloads.release()
+        except StoreUnavailable:
+            if self.budget.left():
+                raise
+            return None
+        blob = rec.args if what == "args" else rec.result
+        if blob is None:
+            raise NotFound(f"ui {inv}", f"the invocation has no {what}", "wait for it")
+        if not _owned(ops, rec, blob, what):
+            raise StoreError(
+                f"ui {inv}", "the record names a value outside its invocation", "inspect it"
+            )
+        return ops.get_blob(blob, what, MAX_DOWNLOAD), f"{inv}-{what}.msgpack"
 
 
 def _record(ops: QueueOps, inv: str) -> Record:
@@ -451,7 +492,9 @@ def _fields(r: Record) -> dict[str, Any]:
         "lease": (
             {"worker": r.lease.worker, "expires_at": r.lease.expires_at} if r.lease else None
         ),
-        "journal": r.journal,
+        "journal": (
+            {k: r.journal.get(k) for k in ("attempt", "frames", "ended")} if r.journal else None
+        ),
         "slot": r.slot,
         "pickled": r.fn_pickle is not None,
         "rev": r.rev,

@@ -18,7 +18,9 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import secrets
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,7 +45,9 @@ __all__ = ["UiServer", "public_url"]
 log = logging.getLogger("lakeshore.ui")
 
 _HEADER = "X-Lakeshore-UI"  # on every API call of the page: a plain cross-site request has none
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 256
+DOWNLOADS_AT_ONCE = 2  # values held in memory while they are sent
+_TOKEN = re.compile(r"[A-Za-z0-9._~-]{8,256}\Z")  # as it goes in a URL and a cookie, unquoted
 _TIMEOUT_S = 30.0
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -55,6 +59,7 @@ _POLICY = (
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 _MAX_BODY = 4096
+_TOKEN_IN_QUERY = re.compile(r"token=[^&\s\"]*")
 
 
 def public_url(url: str) -> str:
@@ -102,6 +107,12 @@ class UiServer:
                 f"binding to {host} without a token would show the store to anyone on the network",
                 "pass --token (or keep the default host 127.0.0.1)",
             )
+        if token is not None and not _TOKEN.match(token):
+            raise InvalidArgument(
+                "ui",
+                "the token must be 8 to 256 letters, digits or . _ ~ -",
+                "pick another (it goes into a URL and a cookie as it is)",
+            )
         self.board = board
         self.store_url = public_url(url)
         self.token = token
@@ -110,7 +121,8 @@ class UiServer:
         self._planes: dict[str, Dispatch] = {}
         self._planes_lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"ui": self})
-        self.httpd = _Server((host, port), handler)
+        self.httpd = _Server((host, port), handler, ipv6=":" in host)
+        self.downloads = threading.BoundedSemaphore(DOWNLOADS_AT_ONCE)
         self.host = host
         self.port = self.httpd.server_address[1]
         # per port: dashboards of other stores on this host keep their own cookies
@@ -119,7 +131,8 @@ class UiServer:
 
     @property
     def url(self) -> str:
-        """Where to open the page (with the token, when there is one)."""
+        """Where to open the page (with the token, when there is one; its characters need
+        no quoting)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         base = f"http://{host}:{self.port}/"
         return f"{base}?token={self.token}" if self.token else base
@@ -180,8 +193,10 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+    def __init__(self, address: tuple[str, int], handler: Any, ipv6: bool) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        if ipv6:
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -213,7 +228,8 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = _TIMEOUT_S  # a connection that sends nothing this long is closed
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("ui: %s %s", self.address_string(), format % args)
+        line = _TOKEN_IN_QUERY.sub("token=…", format % args)  # the log is no place for it
+        log.debug("ui: %s %s", self.address_string(), line)
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -294,6 +310,23 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return query
 
+    def _download(self, ns: str, inv: str, what: str) -> None:
+        """Send a value, at most ``DOWNLOADS_AT_ONCE`` at a time: each is held in memory
+        until the client has taken it."""
+        if not self.ui.downloads.acquire(blocking=False):
+            self._json(HTTPStatus.TOO_MANY_REQUESTS, {**BUSY, "error": "ui: downloads busy"})
+            return
+        try:
+            got = self.ui.board.download(ns, inv, what)
+            if got is None:
+                self._json(HTTPStatus.TOO_MANY_REQUESTS, BUSY)
+                return
+            data, name = got
+            disposition = {"Content-Disposition": f'attachment; filename="{name}"'}
+            self._send(HTTPStatus.OK, data, "application/octet-stream", disposition)
+        finally:
+            self.ui.downloads.release()
+
     def _from_the_page(self, path: str) -> bool:
         """An API call made by the page: it sends ``X-Lakeshore-UI`` (a header a plain
         cross-site request cannot carry, and a cross-site fetch could only send after a
@@ -356,21 +389,13 @@ class _Handler(BaseHTTPRequestHandler):
                 data = board.frames(arg("ns", "default"), arg("id"), _int(arg("after", "-1")))
                 self._json(HTTPStatus.OK, data)
             elif path == "/api/download":
-                got = board.download(arg("ns", "default"), arg("id"), arg("what"))
-                if got is None:
-                    self._json(HTTPStatus.TOO_MANY_REQUESTS, BUSY)
-                    return
-                data_bytes, name = got
-                self._send(
-                    HTTPStatus.OK,
-                    data_bytes,
-                    "application/octet-stream",
-                    {"Content-Disposition": f'attachment; filename="{name}"'},
-                )
+                self._download(arg("ns", "default"), arg("id"), arg("what"))
             else:
                 self._error(HTTPStatus.NOT_FOUND, "ui: no such page")
         except LakeshoreError as e:
             self._error(_status(e), str(e))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away: nobody to answer
         except Exception:  # one bad request never stops the server
             log.exception("ui: GET %s failed", path)
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "ui: internal error — see the log")

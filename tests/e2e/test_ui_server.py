@@ -129,6 +129,22 @@ def test_a_token_is_required_off_loopback_and_checked_everywhere(plane: Any) -> 
         server.close()
 
 
+def test_a_token_must_go_into_a_url_and_a_cookie_as_it_is(plane: Any) -> None:
+    for bad in ("Zm9v+YmFy/YmF6==", "a&b=cdefgh", "pass word!", "a;b=cdefgh", "short"):
+        with pytest.raises(dls.InvalidArgument, match="letters, digits"):
+            UiServer(Board(plane.store), ":memory:", port=0, token=bad)
+
+
+def test_the_token_never_reaches_the_log(plane: Any, caplog: pytest.LogCaptureFixture) -> None:
+    server = serve(plane.store, token="s3cret-token")
+    try:
+        with caplog.at_level("DEBUG", logger="lakeshore.ui"):
+            assert Client(server).call("GET", "/api/overview?token=s3cret-token")[0] == 303
+        assert "GET /api/overview" in caplog.text and "s3cret" not in caplog.text
+    finally:
+        server.close()
+
+
 def test_without_a_token_only_a_loopback_host_is_answered(plane: Any) -> None:
     server = serve(plane.store)
     try:
