@@ -319,13 +319,10 @@ def list_invocations(
     Raises:
         StoreError: the store failed.
     """
+    candidates: Iterator[str]
     if state in LIVE:
-        tickets = {QueueKeys.id_of(i.key) for i in ops.store.list(ops.keys.tickets_prefix)}
-        candidates: Iterator[str] = iter(
-            sorted(
-                (i for i in tickets if _is_id(i) and (before is None or i < before)), reverse=True
-            )
-        )
+        live = reversed(live_ids(ops.store, ops.keys))
+        candidates = (i for i in live if before is None or i < before)
     else:
         candidates = newest_ids(ops.store, ops.keys, before, now)
     found: list[Record] = []
@@ -340,9 +337,8 @@ def list_invocations(
         if len(found) >= limit or read >= max_read:
             exhausted = False
             break
-    if batch:
+    if batch:  # the listing ran out: nothing is left past it
         found += _matching(ops, batch, state, fn)
-        last = batch[-1]
     found = sorted(found, key=lambda r: r.id, reverse=True)
     if len(found) > limit:
         return Page(found[:limit], found[limit - 1].id)
