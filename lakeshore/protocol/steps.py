@@ -51,18 +51,21 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
+    LakeshoreError,
     NewerRecord,
     NotFound,
     PermissionDenied,
     RecordError,
     StoreError,
+    StoreUnavailable,
     TooLarge,
 )
 from lakeshore.keys import QueueKeys
@@ -100,6 +103,8 @@ MAX_SMALL_BYTES = 1 << 20
 MARKER_MAX = 64
 _TIDYING_PRUNE = 4096  # tickets awaiting their delete before expired ones are dropped
 ORPHAN_GRACE_S = 60.0  # a marker without its record: in flight (or being gc'd) until this old
+# an outcome write the store's own retries could not land is sent again after these pauses
+_OUTCOME_PAUSE_S, _OUTCOME_PAUSE_CAP_S = 0.25, 4.0
 _UNCLAIMED = "ticket:"  # etag prefix: the record is still the ticket's content
 
 
@@ -492,7 +497,14 @@ class QueueOps:
         rec = lifecycle.heartbeat(held.record, held.token, now)
         return dataclasses.replace(held, record=rec, etag=self.cas(rec, held.etag))
 
-    def finish(self, held: Claimed, final: Record, tidy_later: bool = False) -> str:
+    def finish(
+        self,
+        held: Claimed,
+        final: Record,
+        tidy_later: bool = False,
+        retry_while: Callable[[], bool] | None = None,
+        pause: Callable[[float], object] = time.sleep,
+    ) -> str:
         """Write the attempt's outcome (fenced by the last etag), then tidy the ticket.
 
         Back to queued (a retry, a release): the ticket is rewritten to a marker first, so
@@ -500,13 +512,17 @@ class QueueOps:
         admission slot) are deleted after — by a background thread with ``tidy_later`` (a
         worker: the outcome is visible at once, and a delete lost with the process only
         leaves a stale ticket for claimers to drop; ``flush`` waits for them).
-        Raises Conflict when the attempt was fenced out (the result is then dropped).
+        A write that fails with ``StoreUnavailable`` (the store's own retries spent) is sent
+        again, after a growing pause, for as long as ``retry_while()`` says (a worker: while
+        the lease still holds): a finished result is not thrown away for one bad minute.
+
+        Raises:
+            Conflict: the attempt was fenced out (the result is then dropped).
+            StoreUnavailable: the store failed and ``retry_while`` said to stop.
         """
-        if final.state == "queued":
-            if held.by is not None:
-                held.by.forget(self.ticket_key(final))
-            self.put_marker(final)
-        etag = self.cas(final, held.etag)
+        if final.state == "queued" and held.by is not None:
+            held.by.forget(self.ticket_key(final))
+        etag = self._write_outcome(held, final, retry_while, pause)
         if not final.terminal:
             self.free_slot(final)
         elif tidy_later:
@@ -517,6 +533,40 @@ class QueueOps:
             self.drop_own_ticket(held)
             self.free_slot(final)
         return etag
+
+    def _write_outcome(
+        self,
+        held: Claimed,
+        final: Record,
+        retry_while: Callable[[], bool] | None,
+        pause: Callable[[float], object],
+    ) -> str:
+        """The outcome's writes (a marker first for a move back to queued, then the record),
+        sent again while ``retry_while`` allows. After a failed try a lost condition may be
+        our own write that landed unseen: the record holding this write's ``wid`` says so."""
+        delay, failed = _OUTCOME_PAUSE_S, False
+        while True:
+            try:
+                if final.state == "queued":
+                    self.put_marker(final)
+                return self.cas(final, held.etag)
+            except StoreUnavailable:
+                if retry_while is None or not retry_while():
+                    raise
+                failed = True
+                log.warning(
+                    "outcome of %s not written yet (the store is unavailable): trying again",
+                    final.id,
+                )
+                pause(delay)
+                delay = min(delay * 2, _OUTCOME_PAUSE_CAP_S)
+            except Conflict:
+                if failed:
+                    with contextlib.suppress(LakeshoreError):
+                        current, etag = self.read(final.id)
+                        if current.wid == final.wid:
+                            return etag  # an earlier try landed; its answer was lost
+                raise
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Send the pending ticket deletes and wait for background tidying to finish; False

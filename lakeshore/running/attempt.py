@@ -420,7 +420,7 @@ def conclude(
             att.interrupted = att.why == ""
             _quietly(journal.close)
             try:
-                ops.finish(held, lifecycle.release(rec, token, now))
+                ops.finish(held, lifecycle.release(rec, token, now), retry_while=_lease_holds(att))
             except (Conflict, IllegalTransition):
                 return "fenced (record changed while releasing)", ""
             return "released (queued again, attempt not counted)", ""
@@ -453,10 +453,25 @@ def conclude(
                 _quietly(journal.close)
             final = _with_journal(final, journal, ended)
         try:
-            ops.finish(held, final, tidy_later=True)
+            ops.finish(held, final, tidy_later=True, retry_while=_lease_holds(att))
         except Conflict:
             return "fenced (record changed; result dropped)", ""
         return final.state, _why(final, now)
+
+
+def _lease_holds(att: Attempt) -> Callable[[], bool]:
+    """Whether an outcome write that failed may be sent again: while more than a sixth of
+    the lease is left by store time (the margin a heartbeat keeps), no other worker can
+    have taken the invocation over, and the write is still fenced by its etag if one did."""
+    margin = att.held.record.lease_s / 6
+
+    def holds() -> bool:
+        try:
+            return att.lease_left() > margin
+        except LakeshoreError:  # no store clock either: let the lease run out
+            return False
+
+    return holds
 
 
 # The log line names the error; the record keeps all of it (lakeshore show, result).
