@@ -220,12 +220,20 @@ class SyncQueue:
         return Topic(name or f"topic-{str(ULID()).lower()}", self._dp)
 
     def _held(self, job: Job | str, verb: str) -> Job:
+        """The claim this object holds now for ``job``: given as an id, the latest claim of
+        that id; given as a ``Job``, that very claim and no other.
+
+        Raises:
+            DispatchError: this object holds no such claim (never claimed here, already
+                ended, or an older attempt whose lease ran out and whose id was claimed
+                again: ending it would end the newer attempt).
+        """
         inv = job.id if isinstance(job, Job) else job
         try:
             held = self._wq.held(inv)
         except InvalidArgument:
             raise self._lost(verb, inv) from None
-        if held.ended:
+        if held.ended or (isinstance(job, Job) and held is not job):
             raise self._lost(verb, inv)
         return held
 
