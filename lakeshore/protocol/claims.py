@@ -37,6 +37,7 @@ from lakeshore.keys import QueueKeys
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, write_id
 from lakeshore.protocol.steps import (
+    CLAIM_FENCE_S,
     MARKER_MAX,
     ORPHAN_GRACE_S,
     Claimed,
@@ -450,6 +451,7 @@ class Claimer:
         lease_s: float | None = None,
         stopping: Callable[[], bool] | None = None,
     ) -> Claimed | None:
+        began = self._ticks()
         seen, _ = self._examine(info, now)
         if seen is None or (stopping is not None and stopping()):
             return None
@@ -471,6 +473,15 @@ class Claimer:
                 return None
             # someone else claimed it (or cancelled it): look again when a lease would end
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + running.lease_s)
+            return None
+        # a claim so slow that the invocation may have ended and been collected meanwhile
+        # (its record gone and created again just now) proves its ticket before it runs
+        if (
+            unclaimed(etag)
+            and self._ticks() - began >= CLAIM_FENCE_S
+            and self.ops.unclaim_if_stale(info.key, ticket_etag, running, new_etag)
+        ):
+            self.forget(info.key)
             return None
         self._collided(False)
         assert running.lease is not None

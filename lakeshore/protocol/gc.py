@@ -13,9 +13,13 @@ What goes, per expired invocation, in this order:
    record: a ticket that still holds the submitted record must never outlive the record,
    or a claimer would take it for an invocation nobody claimed yet;
 2. the **record** (one conditional delete on the etag read: an invocation retried or
-   rewritten meanwhile is left alone) — from here on the invocation does not exist. A
+   rewritten meanwhile is left alone) — from here on the invocation does not exist. The
+   records of a run go together, no sooner than ``CLAIM_FENCE_S`` (1 s) after the run last
+   saw (or deleted) their tickets: a worker that read a full ticket and stalled before
+   creating the record could otherwise create it again once gc deleted it, and run a
+   finished invocation twice; a claim that slow proves its ticket first. A
    tombstone that fenced out a submit lives in the ticket itself: deleting that ticket is
-   this step;
+   this step (no claim is ever made from a tombstone);
 3. everything else under its folder: spilled arguments and results, journals, logs;
 4. its id index entry, and its idempotency key when the key still names it (conditional on
    the key object's etag).
@@ -55,7 +59,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ulid import ULID
@@ -69,10 +74,12 @@ from lakeshore.errors import (
     TooLarge,
 )
 from lakeshore.keys import QueueKeys, check_id, id_index, namespace_prefix, workers_prefix
+from lakeshore.model.record import Record
 from lakeshore.protocol.admission import sweep_slots
 from lakeshore.protocol.census import ids_between, read_sign_of_life
 from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import (
+    CLAIM_FENCE_S,
     MAX_RECORD_BYTES,
     MAX_SMALL_BYTES,
     ORPHAN_GRACE_S,
@@ -201,9 +208,12 @@ def collect(
     now: float,
     dry_run: bool = False,
     only: set[str] | None = None,
+    ticks: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> GcReport:
     """Collect one queue. See the module docstring. With ``only``, ids outside it are left
-    alone (a run confirmed by a person removes no more than the dry run showed).
+    alone (a run confirmed by a person removes no more than the dry run showed). ``ticks``
+    and ``sleep`` time the claim fence (step 2).
 
     Raises:
         InvalidArgument: no retention at all (neither ``older_than_s`` nor the queue's), or
@@ -229,6 +239,9 @@ def collect(
     ticketed: dict[str, list[str]] = {}
     for info in ops.tickets():
         ticketed.setdefault(QueueKeys.id_of(info.key), []).append(info.key)
+    # a ticket missing from the listing ended before this moment; one deleted below, later
+    tickets_seen = ticks()
+    records: list[tuple[str, Record, str]] = []  # deleted after the fence: see _fence_claims
     found = set(ids_between(ops.store, ops.keys, None, top))
     found |= {inv for inv in ticketed if inv < top and _is_id(inv)}
     for inv in sorted(found):
@@ -251,19 +264,45 @@ def collect(
         if not unclaimed(etag) and any(n is not None and n > rec.reruns for n in lives):
             continue  # a rerun between its ticket and its record write: live, or about to be
         report.expired.append(inv)
-        gone: list[tuple[str, str | None]]
-        if unclaimed(etag):  # the record is the ticket's content (a tombstone)
-            gone = [(ops.ticket_key(rec), etag.removeprefix("ticket:"))]
-        else:  # stale tickets of its lives so far (a later one is a rerun's), then the record
-            stale = [t for t in ticketed.get(inv, []) if _life(t) <= rec.reruns]
-            gone = [(t, None) for t in stale] + [(ops.keys.record(inv), etag)]
-        if not _delete_in_order(ops, gone, report, dry_run):
-            report.expired.pop()  # changed since we read it (a retry?): keep it
+        if unclaimed(etag):  # the record is the ticket's content (a tombstone): one delete
+            if not _delete_in_order(
+                ops, [(ops.ticket_key(rec), etag[len("ticket:") :])], report, dry_run
+            ):
+                report.expired.pop()  # changed since we read it: keep it
+                continue
+            _remove_folder(ops, inv, report, dry_run)
+            _remove_satellites(ops, inv, rec.key, rec.queue, report, dry_run)
+            continue
+        # stale tickets of its lives so far (a later one is a rerun's) now, the record later
+        stale = [t for t in ticketed.get(inv, []) if _life(t) <= rec.reruns]
+        if stale:
+            if not _delete_in_order(ops, [(t, None) for t in stale], report, dry_run):
+                report.expired.pop()
+                continue
+            tickets_seen = ticks()
+        records.append((inv, rec, etag))
+    if records and not dry_run:
+        _fence_claims(tickets_seen, ticks, sleep)
+    for inv, rec, etag in records:
+        if not _delete_in_order(ops, [(ops.keys.record(inv), etag)], report, dry_run):
+            report.expired.remove(inv)  # changed since we read it (a retry?): keep it
             continue
         _remove_folder(ops, inv, report, dry_run)
         _remove_satellites(ops, inv, rec.key, rec.queue, report, dry_run)
     report.objects += free_leaked_slots(ops, now, dry_run)
     return report
+
+
+def _fence_claims(
+    tickets_seen: float, ticks: Callable[[], float], sleep: Callable[[float], object]
+) -> None:
+    """Wait until ``CLAIM_FENCE_S`` has passed since every ticket of the records about to go
+    was last seen. A claimer that read a full ticket, stalled, and creates the record after
+    gc deleted it has then taken longer than that from its read to its create, and such a
+    slow claim proves its ticket before it runs anything (``QueueOps.unclaim_if_stale``):
+    an invocation that finished is never run again by a claim that outlived gc."""
+    while (left := tickets_seen + CLAIM_FENCE_S - ticks()) > 0:
+        sleep(left)
 
 
 def free_leaked_slots(ops: QueueOps, now: float, dry_run: bool = False) -> list[str]:

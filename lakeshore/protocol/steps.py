@@ -76,6 +76,7 @@ from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
 __all__ = [
     "ABANDONED",
+    "CLAIM_FENCE_S",
     "MARKER_MAX",
     "MAX_RECORD_BYTES",
     "ORPHAN_GRACE_S",
@@ -103,6 +104,9 @@ MAX_SMALL_BYTES = 1 << 20
 MARKER_MAX = 64
 _TIDYING_PRUNE = 4096  # tickets awaiting their delete before expired ones are dropped
 ORPHAN_GRACE_S = 60.0  # a marker without its record: in flight (or being gc'd) until this old
+# gc deletes a record no sooner than this after its ticket was last seen; a claim that took
+# longer from reading a full ticket to creating the record proves the ticket still exists
+CLAIM_FENCE_S = 1.0
 # an outcome write the store's own retries could not land is sent again after these pauses
 _OUTCOME_PAUSE_S, _OUTCOME_PAUSE_CAP_S = 0.25, 4.0
 _UNCLAIMED = "ticket:"  # etag prefix: the record is still the ticket's content
@@ -298,6 +302,31 @@ class QueueOps:
             return
         with contextlib.suppress(Conflict):
             self.store.delete(info.key, if_match=if_match)
+
+    def unclaim_if_stale(self, ticket: str, ticket_etag: str, rec: Record, etag: str) -> bool:
+        """After a slow claim that created the record of ``rec`` from the ticket ``ticket``
+        read at ``ticket_etag``: prove the ticket is still there, unchanged. If it is not,
+        the invocation ended and gc removed its record while the claim stalled (gc waits
+        ``CLAIM_FENCE_S`` between a ticket's end and its record's delete, so only a claim
+        slower than that can meet this): the record just created is deleted again, on its
+        etag, and True says the claim must not run.
+
+        Raises:
+            StoreError: the store failed (the claim is then not trusted either).
+        """
+        try:
+            if self.store.get(ticket, max_bytes=MAX_RECORD_BYTES)[1] == ticket_etag:
+                return False
+        except (NotFound, TooLarge):
+            pass
+        log.warning(
+            "claim of %s: its ticket ended while the claim stalled (finished and collected "
+            "meanwhile): not running it",
+            rec.id,
+        )
+        with contextlib.suppress(Conflict):
+            self.store.delete(self.keys.record(rec.id), if_match=etag)
+        return True
 
     def drop_own_ticket(self, held: Claimed, until: float | None = None) -> None:
         """After the held attempt's terminal write: delete its ticket. With ``until`` (a
