@@ -309,21 +309,24 @@ class QueueOps:
         the invocation ended and gc removed its record while the claim stalled (gc waits
         ``CLAIM_FENCE_S`` between a ticket's end and its record's delete, so only a claim
         slower than that can meet this): the record just created is deleted again, on its
-        etag, and True says the claim must not run.
+        etag, and True says the claim must not run. A ticket that cannot be read is taken
+        as not proven: the claim is undone all the same, which for a live invocation only
+        hands it back to the queue.
 
         Raises:
-            StoreError: the store failed (the claim is then not trusted either).
+            StoreError: the store failed to delete the record too.
         """
+        why = "its ticket ended while the claim stalled (finished and collected meanwhile)"
         try:
             if self.store.get(ticket, max_bytes=MAX_RECORD_BYTES)[1] == ticket_etag:
                 return False
         except (NotFound, TooLarge):
             pass
-        log.warning(
-            "claim of %s: its ticket ended while the claim stalled (finished and collected "
-            "meanwhile): not running it",
-            rec.id,
-        )
+        except StoreError as e:
+            # unproven: undone all the same. A live invocation is queued again by its ticket
+            # (its record gone, the ticket holds it as submitted); a collected one stays gone
+            why = f"its ticket could not be read to prove the claim ({e})"
+        log.warning("claim of %s: %s: not running it", rec.id, why)
         with contextlib.suppress(Conflict):
             self.store.delete(self.keys.record(rec.id), if_match=etag)
         return True
