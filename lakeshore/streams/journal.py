@@ -282,8 +282,11 @@ def read_segments(
 
     A segment's key names its first seq, so the listing alone shows which segments hold only
     frames before ``since``: those are not fetched (resuming far into a journal costs the
-    listing and the segments from ``since`` on, whatever came before). No object larger than
-    ``max_bytes`` is fetched.
+    listing and the segments from ``since`` on, whatever came before). Seqs count from 0 in
+    each attempt's folder, so only a segment followed by another of the *same* folder can be
+    judged that way: the last segment of a folder is always read (a listing over several
+    attempts' folders, such as every attempt's logs, reads each attempt's last segment). No
+    object larger than ``max_bytes`` is fetched.
 
     Raises:
         CorruptSegment: a segment is malformed, too large, or names another first seq than
@@ -294,11 +297,16 @@ def read_segments(
     for info in store.list(prefix, start_after=start_after):
         if held is not None:
             nxt = segment_seq(info.key)
-            if nxt is None or nxt > since:  # the held segment may hold frames >= since
-                yield _read_one(store, held, max_bytes)
+            if nxt is None or nxt > since or not _same_folder(held, info.key):
+                yield _read_one(store, held, max_bytes)  # it may hold frames >= since
         held = info.key
     if held is not None:
         yield _read_one(store, held, max_bytes)
+
+
+def _same_folder(a: str, b: str) -> bool:
+    """Whether two segment keys are in one folder: one attempt's, whose seqs go on."""
+    return a.rpartition("/")[0] == b.rpartition("/")[0]
 
 
 def _read_one(
