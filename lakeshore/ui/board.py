@@ -14,6 +14,7 @@ from typing import Any
 from lakeshore.errors import InvalidArgument
 from lakeshore.keys import check_name
 from lakeshore.store.base import Store
+from lakeshore.ui.following import MAX_SEGMENT_READ
 from lakeshore.ui.overview import Overview
 from lakeshore.ui.pages import BUSY, Pages
 
@@ -32,9 +33,11 @@ class Board:
         discover_s: seconds between two readings of the names and queue records.
         max_requests_per_min: store requests the pages may make a minute (the overview's
             cost is bounded by its own rules, see ``docs/ui.md``).
+        max_segment_bytes: the largest journal or log segment a page fetches (a larger
+            one is named on the page, not read).
 
     Raises:
-        InvalidArgument: a bad namespace name, interval or budget.
+        InvalidArgument: a bad namespace name, interval, budget or segment size.
     """
 
     def __init__(
@@ -46,11 +49,20 @@ class Board:
         live_s: float = 1.0,
         discover_s: float = 60.0,
         max_requests_per_min: int = 3000,
+        max_segment_bytes: int = MAX_SEGMENT_READ,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not (interval_s > 0 and live_s > 0 and discover_s > 0 and max_requests_per_min > 0):
+        if not (
+            interval_s > 0
+            and live_s > 0
+            and discover_s > 0
+            and max_requests_per_min > 0
+            and max_segment_bytes > 0
+        ):
             raise InvalidArgument(
-                "ui", "the intervals and the budget must be positive", "e.g. --interval 5"
+                "ui",
+                "the intervals, the budget and the segment size must be positive",
+                "e.g. --interval 5",
             )
         fixed = [check_name(n, "namespace") for n in namespaces] if namespaces else None
         self.store = store
@@ -62,6 +74,7 @@ class Board:
             interval_s=interval_s,
             live_s=live_s,
             max_requests_per_min=max_requests_per_min,
+            max_segment_bytes=max_segment_bytes,
             monotonic=monotonic,
         )
 
@@ -98,6 +111,10 @@ class Board:
     def download(self, ns: str, inv: str, what: str) -> tuple[bytes, str] | None:
         """See :meth:`lakeshore.ui.pages.Pages.download`."""
         return self.pages.download(ns, inv, what)
+
+    def download_size(self, ns: str, inv: str, what: str) -> tuple[int, str] | None:
+        """See :meth:`lakeshore.ui.pages.Pages.download_size`."""
+        return self.pages.download_size(ns, inv, what)
 
     def forget(self, ns: str, inv: str) -> None:
         """An action changed ``inv``: its page and what the overview knew of it go."""

@@ -37,7 +37,7 @@ from lakeshore.model.record import STATES, TERMINAL, Blob, Record
 from lakeshore.protocol.census import id_time, list_invocations, summary
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode, Store
-from lakeshore.ui.following import Following, shown
+from lakeshore.ui.following import MAX_SEGMENT_READ, Following, shown
 
 __all__ = ["BUSY", "DONE_S", "MAX_DOWNLOAD", "Budget", "Metered", "Pages"]
 
@@ -129,7 +129,7 @@ class _View:
 
 class Pages:
     """The pages of one store, read on demand (``namespaces``: the only ones shown; None:
-    every one)."""
+    every one; no journal or log segment over ``max_segment_bytes`` is fetched)."""
 
     def __init__(
         self,
@@ -139,8 +139,10 @@ class Pages:
         interval_s: float,
         live_s: float,
         max_requests_per_min: int,
+        max_segment_bytes: int = MAX_SEGMENT_READ,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.max_segment_bytes = max_segment_bytes
         self.budget = Budget(max_requests_per_min, monotonic)
         self.store = Metered(store, self.budget)
         self.namespaces = namespaces
@@ -302,7 +304,7 @@ class Pages:
         with self._lock:
             f = self._following.get(key)
             if f is None or f.attempt != rec.attempt:
-                f = self._following[key] = Following(rec.attempt)
+                f = self._following[key] = Following(rec.attempt, self.max_segment_bytes)
             self._following.move_to_end(key)
             while len(self._following) > MAX_FOLLOWED:
                 self._following.popitem(last=False)
@@ -412,11 +414,38 @@ class Pages:
 
     def download(self, ns: str, inv: str, what: str) -> tuple[bytes, str] | None:
         """The stored bytes of an invocation's arguments or result (msgpack) and a file
-        name; None when the budget is spent or other downloads are running.
+        name; None when the budget is spent.
 
         Raises:
             InvalidArgument: a bad name, id or ``what``. NotFound: no such value.
-            StoreError: the store failed, or the record names another key.
+            StoreError: the store failed, the record names another key, or the value is
+                larger than ``MAX_DOWNLOAD``.
+        """
+        found = self._blob(ns, inv, what)
+        if found is None:
+            return None
+        ops, blob = found
+        return ops.get_blob(blob, what, MAX_DOWNLOAD), f"{check_id(inv)}-{what}.msgpack"
+
+    def download_size(self, ns: str, inv: str, what: str) -> tuple[int, str] | None:
+        """What :meth:`download` would send, its size and file name, from the record alone
+        (the value is not read); None when the budget is spent.
+
+        Raises:
+            as :meth:`download`.
+        """
+        found = self._blob(ns, inv, what)
+        if found is None:
+            return None
+        _, blob = found
+        return _size(blob), f"{check_id(inv)}-{what}.msgpack"
+
+    def _blob(self, ns: str, inv: str, what: str) -> tuple[QueueOps, Blob] | None:
+        """The value ``what`` of an invocation as its record names it (read from the record
+        only); None when the budget is spent.
+
+        Raises:
+            as :meth:`download`.
         """
         self._shown(ns)
         inv = check_id(inv)
@@ -437,7 +466,14 @@ class Pages:
             raise StoreError(
                 f"ui {inv}", "the record names a value outside its invocation", "inspect it"
             )
-        return ops.get_blob(blob, what, MAX_DOWNLOAD), f"{inv}-{what}.msgpack"
+        if blob.ref is not None and blob.size > MAX_DOWNLOAD:
+            raise StoreError(
+                f"ui {inv}",
+                f"the {what} value is {blob.size} bytes, more than the dashboard serves "
+                f"({MAX_DOWNLOAD})",
+                "read it in Python through Dispatch (`lakeshore result` for a result)",
+            )
+        return ops, blob
 
 
 def _record(ops: QueueOps, inv: str) -> Record:

@@ -1,20 +1,25 @@
 """The dashboard's HTTP server: the standard library's, a static page and a JSON API.
 
-**Security.** The page is read-only unless the server was started with ``allow_actions``.
-Without a token the server answers only requests whose ``Host`` is the loopback address
-it is bound to (a web page elsewhere cannot reach it through a name that resolves to
-127.0.0.1); with a token (required for any other address) every request must carry it:
-the printed URL holds it once, the server turns it into an ``HttpOnly``, ``SameSite=Strict``
-cookie. Actions are POSTs with a CSRF token that only the page can read (``/api/session``
-answers same-origin JSON; no CORS), and a foreign ``Origin`` is refused. The page builds
-everything from the store as text nodes, and a content security policy allows only its own
-script: a value holding markup stays text. Credentials never reach the page: the store is
-named by its scheme, bucket and prefix only.
+**Security.** A connection holds one of the server's places only once a request on it has
+shown the token (``lakeshore.ui.gate``): until then it waits in a small pool, a few per
+client address, and is closed when its first request has not come whole within a few
+seconds, or when a newer connection needs its place. The page is read-only unless the
+server was started with ``allow_actions``. Without a token the server answers only
+requests whose ``Host`` is the loopback address it is bound to (a web page elsewhere
+cannot reach it through a name that resolves to 127.0.0.1); with a token (required for
+any other address) every request must carry it: the printed URL holds it once, the server
+turns it into an ``HttpOnly``, ``SameSite=Strict`` cookie. Actions are POSTs with a CSRF
+token that only the page can read (``/api/session`` answers same-origin JSON; no CORS),
+and a foreign ``Origin`` is refused. The page builds everything from the store as text
+nodes, and a content security policy allows only its own script: a value holding markup
+stays text. Credentials never reach the page: the store is named by its scheme, bucket
+and prefix only.
 """
 
 from __future__ import annotations
 
 import hmac
+import io
 import ipaddress
 import json
 import logging
@@ -22,6 +27,8 @@ import re
 import secrets
 import socket
 import threading
+import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -39,16 +46,21 @@ from lakeshore.errors import (
 )
 from lakeshore.keys import check_id, check_name
 from lakeshore.ui.board import BUSY, Board
+from lakeshore.ui.gate import Gate
 
 __all__ = ["UiServer", "public_url"]
 
 log = logging.getLogger("lakeshore.ui")
 
 _HEADER = "X-Lakeshore-UI"  # on every API call of the page: a plain cross-site request has none
-MAX_CONNECTIONS = 256
+MAX_CONNECTIONS = 256  # connections let in (their requests showed the token) at once
+MAX_WAITING = 64  # connections not let in yet, at once
+MAX_WAITING_PER_CLIENT = 16  # of those, from one address
+HEADER_DEADLINE_S = 5.0  # from a connection's arrival to its first request, whole, checked
+IDLE_TIMEOUT_S = 30.0  # a connection let in that sends nothing this long is closed
+MAX_HEAD_BYTES = 64 * 1024  # what a connection may send before it is let in
 DOWNLOADS_AT_ONCE = 2  # values held in memory while they are sent
 _TOKEN = re.compile(r"[A-Za-z0-9._~-]{8,256}\Z")  # as it goes in a URL and a cookie, unquoted
-_TIMEOUT_S = 30.0
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -86,8 +98,15 @@ def is_loopback(host: str) -> bool:
 class UiServer:
     """Serve the dashboard of ``board`` on ``host:port`` (port 0: any free one).
 
+    ``max_connections`` connections whose requests showed the token are served at once;
+    before that, a connection waits among at most ``max_waiting`` (``max_waiting_per_client``
+    per address), each closed when its first request has not come whole and been checked
+    within ``header_deadline_s`` of its arrival (by ``monotonic``), and the oldest closed
+    when a newcomer needs its place. A connection let in is closed after
+    ``idle_timeout_s`` of silence.
+
     Raises:
-        InvalidArgument: a non-loopback ``host`` without a token.
+        InvalidArgument: a non-loopback ``host`` without a token; a bad token or limit.
         OSError: the address cannot be bound.
     """
 
@@ -100,6 +119,12 @@ class UiServer:
         port: int = 8321,
         token: str | None = None,
         allow_actions: bool = False,
+        max_connections: int = MAX_CONNECTIONS,
+        max_waiting: int = MAX_WAITING,
+        max_waiting_per_client: int = MAX_WAITING_PER_CLIENT,
+        header_deadline_s: float = HEADER_DEADLINE_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not is_loopback(host) and not token:
             raise InvalidArgument(
@@ -120,8 +145,17 @@ class UiServer:
         self.csrf = secrets.token_urlsafe(32)
         self._planes: dict[str, Dispatch] = {}
         self._planes_lock = threading.Lock()
-        handler = type("Handler", (_Handler,), {"ui": self})
-        self.httpd = _Server((host, port), handler, ipv6=":" in host)
+        if not idle_timeout_s > 0:
+            raise InvalidArgument("ui", "the idle timeout must be positive", "e.g. 30")
+        gate = Gate(
+            max_connections=max_connections,
+            max_waiting=max_waiting,
+            max_waiting_per_client=max_waiting_per_client,
+            deadline_s=header_deadline_s,
+            monotonic=monotonic,
+        )
+        handler = type("Handler", (_Handler,), {"ui": self, "timeout": idle_timeout_s})
+        self.httpd = _Server((host, port), handler, gate, ipv6=":" in host)
         self.downloads = threading.BoundedSemaphore(DOWNLOADS_AT_ONCE)
         self.host = host
         self.port = self.httpd.server_address[1]
@@ -188,36 +222,78 @@ class UiServer:
 
 
 class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most ``MAX_CONNECTIONS`` at once (more are closed at
-    once: a flood of idle connections cannot hold the machine's threads)."""
+    """A thread per connection, its place kept by a :class:`Gate`: a connection beyond what
+    the gate holds is closed at once (a flood of idle connections cannot hold the machine's
+    threads), and the waiting ones past their deadline are closed between two accepts."""
 
     daemon_threads = True
+    request_queue_size = 128  # a burst of connections is accepted, not dropped by the kernel
 
-    def __init__(self, address: tuple[str, int], handler: Any, ipv6: bool) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    def __init__(self, address: tuple[str, int], handler: Any, gate: Gate, ipv6: bool) -> None:
+        self.gate = gate
         if ipv6:
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self.gate.arrive(request, str(client_address[0])):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except Exception:
-            self._slots.release()
+            self.gate.leave(request)
+            self.shutdown_request(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self._slots.release()
+            self.gate.leave(request)  # before the socket is closed: see Gate.leave
+            self.shutdown_request(request)
+
+    def service_actions(self) -> None:
+        self.gate.sweep()  # serve_forever calls this at least every half second
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that went away mid-answer, or a request too broken to parse: not ours
         log.debug("ui: a connection from %s failed", client_address, exc_info=True)
+
+
+class _Capped(io.RawIOBase):
+    """The socket as the handler reads it: until the connection is let in, at most
+    ``limit`` bytes, then the end (a waiting connection's request is never held whole
+    when it is larger than any a browser sends)."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        super().__init__()
+        self.raw, self.limit, self.read_so_far = raw, limit, 0
+        self.capped = True
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        view = memoryview(buffer)
+        if self.capped:
+            room = self.limit - self.read_so_far
+            if room <= 0:
+                return 0
+            view = view[:room]
+        n: int | None = self.raw.readinto(view)
+        self.read_so_far += n or 0
+        return n
+
+    def exhausted(self) -> bool:
+        return self.capped and self.read_so_far >= self.limit
+
+    def close(self) -> None:
+        if not self.closed:
+            self.raw.close()
+        super().close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -225,7 +301,14 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "lakeshore-ui"
     sys_version = ""
     protocol_version = "HTTP/1.1"
-    timeout = _TIMEOUT_S  # a connection that sends nothing this long is closed
+    timeout = IDLE_TIMEOUT_S  # a connection that sends nothing this long is closed
+    server: _Server
+    head_limit = MAX_HEAD_BYTES
+
+    def setup(self) -> None:
+        super().setup()
+        self._capped = _Capped(self.rfile.detach(), self.head_limit)
+        self.rfile = io.BufferedReader(self._capped)
 
     def log_message(self, format: str, *args: Any) -> None:
         line = _TOKEN_IN_QUERY.sub("token=…", format % args)  # the log is no place for it
@@ -261,10 +344,13 @@ class _Handler(BaseHTTPRequestHandler):
         body: bytes,
         ctype: str,
         extra: dict[str, str] | None = None,
+        length: int | None = None,
     ) -> None:
+        """Answer ``body`` (to a HEAD, its headers only: ``length`` stands for a body that
+        was not read)."""
         self.send_response(status)
         self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) if length is None else length))
         self.send_header("Content-Security-Policy", _POLICY)
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("X-Frame-Options", "DENY")
@@ -272,6 +358,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         for k, v in (extra or {}).items():
             self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -286,7 +374,27 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(status, {"error": message})
 
     def _guard(self) -> dict[str, list[str]] | None:
-        """The query, or None when the request was refused (and answered)."""
+        """The query, or None when the request was refused (and answered). A request that
+        passes lets its connection in (see :class:`Gate`); a refused one closes it."""
+        asked = self.close_connection
+        self.close_connection = True  # a refusal closes: no waiting place is kept for a retry
+        query = self._checked()
+        if query is None:
+            return None
+        if not self.server.gate.let_in(self.request):
+            self._error(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"ui: {self.server.gate.max_connections} connections are open — close some tabs",
+            )
+            return None
+        self._capped.capped = False
+        self.close_connection = asked
+        return query
+
+    def _checked(self) -> dict[str, list[str]] | None:
+        if self._capped.exhausted():
+            self._error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "ui: the request is too large")
+            return None
         if not self._host_ok():
             self._error(HTTPStatus.MISDIRECTED_REQUEST, "ui: unexpected Host — use 127.0.0.1")
             return None
@@ -312,7 +420,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _download(self, ns: str, inv: str, what: str) -> None:
         """Send a value, at most ``DOWNLOADS_AT_ONCE`` at a time: each is held in memory
-        until the client has taken it."""
+        until the client has taken it. A HEAD reads the record, never the value."""
+        if self.command == "HEAD":
+            about = self.ui.board.download_size(ns, inv, what)
+            if about is None:
+                self._json(HTTPStatus.TOO_MANY_REQUESTS, BUSY)
+                return
+            size, name = about
+            disposition = {"Content-Disposition": f'attachment; filename="{name}"'}
+            self._send(HTTPStatus.OK, b"", "application/octet-stream", disposition, size)
+            return
         if not self.ui.downloads.acquire(blocking=False):
             self._json(HTTPStatus.TOO_MANY_REQUESTS, {**BUSY, "error": "ui: downloads busy"})
             return

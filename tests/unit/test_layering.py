@@ -46,7 +46,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     ("worker and declared functions", {"worker", "udf"}),
     ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
-    ("the dashboard", {"ui", "ui.board", "ui.server", "ui.overview", "ui.pages", "ui.following"}),
+    (
+        "the dashboard",
+        {"ui", "ui.board", "ui.server", "ui.overview", "ui.pages", "ui.following"} | {"ui.gate"},
+    ),
     (
         "the command line",
         {"__main__", "cli", "cli.common", "cli.admin", "cli.jobs", "cli.watch", "cli.work"}
