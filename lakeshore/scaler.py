@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -45,6 +46,7 @@ from lakeshore.errors import (
     RecordError,
 )
 from lakeshore.keys import check_name
+from lakeshore.model import lifecycle
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.record import Record
 from lakeshore.model.scaling import decide
@@ -182,7 +184,8 @@ class Scaler:
             for q in self.queues
         }
         self._held: dict[str, Held] = {}
-        self._judged: dict[str, dict[str, tuple[str, bool]]] = {}
+        # queue -> ticket key -> (its etag, counts as work, judged again after this store time)
+        self._judged: dict[str, dict[str, tuple[str, bool, float]]] = {}
 
     @property
     def tags(self) -> list[str]:
@@ -239,7 +242,7 @@ class Scaler:
         if not report.more and 0 < live <= JUDGED_UP_TO:
             # a near-empty queue: read what its tickets hold (once per ticket and etag), so a
             # gc tombstone or a work queue's payload does not keep a worker cycling for ever
-            live = sum(map(self._judge(ops), tickets))
+            live = sum(map(self._judge(ops, block.idle_exit_s), tickets))
         started = self.monotonic()
         held, seen = leases.take(self._held.pop(queue, None))
         if held is None:
@@ -306,29 +309,40 @@ class Scaler:
             report.error = str(e)
         return len(report.launched)
 
-    def _judge(self, ops: QueueOps) -> Callable[[ObjectInfo], bool]:
+    def _judge(self, ops: QueueOps, horizon: float) -> Callable[[ObjectInfo], bool]:
         """Whether a ticket stands for work this scaler's workers take. A ticket that holds
         a record (an invocation nothing has claimed yet, or a gc tombstone) counts when it
         is a queued function call of a schema this version reads: not a tombstone, a
-        payload or a newer record. Any other ticket (a claimed, released or rerun
-        invocation's, which holds a marker while the truth is in its record) counts.
-        Remembered by key and etag: a ticket is read once."""
+        payload or a newer record, nor one whose times cannot be true
+        (``lifecycle.implausible``: claimers fail it) or that is not due within ``horizon``
+        (the workers' ``idle_exit_s``: one launched for it would leave first). Any other
+        ticket (a claimed, released or rerun invocation's, which holds a marker while the
+        truth is in its record) counts. Remembered by key and etag: a ticket is read once,
+        and one not yet due again once it is that close."""
         judged = self._judged.setdefault(ops.keys.queue, {})
+        now = ops.store.now()
 
         def counts(info: ObjectInfo) -> bool:
             hit = judged.get(info.key)
-            if hit is not None and hit[0] == info.etag:
+            if hit is not None and hit[0] == info.etag and hit[2] > now:
                 return hit[1]
+            until = math.inf
             try:
                 rec = Record.from_bytes(ops.read_bounded(info.key)[0], info.key)
                 verdict = rec.state in ("queued", "running") and not rec.is_payload
+                if verdict and lifecycle.implausible(rec, now) is not None:
+                    verdict = False  # the first claimer fails it: no work for anyone
+                elif verdict and rec.not_before > now + horizon:
+                    # not due before a worker launched now would have left again: work
+                    # only once it is that close
+                    verdict, until = False, rec.not_before - horizon
             except (NotFound, NewerRecord):
                 verdict = False  # gone since the listing, or not this version's to run
             except RecordError:
                 verdict = True  # a marker (or unreadable): live as far as the ticket says
             if len(judged) > 4 * JUDGED_UP_TO:
                 judged.clear()  # tickets come and go: forget the old ones now and then
-            judged[info.key] = (info.etag, verdict)
+            judged[info.key] = (info.etag, verdict, until)
             return verdict
 
         return counts

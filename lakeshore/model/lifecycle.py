@@ -20,6 +20,7 @@ from lakeshore.errors import IllegalTransition
 from lakeshore.model.record import MAX_HISTORY, Lease, Record, Turn
 
 __all__ = [
+    "CLOCK_SLACK_S",
     "MAX_BACKOFF_S",
     "backoff_s",
     "cancel",
@@ -28,7 +29,9 @@ __all__ = [
     "fail",
     "heartbeat",
     "holds",
+    "implausible",
     "past_deadline",
+    "refuse",
     "release",
     "rerun",
     "succeed",
@@ -36,6 +39,10 @@ __all__ = [
 ]
 
 MAX_BACKOFF_S = 300.0
+# How far ahead of the reader's store clock a time another process wrote may lie. Every
+# writer takes its times from the store's clock, so honest ones differ by seconds; past this
+# a time is a lie (or a clock far off), and trusting it would park the record for ever.
+CLOCK_SLACK_S = 300.0
 
 
 def _illegal(rec: Record, move: str) -> IllegalTransition:
@@ -236,4 +243,56 @@ def time_out(rec: Record, now: float, token: str | None = None) -> Record:
         error=error,
         finished_at=now,
         history=_ended(rec, now, "timeout"),
+    )
+
+
+def implausible(rec: Record, now: float) -> str | None:
+    """Why a live record's times cannot be true at store time ``now``, or None. A record
+    comes from the store, where anyone who may write can put any number: a ``not_before``
+    years away would keep its ticket at the head of the queue for ever, a lease that ends
+    in a year would hold the invocation as long. So no time may lie further ahead than
+    its writer could have put it honestly: ``CLOCK_SLACK_S`` past ``now`` for the times
+    something happened (``submitted_at``, ``started_at``, ``finished_at``), a backoff
+    more for ``not_before``, a lease more for the lease's end. ``deadline_at`` is a
+    promise, not an event, and may lie as far ahead as the submitter likes; the id's time
+    comes from the submitter's own clock, which may be off, and an id from the future only
+    sorts its ticket last."""
+    ahead = now + CLOCK_SLACK_S
+    events = {
+        "submitted_at": rec.submitted_at,
+        "started_at": rec.started_at,
+        "finished_at": rec.finished_at,
+    }
+    for name, t in events.items():
+        if t is not None and t > ahead:
+            return f"{name} lies {t - now:.0f} s ahead of the store's clock"
+    if rec.not_before > ahead + MAX_BACKOFF_S:
+        return (
+            f"not_before lies {rec.not_before - now:.0f} s ahead of the store's clock, "
+            f"more than any backoff ({MAX_BACKOFF_S:g} s)"
+        )
+    if rec.lease is not None and rec.lease.expires_at > ahead + rec.lease_s:
+        return (
+            f"the lease ends {rec.lease.expires_at - now:.0f} s after the store's clock, "
+            f"more than its lease_s ({rec.lease_s:g} s)"
+        )
+    return None
+
+
+def refuse(rec: Record, now: float, why: str) -> Record:
+    """queued | running -> failed, not retried: a record whose times are
+    :func:`implausible`. Its ticket can then be dropped and gc collects it like any other."""
+    if rec.terminal:
+        raise _illegal(rec, "refuse")
+    error = {
+        "type": "ImplausibleRecord",
+        "message": f"{why}: no worker will wait for it; submit it again if it was meant",
+        "traceback": "",
+    }
+    return rec.next_write(
+        state="failed",
+        lease=None,
+        error=error,
+        finished_at=now,
+        history=_ended(rec, now, "failed"),
     )

@@ -106,6 +106,10 @@ class Claimer:
         self._listing_whole = False  # and whether it looked at every ticket
         self._listing: list[ObjectInfo] = []
         self._listed_at = -1e9  # time.monotonic() of the listing
+        # where the next listing starts (None: at the head): past the last key of a listing
+        # that scanned _SCAN tickets it skips, so they cannot hide the work behind them
+        self._resume: str | None = None
+        self._resumed = False  # the last listing began past the head
         self._trying: set[str] = set()  # ticket keys a slot of this worker is reading now
         self._misses: dict[str, int] = {}  # ticket key -> times its record was not there yet
         # full tickets whose record exists (a create of it failed): read the record first
@@ -209,11 +213,12 @@ class Claimer:
             if info is None:
                 if lists >= _LISTS_PER_CLAIM:
                     return None  # out of listings for this pass: not a pass over everything
-                if not self._list(now):
+                found = self._list(now)
+                lists += 1
+                if not found and not self._resumed:
                     self._passed(began)
                     return None
-                lists += 1
-                continue
+                continue  # (a listing that began past the head is followed by one from it)
             try:
                 got = self._try_claim(info, now, lease_s, stopping)
             except (StoreError, PermissionDenied):
@@ -242,17 +247,26 @@ class Claimer:
                     return bool(self._listing)
             fresh: list[ObjectInfo] = []
             seen: set[str] = set()
-            whole = True
-            for scanned, info in enumerate(self.ops.tickets()):
-                if scanned >= _SCAN or len(fresh) >= _LISTING:
+            start, resume, last = self._resume, None, None
+            whole = start is None
+            for scanned, info in enumerate(self.ops.tickets(start)):
+                if len(fresh) >= _LISTING:
                     whole = False
                     break
+                if scanned >= _SCAN:
+                    # a scan's worth of tickets this process skips (not due, running, or
+                    # planted): the next listing starts past them instead of at the head
+                    whole, resume = False, last
+                    break
                 seen.add(info.key)
+                last = info.key
                 if not self._skipped(info, now):
                     fresh.append(info)
             with self._lock:
                 self._later = {k: v for k, v in self._later.items() if v[1] > now}
-                self._promoted &= seen
+                if start is None:
+                    self._promoted &= seen
+                self._resume, self._resumed = resume, start is not None
                 self._listing = fresh
                 self._listed_at = time.monotonic()
                 self._listing_now, self._listing_whole = now, whole
@@ -348,6 +362,20 @@ class Claimer:
                 self._remember(info, info.last_modified + _RERUN_GRACE_S)
             else:  # unless a rerun rewrote it since it was read (its record may be queued now)
                 self._drop(info, if_match=ticket_etag)
+            return None, moved
+        why = None if rec.terminal else lifecycle.implausible(rec, now)
+        if why is not None:
+            # a time no honest writer puts there: waiting for it would park the ticket at
+            # the head of the queue for good, so the record is failed and the ticket dropped
+            refused = lifecycle.refuse(rec, now, why)
+            try:
+                self.ops.cas(refused, etag)
+            except Conflict:
+                self._lost_create(info.key, etag)
+                return None, moved
+            log.warning("claim on %s: failed %s: %s", self.ops.keys.queue, inv, inert(why))
+            self.ops.free_slot(refused)
+            self._drop(info)
             return None, moved
         if rec.state == "running":
             expires = rec.lease.expires_at if rec.lease is not None else now

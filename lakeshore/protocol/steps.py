@@ -355,8 +355,9 @@ class QueueOps:
         seen = self._tidying.get(info.key)
         return seen is not None and seen[0] == info.etag and seen[1] > now
 
-    def tickets(self) -> Iterator[ObjectInfo]:
-        return self.store.list(self.keys.tickets_prefix)
+    def tickets(self, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """The queue's tickets in key order (claim order), after ``start_after`` if given."""
+        return self.store.list(self.keys.tickets_prefix, start_after)
 
     # -- steps ---------------------------------------------------------------------------------
 

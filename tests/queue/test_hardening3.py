@@ -8,13 +8,17 @@ party's whole story inside the stalled request, and clocks are moved by hand.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 import lakeshore as dls
+from lakeshore import codec
 from lakeshore.errors import StoreUnavailable
-from lakeshore.model.record import Record
+from lakeshore.keys import new_id
+from lakeshore.model import lifecycle
+from lakeshore.model.record import Blob, Lease, Record
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.gc import collect
 from lakeshore.protocol.steps import CLAIM_FENCE_S, QueueOps
@@ -161,3 +165,110 @@ def test_gc_deletes_records_no_sooner_than_the_claim_fence_after_it_saw_their_ti
     assert sorted(report.expired) == sorted(ids)
     assert len(deleted_at) == 3 and min(deleted_at) >= listed + CLAIM_FENCE_S
     assert len(ticks.slept) == 1  # one wait for the whole run, not one per invocation
+
+
+# -- finding 3: tickets never due cannot stall a queue ------------------------------------
+
+
+def plant(q: Any, n: int, not_before: float, priority: int = 9) -> list[str]:
+    """What a producer with its policy can do: ``n`` create-only tickets of well-formed
+    queued records that say they are not due until ``not_before``."""
+    ops = q.ops("default")
+    args = Blob(inline=codec.encode(((1,), {})))
+    now = q.store.now()
+    ids = []
+    for _ in range(n):
+        inv = new_id(priority)
+        rec = Record(
+            id=inv,
+            ns=q.ns,
+            queue="default",
+            fn="tests.jobs:add_one",
+            args=args,
+            priority=priority,
+            not_before=not_before,
+            submitted_at=now,
+        )
+        assert ops.submit(rec)
+        ids.append(inv)
+    return ids
+
+
+def test_tickets_not_due_for_years_are_failed_and_the_job_behind_them_runs() -> None:
+    q = make_plane(MemoryStore())
+    junk = plant(q, 5001, q.store.now() + 10 * 365 * 86400)
+    inv = q.udf(jobs.add_one).submit(1)
+    drain(q, idle_exit=30)  # it leaves once it ran the one job
+    assert q.status(inv) == "succeeded"
+    failed = [q.get(i) for i in junk[:50]]
+    assert {r.state for r in failed} == {"failed"}
+    assert failed[0].error is not None and failed[0].error["type"] == "ImplausibleRecord"
+    # and gc removes them like any finished invocation
+    report = collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1)
+    assert set(junk[:50]) <= set(report.expired)
+
+
+def test_a_scan_full_of_tickets_not_yet_due_does_not_hide_the_job_behind_them() -> None:
+    # due in four minutes: plausible (a backoff), so each is only skipped, not failed
+    q = make_plane(MemoryStore())
+    junk = plant(q, 5001, q.store.now() + 240)
+    inv = q.udf(jobs.add_one).submit(1)
+    drain(q, idle_exit=30)  # it leaves once it ran the one job
+    assert q.status(inv) == "succeeded"
+    assert {q.status(i) for i in junk[:10]} == {"queued"}
+
+
+@pytest.mark.parametrize(
+    "field, ahead",
+    [("submitted_at", 3600.0), ("started_at", 3600.0), ("finished_at", 3600.0)],
+)
+def test_a_live_record_with_a_time_from_the_future_is_refused(field: str, ahead: float) -> None:
+    now = 1_000_000.0
+    rec = Record(
+        id=new_id(),
+        ns="default",
+        queue="default",
+        fn="m:f",
+        args=Blob(inline=b""),
+        submitted_at=now,
+    )
+    assert lifecycle.implausible(rec, now) is None
+    bad = dataclasses.replace(rec, **{field: now + ahead})
+    why = lifecycle.implausible(bad, now)
+    assert why is not None and field in why
+    assert lifecycle.refuse(bad, now, why).state == "failed"
+
+
+def test_a_lease_longer_than_its_lease_s_is_refused() -> None:
+    now = 1_000_000.0
+    rec = Record(id=new_id(), ns="default", queue="default", fn="m:f", args=Blob(inline=b""))
+    running = lifecycle.claim(rec, "w", "t", now, lease_s=30.0)
+    assert lifecycle.implausible(running, now + 10) is None
+    forged = dataclasses.replace(running, lease=Lease("w", "t", now + 86400))
+    assert "lease" in (lifecycle.implausible(forged, now) or "")
+    assert lifecycle.implausible(dataclasses.replace(rec, not_before=now + 200), now) is None
+    assert "not_before" in (
+        lifecycle.implausible(dataclasses.replace(rec, not_before=now + 1e6), now) or ""
+    )
+
+
+def test_the_scaler_does_not_count_tickets_not_due_or_never_due_as_work() -> None:
+    from tests.queue.test_scaler import Fleet, _scaler
+
+    store = MemoryStore()
+    q = make_plane(store)
+    q.configure("hpc", provider={"kind": "local", "cooldown_s": 0, "idle_exit_s": 60})
+    now = store.now()
+    args = Blob(inline=codec.encode(((1,), {})))
+    ops = q.ops("hpc")
+    for not_before in (now + 10 * 365 * 86400, now + 240):  # never, and after idle_exit_s
+        inv = new_id(5)
+        rec = Record(id=inv, ns=q.ns, queue="hpc", fn="tests.jobs:add_one", args=args)
+        assert ops.submit(dataclasses.replace(rec, not_before=not_before, submitted_at=now))
+    fleet = Fleet()
+    scaler = _scaler(q, fleet)
+    (report,) = scaler.tick()
+    assert report.live == 0 and not fleet.workers
+    q.udf(jobs.add_one, queue="hpc").submit(1)  # real work: one worker
+    (report,) = scaler.tick()
+    assert report.live == 1 and len(fleet.workers) == 1
