@@ -20,7 +20,23 @@ declared length may exceed the bytes that are there, an unknown extension type i
 instead of handed to user code, and an array's dtype, shape and byte count must agree.
 A nested tuple is decoded level by level in a loop of our own, never by msgpack calling back
 into itself: each such callback held a whole unpacker on the C stack, and a few hundred
-levels overflowed it (a segfault, which no ``except`` can catch).
+levels overflowed it (a segfault, which no ``except`` can catch). Each level's bytes are
+let go once that level is decoded, so nesting does not hold one copy of the value per level.
+
+What a decode builds is bounded per input byte. A one-byte nil takes an 8-byte slot in its
+list and a one-byte empty list takes 64 bytes, so bytes chosen by someone else could make a
+reader build many times their size (a 32 MB array of nils made a 256 MB list). A decode
+therefore counts *items*, in 8-byte slots, as it builds them: one per element of a list or
+tuple, :data:`DICT_ENTRY_ITEMS` per dict entry (a hash table keeps spare room), and
+:data:`CONTAINER_ITEMS` for each list, tuple or dict itself (what an empty one costs). It
+refuses the bytes (``DecodeError``) as soon as the count passes :func:`item_budget` of
+their size: :data:`ITEMS_FLOOR` plus one item per :data:`BYTES_PER_ITEM` bytes, never more
+than :data:`ITEMS_CEILING`. So the lists, tuples and dicts a decode builds take about 32 MiB
+plus the input's own size at most, whatever the bytes; each item's own object (an int
+beyond the small ones, a short string) adds Python's size of it, for at most that many
+items. No single list or dict may declare more than the budget, so the refusal comes before
+its slots are allocated. ``encode`` counts the same way and refuses such a value with
+``InvalidArgument``, so a producer learns at submit, not a worker at decode.
 """
 
 from __future__ import annotations
@@ -34,9 +50,35 @@ import msgpack
 
 from lakeshore.errors import DecodeError, InvalidArgument
 
-__all__ = ["MAX_DEPTH", "decode", "decode_call", "encode", "pack_plain"]
+__all__ = [
+    "BYTES_PER_ITEM",
+    "CONTAINER_ITEMS",
+    "DICT_ENTRY_ITEMS",
+    "ITEMS_CEILING",
+    "ITEMS_FLOOR",
+    "MAX_DEPTH",
+    "decode",
+    "decode_call",
+    "encode",
+    "item_budget",
+    "pack_plain",
+    "unpack_plain",
+]
 
 MAX_DEPTH = 100  # containers inside containers; real data stays far below it
+# The budget of items a decode may build from n bytes (see the module docstring): a list
+# of 4 million small ints, of 200,000 small dicts or of 20 million floats fits; denser data
+# goes as a numpy array or a file.
+ITEMS_FLOOR = 1 << 22
+ITEMS_CEILING = 1 << 25  # 256 MiB of slots, whatever the input's size
+BYTES_PER_ITEM = 8
+CONTAINER_ITEMS = 8  # an empty list is 56 bytes, an empty dict 64: about 8 slots
+DICT_ENTRY_ITEMS = 6  # a dict of n entries takes 37 n to 48 n bytes, past the smallest
+_RULE = (
+    f"an item per element of a list or tuple, {DICT_ENTRY_ITEMS} per dict entry, "
+    f"{CONTAINER_ITEMS} per list, tuple or dict; at most {ITEMS_FLOOR} plus one per "
+    f"{BYTES_PER_ITEM} bytes, never over {ITEMS_CEILING}"
+)
 # msgpack's first buffer. Its default, 1 MiB, is allocated on every call: packing a tuple
 # inside a tuple (every invocation's arguments) then cost a fresh mmap each, 5x the rest of the
 # encoding, and records churned the heap. The buffer grows as needed for large values.
@@ -66,15 +108,75 @@ class _Deferred:
         self.data = data
 
 
-def _check_depth(value: Any, what: str) -> None:
-    """Refuse a value nested deeper than MAX_DEPTH (iterative: any depth is measured safely)."""
+def item_budget(size: int) -> int:
+    """How many items a decode may build from ``size`` bytes (see the module docstring)."""
+    return min(ITEMS_CEILING, ITEMS_FLOOR + size // BYTES_PER_ITEM)
+
+
+class _Budget:
+    """The items one decode may still build; msgpack's hooks charge each container as it
+    is completed, and the first one over the budget stops the decode."""
+
+    __slots__ = ("left", "limit", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.limit = self.left = item_budget(size)
+
+    def charge(self, items: int) -> None:
+        self.left -= items + CONTAINER_ITEMS
+        if self.left < 0:
+            raise _bad(f"its {self.size} bytes build more than {self.limit} items ({_RULE})")
+
+    def list_hook(self, items: list[Any]) -> list[Any]:
+        self.charge(len(items))
+        return items
+
+    def map_hook(self, items: dict[Any, Any]) -> dict[Any, Any]:
+        self.charge(DICT_ENTRY_ITEMS * len(items))
+        return items
+
+    def limits(self, n: int) -> dict[str, Any]:
+        """msgpack's options for ``n`` bytes: no declared length beyond the bytes there or
+        the budget left (msgpack derives the first bound itself; spelled out so that no
+        version of it can differ), and the hooks that charge what is built."""
+        left = max(0, self.left)
+        return {
+            "max_str_len": n,
+            "max_bin_len": n,
+            "max_array_len": min(n, left),
+            "max_map_len": min(n // 2, left // DICT_ENTRY_ITEMS),
+            "max_ext_len": n,
+            "list_hook": self.list_hook,
+            "object_hook": self.map_hook,
+        }
+
+
+def unpack_plain(data: bytes) -> Any:
+    """Plain msgpack (no extension types: the store's own objects, such as records and
+    journal segments) with the item budget of :func:`decode`; map keys are str or bytes.
+
+    Raises:
+        DecodeError: more items than the budget allows.
+        ValueError, TypeError: not msgpack (msgpack's own errors: callers turn them into
+            their own, as for any corrupt object).
+    """
+    return msgpack.unpackb(data, raw=False, **_Budget(len(data)).limits(len(data)))
+
+
+def _check_depth(value: Any, what: str) -> int:
+    """Refuse a value nested deeper than MAX_DEPTH (iterative: any depth is measured
+    safely); the items a decode of it builds, counted as :class:`_Budget` counts them."""
+    count = 0
     stack = [(value, 1)]
     while stack:
         obj, depth = stack.pop()
         if isinstance(obj, dict):
             items: Any = [*obj.keys(), *obj.values()]
+            count += DICT_ENTRY_ITEMS * len(obj) + CONTAINER_ITEMS
         elif isinstance(obj, list | tuple):
             items = obj
+            count += len(obj) + CONTAINER_ITEMS
         else:
             continue
         if depth > MAX_DEPTH:
@@ -86,6 +188,7 @@ def _check_depth(value: Any, what: str) -> None:
             )
         if not _LEAVES.issuperset(map(type, items)):  # flat containers cost no Python loop
             stack.extend((x, depth + 1) for x in items if type(x) not in _LEAVES)
+    return count
 
 
 def _check_dtype(dtype: Any) -> None:
@@ -154,10 +257,11 @@ def _ndarray(data: bytes) -> Any:
             "the value holds a numpy array but numpy is not installed here",
             "pip install numpy in this environment",
         ) from None
-    # plain msgpack, no extension types: an ext in here stays an ExtType and is refused below
+    # plain msgpack, no extension types: an ext in here stays an ExtType and is refused below;
+    # [dtype, shape, raw] holds no map and no list longer than a shape
     n = len(data)
     parts = msgpack.unpackb(
-        data, raw=False, max_str_len=n, max_bin_len=n, max_array_len=n, max_map_len=n // 2
+        data, raw=False, max_str_len=n, max_bin_len=n, max_array_len=_MAX_NDIM, max_map_len=0
     )
     if not (type(parts) is list and len(parts) == 3):
         raise _bad("a numpy array is not [dtype, shape, bytes]")
@@ -182,25 +286,15 @@ def _ndarray(data: bytes) -> Any:
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
-def _unpack_level(data: bytes) -> Any:
-    """One level: nested tuples come back as _Deferred. No declared length may promise more
-    items or bytes than the input holds (msgpack derives the same bounds itself; spelled out
-    so that no version of it can differ)."""
-    n = len(data)
+def _unpack_level(data: bytes, budget: _Budget) -> Any:
+    """One level: nested tuples come back as _Deferred; what it builds is charged to
+    ``budget``, which the levels of one value share."""
     return msgpack.unpackb(
-        data,
-        ext_hook=_ext_hook,
-        raw=False,
-        strict_map_key=False,
-        max_str_len=n,
-        max_bin_len=n,
-        max_array_len=n,
-        max_map_len=n // 2,
-        max_ext_len=n,
+        data, ext_hook=_ext_hook, raw=False, strict_map_key=False, **budget.limits(len(data))
     )
 
 
-def _finish(obj: Any, depth: int) -> Any:
+def _finish(obj: Any, depth: int, budget: _Budget) -> Any:
     """Check the depth of ``obj`` (a container at nesting level ``depth``) and decode its
     deferred tuples, bottom up. Recursion is bounded: it stops at MAX_DEPTH."""
     t = type(obj)
@@ -212,21 +306,27 @@ def _finish(obj: Any, depth: int) -> Any:
         if not _LEAVES.issuperset(map(type, obj)):
             for i, x in enumerate(obj):
                 if type(x) not in _LEAVES:
-                    obj[i] = _finish(x, depth + 1)
+                    obj[i] = _finish(x, depth + 1, budget)
         return obj
     if t is dict:
         if _LEAVES.issuperset(map(type, obj)):
             if not _LEAVES.issuperset(map(type, obj.values())):
                 for k, v in obj.items():
                     if type(v) not in _LEAVES:
-                        obj[k] = _finish(v, depth + 1)
+                        obj[k] = _finish(v, depth + 1, budget)
             return obj
-        return {_finish(k, depth + 1): _finish(v, depth + 1) for k, v in obj.items()}
+        return {
+            _finish(k, depth + 1, budget): _finish(v, depth + 1, budget) for k, v in obj.items()
+        }
     if t is _Deferred:
-        items = _unpack_level(obj.data)
+        # let go of this level's bytes once read: a chain of tuples would otherwise keep a
+        # copy of the value alive per level (100 levels: 100 times the input)
+        data, obj.data = obj.data, b""
+        items = _unpack_level(data, budget)
+        del data
         if type(items) is not list:
             raise _bad("a tuple's payload is not an array")
-        return tuple(_finish(items, depth))
+        return tuple(_finish(items, depth, budget))
     np = sys.modules.get("numpy")
     if np is not None and t is np.ndarray:  # built and checked by _ndarray
         return obj
@@ -238,15 +338,28 @@ def encode(value: Any, what: str = "value") -> bytes:
 
     Raises:
         InvalidArgument: ``value`` holds something that cannot be sent (the message names
-            the type and what to send instead), or nests deeper than :data:`MAX_DEPTH`.
+            the type and what to send instead), nests deeper than :data:`MAX_DEPTH`, or is
+            more items than a decoder accepts from its bytes (:func:`item_budget`).
     """
-    _check_depth(value, what)
+    items = _check_depth(value, what)
     try:
-        return _packb(value)
+        data = _packb(value)
     except (TypeError, ValueError, OverflowError) as e:
         raise InvalidArgument(
             f"encode {what}", f"cannot send {e}", _SENDABLE, type=str(e)
         ) from None
+    limit = item_budget(len(data))
+    if items > limit:
+        raise InvalidArgument(
+            f"encode {what}",
+            f"the value counts {items} items in {len(data)} bytes, more than a reader builds "
+            f"from that many bytes ({limit}; {_RULE})",
+            "send many small numbers as a numpy array, or write the data to a file and pass "
+            "its key",
+            items=items,
+            limit=limit,
+        )
+    return data
 
 
 def decode(data: bytes, what: str = "value") -> Any:
@@ -254,16 +367,27 @@ def decode(data: bytes, what: str = "value") -> Any:
 
     Raises:
         DecodeError: the bytes are not a valid lakeshore value, or hold one nested deeper
-            than :data:`MAX_DEPTH`, or an unknown extension type, or a malformed array.
+            than :data:`MAX_DEPTH`, or more items than :func:`item_budget` allows them, or
+            an unknown extension type, or a malformed array.
     """
+    budget = _Budget(len(data))
     try:
-        return _finish(_unpack_level(data), 1)
+        return _finish(_unpack_level(data, budget), 1, budget)
     except DecodeError as e:
         raise DecodeError(f"decode {what}", e.what, e.todo) from None
     except Exception as e:  # msgpack raises several unrelated types for bad input
+        if isinstance(e, ValueError) and " exceeds max_" in str(e):  # refused at a header
+            what_happened = (
+                f"a list or dict in its {len(data)} bytes declares more items than the bytes "
+                f"hold or than a decode builds from them ({budget.limit}; {_RULE})"
+            )
+        else:
+            what_happened = (
+                f"the stored bytes are not a lakeshore value ({type(e).__name__}: {str(e)[:200]})"
+            )
         raise DecodeError(
             f"decode {what}",
-            f"the stored bytes are not a lakeshore value ({type(e).__name__}: {str(e)[:200]})",
+            what_happened,
             "the object is corrupt or was written by another program; inspect it by hand",
         ) from None
 

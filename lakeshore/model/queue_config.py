@@ -14,9 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
-from lakeshore.codec import pack_plain
+from lakeshore.codec import pack_plain, unpack_plain
 from lakeshore.errors import InvalidArgument, RecordError
 from lakeshore.model.provider import ProviderConfig
 
@@ -174,7 +172,7 @@ class QueueConfig:
             RecordError: a corrupt, mistyped or newer queue record.
         """
         try:
-            obj = msgpack.unpackb(data, raw=False)
+            obj = unpack_plain(data)
             if type(obj) is not dict:
                 raise ValueError("not a map")
             v = obj.get("v", 1)

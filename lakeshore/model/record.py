@@ -20,9 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import msgpack
-
-from lakeshore.codec import pack_plain
+from lakeshore.codec import pack_plain, unpack_plain
 from lakeshore.errors import InvalidArgument, NewerRecord, RecordError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
 
@@ -327,7 +325,7 @@ class Record:
                 range (``NewerRecord``: the record's schema is newer).
         """
         try:
-            obj = msgpack.unpackb(data, raw=False, **_limits(data))
+            obj = unpack_plain(data)  # bounded per byte, as every decoder
         except Exception as e:
             raise RecordError(
                 f"read {where}",
@@ -367,13 +365,6 @@ class _Bad(Exception):
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
         self.problem = problem
-
-
-def _limits(data: bytes) -> dict[str, int]:
-    # no declared length may promise more than the input holds (msgpack does this too)
-    n = len(data)
-    lens = ("max_str_len", "max_bin_len", "max_array_len", "max_ext_len")
-    return {**dict.fromkeys(lens, n), "max_map_len": n // 2}
 
 
 def _show(value: Any) -> str:

@@ -22,9 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeGuard
 
-import msgpack
-
-from lakeshore.codec import pack_plain
+from lakeshore.codec import pack_plain, unpack_plain
 from lakeshore.errors import Conflict, InvalidArgument, NotFound, TooLarge
 from lakeshore.keys import QueueKeys
 from lakeshore.store.base import CREATE, PutMode, Store, if_match
@@ -58,7 +56,7 @@ class ScalerLease:
     def from_bytes(cls, data: bytes) -> ScalerLease | None:
         """The lease, or None when the bytes are not one this version can trust."""
         try:
-            obj = msgpack.unpackb(data, raw=False)
+            obj = unpack_plain(data)
         except Exception:
             return None
         if type(obj) is not dict or obj.get("v") != 1:
