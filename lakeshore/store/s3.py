@@ -15,8 +15,10 @@ The only module of lakeshore that imports boto3. What it takes care of:
 * **The store clock** comes from the ``Date`` header of recent responses, so leases are judged
   in the server's time whatever the local clock says. Each sample is kept as "server time
   minus this process's monotonic clock", so a step of the local wall clock (NTP after a VM
-  pause) changes nothing; samples age out after ``_CLOCK_WINDOW_S``, so a step of the
-  server's own clock is followed within that window.
+  pause) changes nothing. The estimate is the largest recent sample that agrees with their
+  median, so a minority of wrong ``Date`` headers (a node whose clock is off, ahead or
+  behind) moves nothing; samples age out after ``_CLOCK_WINDOW_S``, so a step of the
+  server's own clock is followed within that window, as soon as most samples show it.
 * **Servers without conditional deletes** (LocalStack answers ``DELETE`` with ``If-Match``
   with 501): the store notices on the first such answer and from then on compares the etag
   with a ``HEAD`` before a plain ``DELETE`` (see :meth:`S3Store.delete`; not atomic).
@@ -28,6 +30,7 @@ The only module of lakeshore that imports boto3. What it takes care of:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import math
@@ -107,6 +110,10 @@ _BY_STATUS: dict[int, str] = {
 _TRANSIENT_IO = (bex.ConnectionError, bex.HTTPClientError, bex.IncompleteReadError)
 _CLOCK_SAMPLES = 64
 _CLOCK_WINDOW_S = 10.0  # samples older than this no longer count (the newest always does)
+# Honest samples differ by Date's truncation (up to a second) plus the difference of two
+# responses' latencies: a sample further than this above the median of the recent ones is a
+# wrong Date (a node whose clock is ahead), not a sharper one, and is left out.
+_AGREE_S = 1.5
 # With obstore only boto3's requests (deletes, clock probes) carry a Date the store can see: a
 # clock probe refreshes the samples when the newest is older than this, and samples count for
 # longer, so the maximum still spans several one-second truncations.
@@ -371,7 +378,8 @@ class S3Store(Store):
         except (TypeError, ValueError):
             return
         # Date has one-second resolution and is truncated, so each sample underestimates the
-        # offset by up to a second; the maximum over recent samples converges on the truth.
+        # offset by up to a second; the largest recent sample that agrees with the others
+        # converges on the truth (see _agreed_offset).
         # Measured against the monotonic clock, not the wall clock: a step of this machine's
         # wall clock must not move the store's clock.
         ticks = self._ticks()
@@ -665,7 +673,7 @@ class S3Store(Store):
             return self._local_clock()
         ticks = self._ticks()
         recent = [off for at, off in samples if ticks - at <= self._clock_window]
-        estimate = ticks + max(recent or [samples[-1][1]])
+        estimate = ticks + _agreed_offset(recent or [samples[-1][1]])
         with self._now_lock:
             if self._last_now - _HOLD_BACK_S < estimate < self._last_now:
                 estimate = self._last_now
@@ -710,6 +718,23 @@ class S3Store(Store):
     def close(self) -> None:
         if self._client is not None:  # with obstore, boto3 may never have been needed
             self._client.close()
+
+
+def _agreed_offset(offsets: list[float]) -> float:
+    """The clock offset the recent samples support: the largest one at most ``_AGREE_S``
+    above their (lower) median.
+
+    Every honest sample underestimates (``Date`` is truncated, responses take time), so the
+    largest honest one is the sharpest; the median keeps a wrong one from being taken for
+    it. While fewer than half of the samples are wrong, by any amount in either direction,
+    the median lies among the honest ones: the sharpest honest sample is kept, and a wrong
+    one lifts the estimate at most ``_AGREE_S`` above that median. Taking the lower of two
+    middle samples also ignores a wrong half that is ahead, the direction that would expire
+    leases early. A step of the server's own clock moves the median once most samples show
+    it (a step back once half do)."""
+    ordered = sorted(offsets)
+    median = ordered[(len(ordered) - 1) // 2]
+    return ordered[bisect.bisect_right(ordered, median + _AGREE_S) - 1]
 
 
 def _bare_etag(etag: str) -> str:
