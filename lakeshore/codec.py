@@ -113,15 +113,29 @@ def item_budget(size: int) -> int:
     return min(ITEMS_CEILING, ITEMS_FLOOR + size // BYTES_PER_ITEM)
 
 
+# The most items one byte can add: an empty list (or dict) as an element, 1 + 8. Every byte
+# of a value is decoded at one level only (a tuple's payload is opaque to its parent's), so
+# all levels of a decode of n bytes build at most this many times n items.
+_MOST_ITEMS_PER_BYTE = 1 + CONTAINER_ITEMS
+
+
+def _counted(size: int) -> bool:
+    """Whether a decode of ``size`` bytes must count what it builds: fewer bytes (up to about
+    450 KiB) cannot build more than the budget whatever they hold, and are decoded without
+    the hooks, which cost a call per container."""
+    return _MOST_ITEMS_PER_BYTE * size > item_budget(size)
+
+
 class _Budget:
     """The items one decode may still build; msgpack's hooks charge each container as it
     is completed, and the first one over the budget stops the decode."""
 
-    __slots__ = ("left", "limit", "size")
+    __slots__ = ("counted", "left", "limit", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.limit = self.left = item_budget(size)
+        self.counted = _counted(size)
 
     def charge(self, items: int) -> None:
         self.left -= items + CONTAINER_ITEMS
@@ -140,6 +154,14 @@ class _Budget:
         """msgpack's options for ``n`` bytes: no declared length beyond the bytes there or
         the budget left (msgpack derives the first bound itself; spelled out so that no
         version of it can differ), and the hooks that charge what is built."""
+        if not self.counted:
+            return {
+                "max_str_len": n,
+                "max_bin_len": n,
+                "max_array_len": n,
+                "max_map_len": n // 2,
+                "max_ext_len": n,
+            }
         left = max(0, self.left)
         return {
             "max_str_len": n,
@@ -286,15 +308,27 @@ def _ndarray(data: bytes) -> Any:
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
-def _unpack_level(data: bytes, budget: _Budget) -> Any:
+def _unpack_level(data: bytes, budget: _Budget | None) -> Any:
     """One level: nested tuples come back as _Deferred; what it builds is charged to
-    ``budget``, which the levels of one value share."""
+    ``budget``, which the levels of one value share (None: a value too small to need it)."""
+    if budget is not None:
+        limits = budget.limits(len(data))
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False, **limits)
+    n = len(data)
     return msgpack.unpackb(
-        data, ext_hook=_ext_hook, raw=False, strict_map_key=False, **budget.limits(len(data))
+        data,
+        ext_hook=_ext_hook,
+        raw=False,
+        strict_map_key=False,
+        max_str_len=n,
+        max_bin_len=n,
+        max_array_len=n,
+        max_map_len=n // 2,
+        max_ext_len=n,
     )
 
 
-def _finish(obj: Any, depth: int, budget: _Budget) -> Any:
+def _finish(obj: Any, depth: int, budget: _Budget | None) -> Any:
     """Check the depth of ``obj`` (a container at nesting level ``depth``) and decode its
     deferred tuples, bottom up. Recursion is bounded: it stops at MAX_DEPTH."""
     t = type(obj)
@@ -370,7 +404,7 @@ def decode(data: bytes, what: str = "value") -> Any:
             than :data:`MAX_DEPTH`, or more items than :func:`item_budget` allows them, or
             an unknown extension type, or a malformed array.
     """
-    budget = _Budget(len(data))
+    budget = _Budget(len(data)) if _counted(len(data)) else None
     try:
         return _finish(_unpack_level(data, budget), 1, budget)
     except DecodeError as e:
@@ -379,7 +413,7 @@ def decode(data: bytes, what: str = "value") -> Any:
         if isinstance(e, ValueError) and " exceeds max_" in str(e):  # refused at a header
             what_happened = (
                 f"a list or dict in its {len(data)} bytes declares more items than the bytes "
-                f"hold or than a decode builds from them ({budget.limit}; {_RULE})"
+                f"hold or than a decode builds from them ({item_budget(len(data))}; {_RULE})"
             )
         else:
             what_happened = (
