@@ -41,7 +41,7 @@ from lakeshore.errors import (
 from lakeshore.keys import worker_key
 from lakeshore.model import lifecycle
 from lakeshore.model.record import check_text
-from lakeshore.protocol.admission import sweep_rate
+from lakeshore.protocol.admission import repair_slots, sweep_rate
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
@@ -590,8 +590,10 @@ class _Tracked:
 
 
 def _maybe_sweep(state: _State, claimers: list[Claimer]) -> None:
-    """Now and then, delete rate tokens of long-past windows. (Expired leases need no pass
-    of their own: claims requeue them when they meet them at the head of the queue.)"""
+    """Now and then, delete rate tokens of long-past windows and free admission slots a
+    crash leaked (producers never read slots: the repair is the workers' and gc's). Expired
+    leases need no pass of their own: claims requeue them when they meet them at the head
+    of the queue."""
     now = time.monotonic()
     with state.lock:
         if now - state.last_sweep < _SWEEP_EVERY_S:
@@ -600,5 +602,6 @@ def _maybe_sweep(state: _State, claimers: list[Claimer]) -> None:
     for ops in (c.ops for c in claimers):
         try:
             sweep_rate(ops, ops.store.now())
+            repair_slots(ops, ops.store.now())
         except StoreError as e:
-            log.warning("sweeping rate tokens on %s failed: %s", ops.keys.queue, e)
+            log.warning("sweeping admission objects of %s failed: %s", ops.keys.queue, e)

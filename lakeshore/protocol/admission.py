@@ -8,23 +8,28 @@ can never be more than D slot objects, so there can never be more than D live (q
 running) invocations: the bound is exact, for any number of producers, and a submit costs one
 LIST of the slots plus one PUT — never a scan of the queue. A retry keeps its slot.
 
-A slot whose invocation ended without deleting it (a crash in between: a worker between its
-terminal write and its slot delete, a producer between its slot and its record) makes the
-queue look fuller than it is, never emptier. When a queue looks full, the submitter checks a
-few of its oldest slots and frees those whose invocation is terminal or missing, and
-``lakeshore gc`` does the same for every slot (``sweep_slots``), so a leak is freed even
-where no producer comes to look. A missing record may be a submit that is only slow: its id
-is fenced first (``QueueOps.fence``), so that submit fails instead of creating a live
-invocation beyond the limit. A slot is deleted only on the etag it was listed with, after
-its holder was seen terminal (which it stays: ``q.retry`` runs outside admission) or fenced:
-the slot of a live invocation is never freed.
+**What a slot says, and to whom.** A slot's body names its holder (``"<id> <nonce>"``): the
+repair below needs the id to judge the holder and to fence it. Producers list slots and create
+them but never read one, and the producer policy (``docs/iam/producer.json``) denies them
+that read, so listing a queue's admission objects tells a producer no invocation id of
+another's. Rate tokens name nobody (a random nonce): nothing reads them.
 
-**Who deletes.** Producers delete only admission objects: their own rate token given back,
-their own slot when a submit did not happen or a ``cancel`` ended it, and leaked slots found
-by the repair. The producer policy (``docs/iam/producer.json``) grants ``DeleteObject`` on
-``_slots/`` and ``_rate/`` and nothing else; that grants nothing against the limits a
-producer's write access does not already give (it can write records directly), and without
-it a cancelled or leaked slot of a ``max_depth`` queue would stay held.
+**Leaks, and who repairs them.** A slot whose invocation ended without deleting it (a crash in
+between: a worker between its terminal write and its slot delete, a producer between its slot
+and its ticket) makes the queue look fuller than it is, never emptier. Workers check a few of
+the oldest slots of each queue they serve now and then (``repair_slots``, with their rate-token
+sweep) and free those whose invocation is terminal or missing, and ``lakeshore gc`` does the
+same for every slot (``sweep_slots``). A missing record may be a submit that is only slow: its
+id is fenced first (``QueueOps.fence``), so that submit fails instead of creating a live
+invocation beyond the limit. A slot is deleted only on the etag it was listed with, after its
+holder was seen terminal (which it stays: ``q.retry`` runs outside admission) or fenced: the
+slot of a live invocation is never freed.
+
+**Who deletes.** Producers delete only admission objects: their own rate token given back, and
+their own slot when a submit did not happen or a ``cancel`` ended it. The producer policy grants
+``DeleteObject`` on ``_slots/`` and ``_rate/`` and nothing else; that grants nothing against the
+limits a producer's write access does not already give (it can write records directly), and
+without it a cancelled slot of a ``max_depth`` queue would stay held.
 
 **Rate by window tokens.** ``rate_limit = N/period`` splits the store's clock into windows of
 ``period`` seconds; a submit must create one of the N token objects of the current window
@@ -62,12 +67,13 @@ __all__ = [
     "admit",
     "give_back_rate",
     "rate_text",
+    "repair_slots",
     "sweep_rate",
     "sweep_slots",
 ]
 
 SLOT_REPAIR_AGE_S = 30.0  # younger slots are not checked for leaks (their submit may be running)
-_REPAIR_SAMPLE = 4
+_REPAIR_SAMPLE = 4  # the oldest slots a worker's repair looks at (a leak is older than most)
 _TRIES = 8
 
 
@@ -79,14 +85,13 @@ class AdmissionSlot:
     etag: str
 
 
-def acquire_slot(ops: QueueOps, inv: str, max_depth: int, now: float) -> AdmissionSlot | None:
-    """Take a free slot for ``inv``; None when all ``max_depth`` are taken."""
+def acquire_slot(ops: QueueOps, inv: str, max_depth: int) -> AdmissionSlot | None:
+    """Take a free slot for ``inv``; None when all ``max_depth`` are taken. It reads no slot:
+    a leaked one is freed by workers and gc (``repair_slots``, ``sweep_slots``)."""
     for _ in range(_TRIES):
         infos = list(ops.store.list(ops.keys.slots_prefix))
         taken = {int(QueueKeys.id_of(i.key)) for i in infos}
         free = _free(taken, max_depth)
-        if not free and _repair(ops, infos, now):
-            continue
         if not free:
             return None
         body = f"{inv} {secrets.token_hex(4)}".encode()
@@ -115,11 +120,21 @@ def _free(taken: set[int], limit: int) -> list[int]:
     return free[:_TRIES]
 
 
+def repair_slots(ops: QueueOps, now: float) -> list[str]:
+    """Free the leaked slots among the oldest few of the queue (what workers run now and
+    then, for the queues they serve). Returns the slot keys freed.
+
+    Raises:
+        StoreError: the store failed (what was freed so far stays freed).
+    """
+    return _repair(ops, list(ops.store.list(ops.keys.slots_prefix)), now)
+
+
 def sweep_slots(ops: QueueOps, now: float, dry_run: bool = False) -> list[str]:
     """Free every leaked slot of the queue older than ``SLOT_REPAIR_AGE_S`` (what
-    ``lakeshore gc`` runs, so a leak is freed even where no producer comes to look): the
-    rule of the repair at admission, applied to all of them. Returns the slot keys freed
-    (with ``dry_run``: the terminal or record-less holders' slots, nothing fenced or freed).
+    ``lakeshore gc`` runs): the rule of ``repair_slots``, applied to all of them. Returns the
+    slot keys freed (with ``dry_run``: the terminal or record-less holders' slots, nothing
+    fenced or freed).
 
     Raises:
         StoreError: the store failed (what was freed so far stays freed).
@@ -208,11 +223,10 @@ def _ended(ops: QueueOps, holder: str, now: float, dry_run: bool = False) -> boo
         return True  # and is gone again (gc): nothing is live under this slot
 
 
-def acquire_rate(
-    ops: QueueOps, inv: str, limit: int, period: int, now: float
-) -> tuple[str, str] | float:
+def acquire_rate(ops: QueueOps, limit: int, period: int, now: float) -> tuple[str, str] | float:
     """Take a token of the current window: ``(key, etag)``, or the store time at which the
-    next window opens when this one is spent."""
+    next window opens when this one is spent. A token names no invocation: its body is a
+    random nonce (unique, so the etag it is given back on is its own)."""
     window = int(now // period)
     prefix = ops.keys.rate_window_prefix(window)
     for _ in range(_TRIES):
@@ -223,7 +237,7 @@ def acquire_rate(
         for n in free:
             key = ops.keys.rate_token(window, n)
             try:
-                return key, ops.store.put(key, inv.encode(), CREATE)
+                return key, ops.store.put(key, secrets.token_hex(8).encode(), CREATE)
             except Conflict:
                 continue
     return float((window + 1) * period)
@@ -275,14 +289,14 @@ def admit(
         token: tuple[str, str] | None = None
         reason, limit, text, what = "", 0, "", ""
         if rate is not None:
-            got = acquire_rate(ops, inv, rate[0], rate[1], now())
+            got = acquire_rate(ops, rate[0], rate[1], now())
             if isinstance(got, tuple):
                 token = got
             else:
                 reason, limit, text = "rate_limit", rate[0], rate_text(rate)
                 what = f"rate limit reached ({text})"
         if not reason and max_depth is not None:
-            slot = acquire_slot(ops, inv, max_depth, now())
+            slot = acquire_slot(ops, inv, max_depth)
             if slot is None:
                 give_back_rate(ops, token)
                 reason, limit, text = "max_depth", max_depth, str(max_depth)

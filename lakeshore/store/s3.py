@@ -505,6 +505,11 @@ class S3Store(Store):
             current, etag = self.get(key)
         except NotFound:
             return None
+        except PermissionDenied:
+            # a key this role may create but not read (a producer's admission slot): it
+            # cannot tell, so the write counts as lost; one that did land is a leak, freed
+            # like any other
+            return None
         return etag if current == data else None
 
     def delete(self, key: str, if_match: str | None = None) -> None:
@@ -538,8 +543,14 @@ class S3Store(Store):
             return
         except Conflict as e:
             # Servers answer 412 for a missing key as well as for a changed one; only the
-            # latter is a conflict: the contract says an absent key is not an error.
-            if self._exists(key):
+            # latter is a conflict: the contract says an absent key is not an error. A role
+            # that may not read the key (a producer's admission slot) cannot tell them apart:
+            # either way nothing was deleted, which a conflict says.
+            try:
+                changed = self._exists(key)
+            except PermissionDenied:
+                changed = True
+            if changed:
                 raise conflict("delete", key, PutMode("if_match", if_match), self.url) from e
         except StoreError as e:
             cause = e.__cause__

@@ -181,16 +181,38 @@ def test_keyed_resubmit_is_never_rejected(q: Any) -> None:
     assert f.submit(3)  # the finished invocation gave its slot back
 
 
-def test_leaked_slot_is_repaired(plane: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_leaked_slot_is_repaired_by_a_worker_of_the_queue(
+    plane: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import lakeshore.protocol.admission as adm
+    import lakeshore.worker as worker
 
     q = plane
     q.configure(QUEUE, max_depth=1)
     ops = q.ops(QUEUE)
     q.store.put(ops.keys.slot(0), b"01ARZ3NDEKTSV4RRFFQ69G5FAV x")  # a submitter died here
-    monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", 0.0)
-    time.sleep(0.01)  # let the store clock move past the slot's write time
-    assert q.udf(queue=QUEUE)(jobs.add_one).submit(1)
+    monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)  # the slot looks old enough
+    f = q.udf(queue=QUEUE)(jobs.add_one)
+    with pytest.raises(dls.QueueFull):  # producers never read slots: they cannot judge it
+        f.submit(1)
+    monkeypatch.setattr(worker, "_SWEEP_EVERY_S", 0.0)  # the worker's sweep, at once
+    assert dls.run_worker(q, queues=[QUEUE], idle_exit=0.05, isolation="thread") == 0
+    assert list(q.store.list(ops.keys.slots_prefix)) == []
+    assert f.submit(1)
+
+
+def test_admission_objects_name_no_invocation_but_the_slot_its_holder(plane: Any) -> None:
+    """Rate tokens hold a nonce; a slot names its holder for the workers' repair (the
+    producer policy keeps producers from reading it: test_least_privilege.py)."""
+    plane.configure(QUEUE, max_depth=3, rate_limit="10/h")
+    f = plane.udf(queue=QUEUE)(jobs.add_one)
+    ids = [f.submit(i) for i in range(2)]
+    ops = plane.ops(QUEUE)
+    tokens = [plane.store.get(i.key)[0] for i in plane.store.list(ops.keys.rate_prefix)]
+    assert len(tokens) == 2 and len(set(tokens)) == 2
+    assert not any(inv.encode() in t for inv in ids for t in tokens)
+    slots = [plane.store.get(i.key)[0] for i in plane.store.list(ops.keys.slots_prefix)]
+    assert sorted(s.split(b" ")[0].decode() for s in slots) == sorted(ids)
 
 
 def test_queue_record_validation_and_cas(atomic_plane: Any) -> None:
@@ -249,7 +271,7 @@ def test_old_rate_tokens_are_swept(plane: Any) -> None:
 
     ops = plane.ops(QUEUE)
     now = plane.store.now()
-    assert isinstance(acquire_rate(ops, "x", 5, 1, now), tuple)
+    assert isinstance(acquire_rate(ops, 5, 1, now), tuple)
     assert sweep_rate(ops, now, keep_s=3600) == 0  # recent: kept
     assert sweep_rate(ops, now + 7200, keep_s=3600) == 1
     assert list(plane.store.list(ops.keys.rate_prefix)) == []

@@ -22,7 +22,7 @@ import lakeshore as dls
 from lakeshore.keys import worker_key
 from lakeshore.model import lifecycle
 from lakeshore.protocol import gc
-from lakeshore.protocol.admission import SLOT_REPAIR_AGE_S, acquire_slot
+from lakeshore.protocol.admission import SLOT_REPAIR_AGE_S, repair_slots
 from lakeshore.protocol.census import newest_ids, queue_status
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.gc import collect, prune_workers
@@ -201,6 +201,69 @@ def test_producers_list_only_what_submitting_and_reading_results_need() -> None:
     assert not lists(f"{BASE}jobs/")  # nor enumerate other producers' invocations
     assert not lists(BASE)
 
+    def reads(key: str) -> bool:
+        return iam_sim.allowed(pol, iam_sim.request("GetObject", {"Bucket": BUCKET, "Key": key}))
+
+    # the admission objects it lists it may not read: a slot names its holder
+    assert not reads(f"{BASE}jobs/_slots/0000000")
+    assert not reads(f"{BASE}jobs/_rate/000000000001/0000000")
+    assert reads(f"{BASE}jobs/01JD2K7Q000000000000000000/record")
+
+
+def test_a_producer_learns_no_invocation_id_of_another_from_what_it_may_list(
+    principals: dict[str, Principal],
+) -> None:
+    """Another producer of the namespace submits to a ``max_depth`` and a ``rate_limit``
+    queue and posts to a topic; a producer held to the same policy lists every folder its
+    policy lets it list and reads every listed object it may read. No key and no body it
+    gets names one of the other's invocations (the ids are what it would need to read
+    their arguments, cancel them or race their claims)."""
+    from lakeshore.store.s3 import S3Store
+
+    admin = principals["admin"].plane()
+    admin.configure("depth", max_depth=5)
+    admin.configure("paced", rate_limit="100/h")
+    admin.configure("both", max_depth=5, rate_limit="100/h")
+    victim = principals["producer"].plane()
+    ids = [
+        victim.udf(jobs.add_one, queue=name).submit(i)
+        for name in ("depth", "paced", "both")
+        for i in range(2)
+    ]
+    victim.topic("news").post({"n": 1})
+    for inv in ids:
+        assert victim.status(inv) == "queued"
+
+    store = S3Store(BUCKET, PREFIX, region="us-east-1")
+    snoop = iam_sim.Enforcer(policy("producer")).attach(store.client)
+    ns = f"lakeshore/{NS}/"
+    prefixes = [f"{ns}_clock/", f"{ns}_topics/", f"{ns}_topics/news/"]
+    for queue in ("depth", "paced", "both", "default"):
+        prefixes += [f"{ns}{queue}/{folder}/" for folder in ("_slots", "_rate", "journal", "logs")]
+    listed: list[str] = []
+    for prefix in prefixes:
+        try:
+            listed += [i.key for i in store.list(prefix)]
+        except dls.PermissionDenied:
+            continue
+    bodies: list[bytes] = []
+    for key in listed:
+        try:
+            bodies.append(store.get(key)[0])
+        except dls.PermissionDenied:
+            continue
+    assert sum("/_slots/" in k for k in listed) == 4  # the scenario ran: four slots held
+    assert sum("/_rate/" in k for k in listed) == 4  # and four rate tokens taken
+    leaks = [
+        (where, inv)
+        for inv in ids
+        for where in listed + [b.decode("latin-1") for b in bodies]
+        if inv in where
+    ]
+    assert leaks == [], f"a producer learned another's invocation ids: {leaks}"
+    tried = {r.resource for r in snoop.requests if r.action == "s3:GetObject"}
+    assert any("/_slots/" in r for r in tried) and any("/_rate/" in r for r in tried)
+
 
 def test_policies_are_valid_json_with_placeholders() -> None:
     for role in iam_sim.ROLES:
@@ -238,6 +301,99 @@ def test_the_simulator_evaluates_conditions_and_explicit_denies() -> None:
     assert ok("PutObject", Key="p/q/record") and not ok("PutObject", Key="p/q/_queue")
     assert ok("HeadObject", Key="p/q/record") and not ok("GetObject", Key="other")
     assert ok("PutObject", Key="c/1", IfNoneMatch="*") and not ok("PutObject", Key="c/1")
+
+
+def test_the_simulator_matches_action_names_whatever_their_case() -> None:
+    pol = {
+        "Statement": [
+            {"Effect": "Allow", "Action": "S3:getobject", "Resource": "arn:aws:s3:::b/*"},
+            {"Effect": "Allow", "Action": ["s3:PUTOBJECT"], "Resource": "arn:aws:s3:::b/*"},
+            {"Effect": "Deny", "Action": "S3:Put*", "Resource": "arn:aws:s3:::b/locked"},
+        ]
+    }
+
+    def ok(op: str, key: str) -> bool:
+        return iam_sim.allowed(pol, iam_sim.request(op, {"Bucket": "b", "Key": key}))
+
+    assert ok("GetObject", "x") and ok("HeadObject", "x") and ok("PutObject", "x")
+    assert not ok("PutObject", "locked")  # the Deny matches in any case too
+    assert not iam_sim.allowed(
+        pol, iam_sim.request("GetObject", {"Bucket": "B", "Key": "x"})
+    )  # the bucket's name is not matched in another case
+
+
+def test_the_simulator_matches_condition_key_names_whatever_their_case() -> None:
+    pol = {
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": "arn:aws:s3:::b",
+                "Condition": {"StringLike": {"S3:Prefix": ["p/*"]}},
+            },
+            {
+                "Effect": "Allow",
+                "Action": "s3:PutObject",
+                "Resource": "arn:aws:s3:::b/c/*",
+                "Condition": {"Null": {"s3:If-None-Match": "false"}},
+            },
+            {
+                "Effect": "Deny",
+                "Action": "s3:PutObject",
+                "Resource": "arn:aws:s3:::b/c/sealed",
+                "Condition": {"Null": {"S3:IF-NONE-MATCH": "true"}},
+            },
+        ]
+    }
+
+    def ok(op: str, **params: Any) -> bool:
+        return iam_sim.allowed(pol, iam_sim.request(op, {"Bucket": "b", **params}))
+
+    assert ok("ListObjectsV2", Prefix="p/q/")
+    assert not ok("ListObjectsV2", Prefix="P/q/")  # values keep their case (StringLike)
+    assert ok("PutObject", Key="c/1", IfNoneMatch="*")
+    assert not ok("PutObject", Key="c/1")
+    assert not ok("PutObject", Key="c/sealed")  # the Deny's key is found in any case
+    assert iam_sim.grants_outside(pol, "b", "p/") == ["None: reaches arn:aws:s3:::b/c/*"]
+
+
+def test_the_simulator_authorizes_a_batch_delete_key_by_key() -> None:
+    pol = {
+        "Statement": [
+            {"Effect": "Allow", "Action": "s3:DeleteObject", "Resource": "arn:aws:s3:::b/p/*"},
+            {"Effect": "Deny", "Action": "s3:DeleteObject", "Resource": "arn:aws:s3:::b/p/keep"},
+        ]
+    }
+    params = {"Bucket": "b", "Delete": {"Objects": [{"Key": k} for k in ("p/1", "p/keep", "q/1")]}}
+    reqs = iam_sim.requests("DeleteObjects", params)
+    assert [r.resource for r in reqs] == [
+        "arn:aws:s3:::b/p/1",
+        "arn:aws:s3:::b/p/keep",
+        "arn:aws:s3:::b/q/1",
+    ]
+    assert {r.action for r in reqs} == {"s3:DeleteObject"}
+    assert [iam_sim.decide(pol, r) for r in reqs] == ["allow", "explicit deny", "implicit deny"]
+
+
+def test_a_batch_delete_fails_only_on_the_keys_the_policy_denies(
+    principals: dict[str, Principal],
+) -> None:
+    admin, producer = principals["admin"].store, principals["producer"]
+    slot, ticket = f"lakeshore/{NS}/jobs/_slots/0000000", f"lakeshore/{NS}/jobs/_tickets/5/x"
+    for key in (slot, ticket):
+        admin.put(key, b"x")
+    with pytest.raises(dls.PermissionDenied, match="refused 1 of 2 keys"):
+        producer.store.delete_many([slot, ticket])
+    assert [r.resource for r, _ in producer.enforcer.denied] == [
+        f"arn:aws:s3:::{BUCKET}/{PREFIX}/{ticket}"
+    ]
+    assert sorted(i.key for i in admin.list(f"lakeshore/{NS}/jobs/")) == [
+        ticket
+    ]  # only the slot went
+    producer.enforcer.denied.clear()
+    with pytest.raises(dls.PermissionDenied, match="refused 1 of 1 keys"):
+        producer.store.delete_many([ticket])  # every key refused: nothing to send at all
+    assert [i.key for i in admin.list(f"lakeshore/{NS}/jobs/")] == [ticket]
 
 
 # -- issue 22, item 1: a max_depth queue is never stranded under the producer policy ----------
@@ -283,15 +439,26 @@ def _leak_a_slot(admin: Principal) -> tuple[Any, str]:
     return plane, inv
 
 
-def test_slot_leaked_by_a_worker_crash_is_freed_by_the_producers_repair(
+def test_slot_leaked_by_a_worker_crash_is_freed_by_a_worker_never_read_by_producers(
     principals: dict[str, Principal],
 ) -> None:
     _leak_a_slot(principals["admin"])
     prod = principals["producer"].plane()
-    ops = prod.ops("jobs")
-    later = prod.store.now() + SLOT_REPAIR_AGE_S + 1
-    assert acquire_slot(ops, "01JD2K7Q000000000000000000", 1, later) is not None
+    f = prod.udf(jobs.add_one, queue="jobs")
+    with pytest.raises(dls.QueueFull):  # full as far as anyone can tell without reading it
+        f.submit(2)
+    slot_reads = [
+        r
+        for r in principals["producer"].enforcer.requests
+        if r.action == "s3:GetObject" and "/_slots/" in r.resource
+    ]
+    assert slot_reads == []
+    w = principals["worker"].plane()
+    later = w.store.now() + SLOT_REPAIR_AGE_S + 1
+    assert repair_slots(w.ops("jobs"), later) == [w.ops("jobs").keys.slot(0)]
+    assert prod.status(f.submit(3)) == "queued"
     _assert_all_allowed(principals["producer"])
+    _assert_all_allowed(principals["worker"])
 
 
 def test_slot_leaked_by_a_worker_crash_is_freed_by_the_janitors_gc(
@@ -306,6 +473,57 @@ def test_slot_leaked_by_a_worker_crash_is_freed_by_the_janitors_gc(
     assert list(ops.store.list(ops.keys.slots_prefix)) == []
     assert gc.free_leaked_slots(ops, later) == []
     _assert_all_allowed(principals["janitor"])
+
+
+def test_producer_cancel_of_an_invocation_whose_slot_changed_hands_is_no_permission_error(
+    principals: dict[str, Principal],
+) -> None:
+    """The slot a cancel frees was freed and taken again meanwhile: its conditional delete
+    is refused (412), and the producer may not look at the slot to tell a changed one from a
+    missing one. Nothing was deleted either way: the cancel succeeds, the new holder keeps
+    its slot."""
+    _limited(principals["admin"], "jobs", max_depth=1)
+    q = principals["producer"].plane()
+    inv = q.udf(jobs.add_one, queue="jobs").submit(1)
+    admin = principals["admin"].store
+    slot = q.ops("jobs").keys.slot(0)
+    admin.delete(slot)
+    admin.put(slot, b"01JD2K7Q000000000000000000 abcd", CREATE)  # another holder's now
+    assert q.cancel(inv) and q.status(inv) == "killed"
+    assert admin.get(slot)[0].startswith(b"01JD2K7Q000000000000000000")
+    assert [v for _, v in principals["producer"].enforcer.denied] == ["explicit deny"]  # its HEAD
+
+
+def test_producer_whose_slot_create_was_answered_late_is_not_refused(
+    principals: dict[str, Principal],
+) -> None:
+    """A slot's create lands but its answer is lost; the retry meets 412, and the producer
+    may not read the slot back to see whether it was its own. It takes another slot (the
+    first one is a leak, repaired like any other) instead of failing the submit."""
+    import botocore.exceptions
+
+    _limited(principals["admin"], "jobs", max_depth=3)
+    producer = principals["producer"]
+    lost: list[str] = []
+
+    def note_key(params: Any, context: Any, **_: Any) -> None:
+        context["test_key"] = params["Key"]
+
+    def answer_lost(context: Any, **_: Any) -> None:  # after the create landed
+        if "/_slots/" in context.get("test_key", "") and not lost:
+            lost.append(context["test_key"])
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url="moto")
+
+    events = producer.store.client.meta.events
+    events.register("before-parameter-build.s3.PutObject", note_key)
+    events.register("after-call.s3.PutObject", answer_lost)
+    q = producer.plane()
+    inv = q.udf(jobs.add_one, queue="jobs").submit(1)
+    assert lost and q.status(inv) == "queued"
+    slots = list(principals["admin"].store.list(q.ops("jobs").keys.slots_prefix))
+    assert len(slots) == 2  # its own, and the one whose answer was lost (a leak)
+    denied = [(r.operation, r.resource) for r, _ in producer.enforcer.denied]
+    assert denied == [("GetObject", f"arn:aws:s3:::{BUCKET}/{lost[0]}")]  # the read-back
 
 
 def test_janitor_fences_a_slot_whose_submit_never_wrote_its_record(
@@ -436,9 +654,17 @@ def test_gc_never_frees_a_slot_taken_again_after_it_looked(
     assert taken and holders == {live, taken[0]}
 
 
+@pytest.mark.parametrize(
+    ("submits", "launched", "live", "more"),
+    [(1, 1, 1, False), (3, 2, 2, True)],
+    ids=["reads-the-ticket", "count-stops-before-reading"],
+)
 def test_a_scaler_needs_only_its_lease_the_settings_and_a_listing(
-    principals: dict[str, Principal],
+    principals: dict[str, Principal], submits: int, launched: int, live: int, more: bool
 ) -> None:
+    """With few live invocations the scaler reads their tickets (a tombstone, a work
+    queue's payload or an invocation not due for long is no work): that read must be
+    allowed too, or a small queue never gets a worker."""
     from lakeshore.scaler import Scaler
     from lakeshore.store.base import OVERWRITE
     from tests.queue.test_scaler import UNUSED_URL, Fleet
@@ -447,12 +673,20 @@ def test_a_scaler_needs_only_its_lease_the_settings_and_a_listing(
     block = {"kind": "local", "max_workers": 2, "jobs_per_worker": 1, "cooldown_s": 0}
     admin.configure("hpc", provider=block)
     f = principals["producer"].plane().udf(jobs.add_one, queue="hpc")
-    for i in range(3):
+    for i in range(submits):
         f.submit(i)
     fleet = Fleet()
     scaler = Scaler(principals["scaler"].plane(), ["hpc"], fleet, url=UNUSED_URL)
     (report,) = scaler.tick()
-    assert report.acting and len(report.launched) == 2 and (report.live, report.more) == (2, True)
+    assert report.error is None, report.error
+    assert report.acting and report.wanted >= 1
+    assert len(report.launched) == launched and (report.live, report.more) == (live, more)
+    ticket_reads = [
+        r
+        for r in principals["scaler"].enforcer.requests
+        if r.action == "s3:GetObject" and "/_tickets/" in r.resource
+    ]
+    assert len(ticket_reads) == (0 if more else submits)
     scaler.close()  # gives the lease back: one more write of it
     _assert_all_allowed(principals["scaler"])
     key = f"lakeshore/{NS}/hpc/_scaler"
@@ -462,3 +696,7 @@ def test_a_scaler_needs_only_its_lease_the_settings_and_a_listing(
     for change in ({"max_depth": 1}, {"provider": None}):  # and it changes no setting
         with pytest.raises(dls.PermissionDenied):
             principals["scaler"].plane().configure("hpc", **change)
+    sc = principals["scaler"].store
+    for denied in (f"lakeshore/{NS}/hpc/_slots/0000000", f"lakeshore/{NS}/hpc/x/record"):
+        with pytest.raises(dls.PermissionDenied):  # tickets only: no record, no result
+            sc.get(denied)

@@ -40,7 +40,7 @@ def test_queue_names_ends_with_a_key_sorting_past_its_cursor(store: Any, odd: st
 def test_a_slot_retaken_between_the_listing_and_the_read_is_not_fenced(
     atomic_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """gc (or a producer's repair) lists the slots, then reads each one's holder. A leaked
+    """gc (or a worker's repair) lists the slots, then reads each one's holder. A leaked
     slot that is freed and taken by a new submit in between names the new submit, whose
     record is not written yet (it is milliseconds old): it was judged by the listed slot's
     age and fenced, so a healthy submit failed as 'too slow'. The read must be of the
@@ -60,7 +60,7 @@ def test_a_slot_retaken_between_the_listing_and_the_read_is_not_fenced(
         if key == slot and not done:
             done.append(True)
             atomic_store.delete(slot)  # the dead worker's slot freed meanwhile (a repair)...
-            assert acquire_slot(ops, fresh, 1, atomic_store.now()) is not None  # ...and retaken
+            assert acquire_slot(ops, fresh, 1) is not None  # ...and retaken
         return real_get(key, max_bytes)
 
     monkeypatch.setattr(atomic_store, "get", get)

@@ -347,7 +347,9 @@ def test_slow_submit_whose_slot_was_repaired_never_exceeds_max_depth(
     slow = Run("slow", lambda: f.submit(1, **options))
     stall.wait()
     monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)  # the slot looks 30 s old
-    other = f.submit(2)  # frees the slot of the slow submit, which has no record
+    # a worker's repair frees the slot of the slow submit, which has no record
+    assert adm.repair_slots(ops, q.store.now()) == [ops.keys.slot(0)]
+    other = f.submit(2)
     stall.go.set()
     with pytest.raises((dls.Conflict, dls.QueueFull)):
         slow.result()  # never an id whose record is a tombstone
@@ -366,6 +368,9 @@ def test_a_slot_with_garbage_in_it_does_not_block_the_queue_forever(
     ops = q.ops("adm")
     q.store.put(ops.keys.slot(0), b"\xff\xfe not a slot")
     monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)
+    with pytest.raises(dls.QueueFull):  # a producer does not read slots
+        q.udf(queue="adm")(jobs.add_one).submit(1)
+    assert adm.repair_slots(ops, q.store.now()) == [ops.keys.slot(0)]  # a worker's repair
     assert q.udf(queue="adm")(jobs.add_one).submit(1)
 
 
@@ -377,6 +382,7 @@ def test_a_leaked_slot_of_a_missing_record_is_fenced_then_freed(
     dead = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     q.store.put(ops.keys.slot(0), f"{dead} x".encode())  # a submitter died here
     monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)
+    assert adm.repair_slots(ops, q.store.now()) == [ops.keys.slot(0)]  # a worker's repair
     assert q.udf(queue="adm")(jobs.add_one).submit(1)
     rec, _ = ops.read(dead)  # a late submit of that id could not publish now
     assert rec.state == "failed" and rec.error["type"] == "SubmitAbandoned"  # type: ignore[index]
