@@ -396,6 +396,9 @@ class Claimer:
             self.ops.free_slot(nxt)
             rec, moved = nxt, True
         if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
+            # its holder may have died between the terminal write and its tidying: the
+            # admission slot goes first (producers no longer repair slots), then the ticket
+            self.ops.free_slot(rec)
             self._drop(info)
             return None, moved
         if lifecycle.past_deadline(rec, now):

@@ -272,3 +272,22 @@ def test_the_scaler_does_not_count_tickets_not_due_or_never_due_as_work() -> Non
     q.udf(jobs.add_one, queue="hpc").submit(1)  # real work: one worker
     (report,) = scaler.tick()
     assert report.live == 1 and len(fleet.workers) == 1
+
+
+def test_a_slot_left_by_a_worker_dead_after_its_terminal_write_is_freed_by_the_next_claim() -> None:
+    # producers may no longer read slots (they name invocations), so they cannot repair
+    # them: the claimer that meets the stale ticket frees the slot before it drops the ticket
+    q = make_plane(MemoryStore())
+    q.configure("default", max_depth=1, on_full="reject")
+    f = q.udf(jobs.add_one)
+    inv = f.submit(1)
+    ops = q.ops("default")
+    held = Claimer(ops, "dies").claim(q.store.now())
+    assert held is not None and held.record.slot is not None
+    done = lifecycle.succeed(held.record, held.token, Blob(inline=b"\x02"), q.store.now())
+    ops.cas(done, held.etag)  # ... and the worker died before it tidied anything
+    with pytest.raises(dls.QueueFull):
+        f.submit(2)
+    assert Claimer(ops, "next").claim(q.store.now()) is None  # meets the stale ticket
+    assert q.status(inv) == "succeeded"
+    assert q.status(f.submit(3)) == "queued"  # the slot was freed
