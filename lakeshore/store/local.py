@@ -7,7 +7,13 @@ Safe across threads and processes on one machine:
 * ``CREATE`` publishes with ``os.link``, which fails if the key exists — atomic without a lock
   (on Linux from an unnamed ``O_TMPFILE``, so a crash leaves no temp file behind);
 * ``OVERWRITE``, ``if_match`` and ``delete`` run under an exclusive ``flock`` on the key's
-  lock stripe, so check-then-rename is one step for every process that uses the directory.
+  lock stripe, so check-then-rename is one step for every process that uses the directory;
+* no symbolic link below ``objects/`` is ever followed, a folder's or a file's: paths are
+  resolved below a descriptor of ``objects/`` with no link on any part (one ``openat2`` with
+  ``RESOLVE_NO_SYMLINKS`` where Linux has it, else a walk that opens each folder relative to
+  the one above it with ``O_NOFOLLOW``), and files are linked, renamed and unlinked relative
+  to their folder's descriptor, so what was checked is what is used. A key whose folder is
+  a link reads as absent and is never written or deleted through it.
 
 On-disk layout under the root directory::
 
@@ -37,6 +43,8 @@ import hashlib
 import os
 import random
 import stat
+import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,6 +73,20 @@ _HEADER = len(_MAGIC) + 16
 _SUFFIX = ".obj"
 _DIR_RETRIES = 50  # an empty parent may be pruned by a concurrent delete between mkdir and link
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# a folder to link into, rename into, unlink from (O_PATH: no read permission needed) ...
+_FOLDER_FLAGS = getattr(os, "O_PATH", 0) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# ... and one to list or fsync, which needs a readable descriptor
+_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# openat2(2) (Linux 5.6+) resolves a whole path in one call, refusing a symbolic link on any
+# part and anything outside the folder it starts from: no more system calls per read than a
+# plain open. Its number is 437 on every architecture named here (not on alpha, ia64, mips).
+_SYS_OPENAT2 = 437
+_OPENAT2_MACHINES = frozenset(
+    {"x86_64", "aarch64", "armv7l", "armv8l", "i686", "i386", "ppc64le", "ppc64", "s390x"}
+    | {"riscv64", "loongarch64"}
+)
+_RESOLVE_NO_SYMLINKS_BENEATH = 0x04 | 0x08
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # missing, not a folder, or a link
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 _UNNAMED_FLAGS = getattr(os, "O_TMPFILE", 0) | os.O_WRONLY | os.O_CLOEXEC
 # O_TMPFILE refused: by the filesystem, or by a kernel that predates it (EISDIR)
@@ -104,14 +126,13 @@ class LocalStore(Store):
         self._locks = path / ".locks"
         self._tmp = path / ".tmp"
         # the hot path joins strings: pathlib's parsing cost more than the syscalls it names
-        self._objects_s = str(self._objects)
         self._locks_s = str(self._locks)
         self._tmp_s = str(self._tmp)
         self._ticks = time.monotonic
         # CREATE from unnamed temp files where the system has them (see _create_unnamed)
         self._unnamed = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
-        self._root_fd = -1
-        self._crowded: dict[str, float] = {}  # directory -> do not try to prune before
+        self._objects_fd = -1  # every object path is resolved below it (see _open)
+        self._crowded: dict[str, float] = {}  # folder under objects/ -> do not prune before
         self._crowded_lock = threading.Lock()
         try:
             for d in (self._objects, self._locks, self._tmp):
@@ -125,28 +146,120 @@ class LocalStore(Store):
             ) from e
         # one clock for every process on this machine, and no wall-clock step moves it
         self._clock = machine_clock(path, wall_clock)
-        if self._unnamed:
-            try:
-                self._root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                self._unnamed = False
+        try:
+            # the root may be a link (the operator's choice), objects/ may not
+            self._objects_fd = os.open(self._objects, _LIST_FLAGS)
+        except OSError as e:
+            linked = _is_link(-1, str(self._objects))
+            raise StoreError(
+                f"open {self.url}",
+                f"{self._objects} is a symbolic link, which the store never follows"
+                if linked
+                else f"cannot open {self._objects} ({e.strerror})",
+                "make it a real directory (only the root itself may be a link)"
+                if linked
+                else "fix its permissions",
+                path=str(path),
+            ) from e
+        self._openat2 = _openat2(self._objects_fd)
 
     def __del__(self) -> None:
-        if getattr(self, "_root_fd", -1) >= 0:
+        if getattr(self, "_objects_fd", -1) >= 0:
             with contextlib.suppress(OSError):
-                os.close(self._root_fd)
+                os.close(self._objects_fd)
 
     def location(self) -> tuple[str, dict[str, Any]] | None:
         return self.url, {}
 
     # -- paths and locks -------------------------------------------------------------------
 
-    def _path(self, key: str) -> str:
+    def _rel(self, key: str) -> str:
+        """The object file of ``key``, relative to ``objects/``."""
         *dirs, last = key.split("/")
         name = _encode(last) + _SUFFIX
         if not dirs:
-            return f"{self._objects_s}/{name}"
-        return f"{self._objects_s}/{'/'.join(map(_encode, dirs))}/{name}"
+            return name
+        return f"{'/'.join(map(_encode, dirs))}/{name}"
+
+    def _open(self, dir_fd: int, path: str, flags: int) -> int:
+        """Open ``path`` below the folder ``dir_fd`` without following a link on any part
+        (``flags`` hold ``O_NOFOLLOW`` for the last).
+
+        Raises:
+            OSError: ELOOP when a part is a symbolic link; ENOENT, ENOTDIR and the rest as
+                ``open`` raises them.
+        """
+        if "/" not in path:
+            return _open_part(dir_fd, path, flags)
+        if self._openat2 is not None:
+            return self._openat2(dir_fd, path, flags)
+        *folders, last = path.split("/")
+        fd = dir_fd
+        try:
+            for part in folders:
+                nxt = _open_part(fd, part, _FOLDER_FLAGS)
+                if fd != dir_fd:
+                    os.close(fd)
+                fd = nxt
+            return _open_part(fd, last, flags)
+        finally:
+            if fd != dir_fd:
+                os.close(fd)
+
+    def _folder(self, folder: str, create: bool = False) -> int:
+        """A descriptor of ``objects/<folder>``, reached without following a link; the store's
+        own for ``""`` (release it with :meth:`_release`). With ``create``, missing folders
+        are made on the way.
+
+        Raises:
+            OSError: ELOOP: a folder on the way is a link; FileNotFoundError: one is missing
+                (with ``create``: pruned by a concurrent delete while it was being made).
+        """
+        if not folder:
+            return self._objects_fd
+        try:
+            return self._open(self._objects_fd, folder, _FOLDER_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+        fd = self._objects_fd
+        try:
+            for part in folder.split("/"):
+                try:
+                    nxt = _open_part(fd, part, _FOLDER_FLAGS)
+                except FileNotFoundError:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=fd)  # the umask decides, as for makedirs
+                    nxt = _open_part(fd, part, _FOLDER_FLAGS)
+                self._release(fd)
+                fd = nxt
+        except BaseException:
+            self._release(fd)
+            raise
+        return fd
+
+    def _release(self, fd: int) -> None:
+        if fd != self._objects_fd:
+            os.close(fd)
+
+    def _lstat(self, dir_fd: int, path: str) -> os.stat_result:
+        """The entry at ``path`` below ``dir_fd`` itself, a link included.
+
+        Raises:
+            FileNotFoundError: it is missing, or a folder on the way is a link.
+        """
+        folder, _, name = path.rpartition("/")
+        try:
+            fd = self._open(dir_fd, folder, _FOLDER_FLAGS) if folder else dir_fd
+        except OSError as e:
+            if e.errno in _GONE:
+                raise FileNotFoundError(errno.ENOENT, "no such folder", path) from None
+            raise
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        finally:
+            if fd != dir_fd:
+                os.close(fd)
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
@@ -192,7 +305,7 @@ class LocalStore(Store):
         if self.fsync:
             os.fsync(fd)
 
-    def _create_unnamed(self, path: str, data: bytes) -> str | None:
+    def _create_unnamed(self, rel: str, data: bytes) -> str | None:
         """``CREATE`` from an unnamed temp file (Linux ``O_TMPFILE``), linked into place
         through ``/proc/self/fd``: no name in ``.tmp/`` to make and remove, and nothing left
         behind by a crash. Returns the etag; None where the system has no such files (the
@@ -216,34 +329,41 @@ class LocalStore(Store):
             self._fill(fd, raw, data)
             proc = f"/proc/self/fd/{fd}"
 
-            def link(_: str, dst: str) -> None:
-                # src_dir_fd makes os.link call linkat with AT_SYMLINK_FOLLOW (the path is
-                # absolute, so the directory itself is not used)
-                os.link(proc, dst, src_dir_fd=self._root_fd, follow_symlinks=True)
+            def link(_: str, name: str, dst_dir_fd: int) -> None:
+                # linkat with AT_SYMLINK_FOLLOW: the magic link names the unnamed file
+                os.link(proc, name, dst_dir_fd=dst_dir_fd, follow_symlinks=True)
 
-            self._publish(link, proc, path)
+            self._publish(link, proc, rel)
         finally:
             os.close(fd)
         return f'"{raw.hex()}"'
 
     def _read(
-        self, key: str, path: str, header_only: bool = False, max_bytes: int | None = None
+        self,
+        key: str,
+        path: str,
+        header_only: bool = False,
+        max_bytes: int | None = None,
+        dir_fd: int = -1,
     ) -> tuple[bytes, str, int, float]:
-        """``(data, etag, data size, mtime)`` of the object file at ``path``.
+        """``(data, etag, data size, mtime)`` of the object file at ``path``, below the folder
+        ``dir_fd`` (default ``objects/``).
 
         A file without lakeshore's header (a stray or damaged file) is not an error: it
         reads as an object whose data is the whole file and whose etag is a hash of it, so
         the layers above judge the bytes like any other (a record that does not decode is
         failed and overwritten by a conditional write on that etag). Something other than a
         regular file (a link, a pipe, a device) is never followed or read: it reads as an
-        empty foreign object whose etag comes from its metadata."""
+        empty foreign object whose etag comes from its metadata. A link in place of a folder
+        on the way is no folder of the store: the object is missing (FileNotFoundError)."""
+        folder = self._objects_fd if dir_fd < 0 else dir_fd
         # O_NOFOLLOW: a link to /dev/zero must not be read; O_NONBLOCK: a FIFO must not block
         try:
-            fd = os.open(path, _READ_FLAGS)
+            fd = self._open(folder, path, _READ_FLAGS)
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
-            st = os.lstat(path)  # a symbolic link: never followed
+            st = self._lstat(folder, path)  # the link itself, if it is the file's name
             return b"", _odd_etag(st), 0, st.st_mtime
         try:
             st = os.fstat(fd)
@@ -266,25 +386,38 @@ class LocalStore(Store):
         etag = f'"{blob[len(_MAGIC) : _HEADER].hex()}"'
         return blob[_HEADER:], etag, st.st_size - _HEADER, st.st_mtime
 
-    def _current_etag(self, key: str, path: str) -> str | None:
+    def _current_etag(self, key: str, rel: str) -> str | None:
         try:
-            return self._read(key, path, header_only=True)[1]
+            return self._read(key, rel, header_only=True)[1]
         except FileNotFoundError:
             return None
 
-    def _publish(self, op: Callable[[str, str], None], tmp: str, path: str) -> None:
-        """Run ``op(tmp, path)``, recreating parent directories a concurrent delete pruned."""
+    def _publish(self, op: Callable[..., None], tmp: str, rel: str) -> None:
+        """Run ``op(tmp, name, dst_dir_fd=<folder>)`` (``os.link``, ``os.rename``) into the
+        object's folder, made where missing and never reached through a link, and again
+        when a concurrent delete pruned a folder on the way.
+
+        Raises:
+            OSError: ELOOP: a folder on the way is a link; the filesystem failed.
+            StoreError: the folder kept disappearing.
+        """
+        folder, _, name = rel.rpartition("/")
         for _ in range(_DIR_RETRIES):
             try:
-                op(tmp, path)
+                # a folder made here can be pruned before it is opened (a delete emptied
+                # _tickets/ and removed it between our mkdir of _tickets/ and of _tickets/4)
+                fd = self._folder(folder, create=True)
+            except FileNotFoundError:
+                continue
+            try:
+                op(tmp, name, dst_dir_fd=fd)
                 return
             except FileNotFoundError:
-                # makedirs itself can lose a parent to a prune between its steps (it saw
-                # _tickets/, a delete emptied and removed it, mkdir of _tickets/4 then fails)
-                with contextlib.suppress(FileNotFoundError):
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                continue  # pruned after it was opened: a removed folder takes no new names
+            finally:
+                self._release(fd)
         raise StoreError(
-            f"put {path}", "parent directory kept disappearing", "retry; check for a cleaner"
+            f"put {rel}", "parent directory kept disappearing", "retry; check for a cleaner"
         )
 
     # -- the contract ----------------------------------------------------------------------
@@ -292,7 +425,7 @@ class LocalStore(Store):
     def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         check_key(key, "get")
         try:
-            data, etag, _, _ = self._read(key, self._path(key), max_bytes=max_bytes)
+            data, etag, _, _ = self._read(key, self._rel(key), max_bytes=max_bytes)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise not_found(key, self.url) from None
         except OSError as e:
@@ -302,17 +435,17 @@ class LocalStore(Store):
     def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
         check_key(key, "put")
         data = check_data(data, f"put {key}")
-        path = self._path(key)
+        rel = self._rel(key)
         if mode.name == "create":
             try:
-                made = self._create_unnamed(path, data)
+                made = self._create_unnamed(rel, data)
             except FileExistsError:
                 raise conflict("put", key, mode, self.url) from None
             except OSError as e:
                 raise _os_error("put", key, e) from e
             if made is not None:
                 if self.fsync:
-                    self._fsync_parent("put", key, path)
+                    self._fsync_parent("put", key, rel)
                 return made
         try:
             tmp, etag = self._write_tmp(data)
@@ -322,14 +455,14 @@ class LocalStore(Store):
         try:
             if mode.name == "create":
                 try:
-                    self._publish(os.link, tmp, path)
+                    self._publish(os.link, tmp, rel)
                 except FileExistsError:
                     raise conflict("put", key, mode, self.url) from None
             else:
                 with self._locked(key):
-                    if mode.name == "if_match" and self._current_etag(key, path) != mode.etag:
+                    if mode.name == "if_match" and self._current_etag(key, rel) != mode.etag:
                         raise conflict("put", key, mode, self.url)
-                    self._publish(os.rename, tmp, path)
+                    self._publish(os.rename, tmp, rel)
                     published = True  # the temp file's name is gone with the rename
         except OSError as e:
             raise _os_error("put", key, e) from e
@@ -338,22 +471,19 @@ class LocalStore(Store):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
         if self.fsync:
-            self._fsync_parent("put", key, path)
+            self._fsync_parent("put", key, rel)
         return etag
 
-    def _fsync_parent(self, op: str, key: str, path: str) -> None:
+    def _fsync_parent(self, op: str, key: str, rel: str) -> None:
+        # The rename/link itself lives in the directory: without this, power loss may undo it.
         try:
-            self._fsync_dir(os.path.dirname(path))
+            fd = self._open(self._objects_fd, rel.rpartition("/")[0] or ".", _LIST_FLAGS)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         except OSError as e:
             raise _os_error(op, key, e) from e
-
-    def _fsync_dir(self, d: str) -> None:
-        # The rename/link itself lives in the directory: without this, power loss may undo it.
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def delete(self, key: str, if_match: str | None = None) -> None:
         check_key(key, "delete")
@@ -363,22 +493,32 @@ class LocalStore(Store):
             raise _os_error("delete", key, e) from e
 
     def _delete(self, key: str, if_match: str | None) -> None:
-        path = self._path(key)
+        rel = self._rel(key)
+        folder, _, name = rel.rpartition("/")
         with self._locked(key):
             if if_match is not None:
-                current = self._current_etag(key, path)
+                current = self._current_etag(key, rel)
                 if current is None:
                     return
                 if current != if_match:
                     raise conflict("delete", key, PutMode("if_match", if_match), self.url)
             try:
-                os.unlink(path)
+                fd = self._folder(folder)
+            except OSError as e:
+                if e.errno in _GONE:
+                    return  # missing, or behind a link: nothing of the store's to delete
+                raise
+            try:
+                os.unlink(name, dir_fd=fd)  # a link in the file's place: the link goes
             except FileNotFoundError:
                 return
-        self._prune(os.path.dirname(path))
+            finally:
+                self._release(fd)
+        self._prune(folder)
 
-    def _prune(self, d: str) -> None:
-        """Remove ``d`` and its parents while they are empty, up to ``objects/``.
+    def _prune(self, folder: str) -> None:
+        """Remove ``objects/<folder>`` and its parents while they are empty, each from its
+        parent's descriptor (a link is never removed through, nor is ``objects/`` itself).
 
         Empty directories would make every later listing slower; a racing writer that loses
         its parent recreates it (see _publish). A directory that held many entries is tried
@@ -386,21 +526,27 @@ class LocalStore(Store):
         reads past every deleted entry) while holding its lock, which made each delete of a
         busy queue cost more than the write it tidied. One left empty meanwhile is removed
         by the next listing that walks it (see _walk)."""
-        root = self._objects_s
-        while len(d) > len(root) and d.startswith(root + "/"):
-            if self._crowded and self._crowded.get(d, 0.0) > self._ticks():
+        while folder:
+            if self._crowded and self._crowded.get(folder, 0.0) > self._ticks():
+                return
+            parent, _, name = folder.rpartition("/")
+            try:
+                fd = self._folder(parent)
+            except OSError:
                 return
             try:
-                os.rmdir(d)
+                os.rmdir(name, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    self._note_crowded(d)
+                    self._note_crowded(folder, fd, name)
                 return
-            d = os.path.dirname(d)
+            finally:
+                self._release(fd)
+            folder = parent
 
-    def _note_crowded(self, d: str) -> None:
+    def _note_crowded(self, folder: str, parent_fd: int, name: str) -> None:
         try:
-            size = os.stat(d).st_size
+            size = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_size
         except OSError:
             return
         if size <= _CROWDED_BYTES:
@@ -409,20 +555,41 @@ class LocalStore(Store):
         with self._crowded_lock:
             if len(self._crowded) > 4096:  # forget the stale ones: directories come and go
                 self._crowded = {k: t for k, t in self._crowded.items() if t > now}
-            self._crowded[d] = now + _CROWDED_S
+            self._crowded[folder] = now + _CROWDED_S
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
         base = prefix[: prefix.rfind("/") + 1]  # deepest directory the prefix pins down
-        dirs = base.split("/")[:-1]
-        start = self._objects_s + "".join("/" + _encode(d) for d in dirs)
-        return self._walk(start, base, prefix, start_after, top=True)
+        folder = "/".join(map(_encode, base.split("/")[:-1]))
+        return self._list(folder, base, prefix, start_after)
 
-    def _walk(
-        self, directory: str, dir_key: str, prefix: str, start_after: str | None, top: bool
+    def _list(
+        self, folder: str, base: str, prefix: str, start_after: str | None
     ) -> Iterator[ObjectInfo]:
         try:
-            with os.scandir(directory) as it:
+            fd = self._open(self._objects_fd, folder or ".", _LIST_FLAGS)
+        except OSError as e:
+            if e.errno in _GONE:
+                return  # nothing there, or a link: no folder of the store
+            raise _os_error("list", base or "/", e) from e
+        try:
+            yield from self._walk(fd, base, prefix, start_after, None)
+        finally:
+            os.close(fd)
+
+    def _walk(
+        self,
+        fd: int,
+        dir_key: str,
+        prefix: str,
+        start_after: str | None,
+        parent: tuple[int, str] | None,
+    ) -> Iterator[ObjectInfo]:
+        """List the folder open as ``fd`` (``parent``: its parent's descriptor and its name
+        there, None for the folder the listing starts in). Subfolders are opened relative
+        to it without following a link, so a link swapped in mid-walk is skipped too."""
+        try:
+            with os.scandir(fd) as it:
                 entries = []
                 for e in it:
                     if e.name.endswith(_SUFFIX):
@@ -433,11 +600,11 @@ class LocalStore(Store):
             return
         except OSError as e:
             raise _os_error("list", dir_key or "/", e) from e
-        if not entries and not top:
+        if not entries and parent is not None:
             # left empty by a delete whose prune was skipped (see _prune): tidy it now; a
             # writer that loses it to this recreates it
             with contextlib.suppress(OSError):
-                os.rmdir(directory)
+                os.rmdir(parent[1], dir_fd=parent[0])
             return
         # Sorting a directory's entries by "name" for objects and "name/" for subdirectories
         # gives exactly the byte order of the full keys, as S3 lists them.
@@ -453,12 +620,21 @@ class LocalStore(Store):
                     and not start_after.startswith(key)
                 ):
                     continue
-                yield from self._walk(f"{directory}/{name}", key, prefix, start_after, False)
+                try:
+                    child = os.open(name, _LIST_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in _GONE:
+                        continue  # deleted while we listed, or a link swapped in
+                    raise _os_error("list", key, e) from e
+                try:
+                    yield from self._walk(child, key, prefix, start_after, (fd, name))
+                finally:
+                    os.close(child)
                 continue
             if not key.startswith(prefix) or (start_after is not None and key <= start_after):
                 continue
             try:
-                _, etag, size, mtime = self._read(key, f"{directory}/{name}", header_only=True)
+                _, etag, size, mtime = self._read(key, name, header_only=True, dir_fd=fd)
             except (FileNotFoundError, IsADirectoryError):
                 continue  # deleted while we listed (or a stray directory: not an object)
             except OSError as e:
@@ -467,6 +643,68 @@ class LocalStore(Store):
 
     def now(self) -> float:
         return self._clock()
+
+
+def _open_part(dir_fd: int, name: str, flags: int) -> int:
+    """Open one name in the folder ``dir_fd`` (``flags`` hold ``O_NOFOLLOW``).
+
+    Raises:
+        OSError: ELOOP when it is a symbolic link (with ``O_DIRECTORY`` Linux says ENOTDIR,
+            some systems EMLINK: a look at the entry tells), else as ``open`` raises it.
+    """
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.EMLINK) and _is_link(dir_fd, name):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+        raise
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=None if dir_fd < 0 else dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISLNK(st.st_mode)
+
+
+def _openat2(probe_fd: int) -> Callable[[int, str, int], int] | None:
+    """``openat2(dir_fd, path, flags)`` refusing a symbolic link on any part of ``path``
+    (ELOOP) and any escape from ``dir_fd``, or None where the kernel, the architecture or a
+    sandbox's system call filter has no ``openat2``: the caller then walks part by part."""
+    if sys.platform != "linux" or os.uname().machine not in _OPENAT2_MACHINES:
+        return None
+    import ctypes  # only here: the one system call the os module does not offer
+
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    # syscall(number, dir_fd, path, &how, sizeof how). No argtypes: converting each argument
+    # cost more than the call; the two 64-bit ones are passed ready-made, the kernel reads
+    # dir_fd as an int and the bytes go as pointers.
+    number, size = ctypes.c_long(_SYS_OPENAT2), ctypes.c_size_t(24)
+    # struct open_how {u64 flags, mode, resolve} per flags; without O_NOFOLLOW, because with
+    # it O_PATH would open a link at the end instead of refusing it: the resolve flags
+    # refuse every link, the last one included
+    hows = {
+        flags: struct.pack("=QQQ", flags & ~os.O_NOFOLLOW, 0, _RESOLVE_NO_SYMLINKS_BENEATH)
+        for flags in (_READ_FLAGS, _FOLDER_FLAGS, _LIST_FLAGS)
+    }
+
+    def openat2(dir_fd: int, path: str, flags: int) -> int:
+        fd: int = syscall(number, dir_fd, os.fsencode(path), hows[flags], size)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        return fd
+
+    try:
+        os.close(openat2(probe_fd, ".", _FOLDER_FLAGS))
+    except OSError:  # ENOSYS (before Linux 5.6), EPERM (a seccomp filter), ...
+        return None
+    return openat2
 
 
 _HASHED = 16 << 20  # foreign files up to this size get an etag from their content
@@ -517,6 +755,13 @@ def _os_error(op: str, key: str, e: OSError) -> LakeshoreError:
     if e.errno == errno.ENAMETOOLONG:
         return InvalidArgument(
             f"{op} {key}", "a key segment is too long for this filesystem", "use shorter segments"
+        )
+    if e.errno == errno.ELOOP:
+        return StoreError(
+            f"{op} {key}",
+            "a folder on its way under objects/ is a symbolic link, which the store never follows",
+            "remove the link (a key's folders must be real directories)",
+            key=key,
         )
     return StoreError(
         f"{op} {key}", f"filesystem error: {e.strerror or e}", "check disk space and permissions"
