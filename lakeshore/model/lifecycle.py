@@ -213,14 +213,7 @@ def cancel(rec: Record, now: float, reason: str = "cancelled") -> Record:
     """queued | running -> killed. The running worker notices at its next heartbeat."""
     if rec.terminal:
         raise _illegal(rec, "cancel")
-    error = {"type": "Killed", "message": reason, "traceback": ""}
-    return rec.next_write(
-        state="killed",
-        lease=None,
-        error=error,
-        finished_at=now,
-        history=_ended(rec, now, "killed"),
-    )
+    return _stopped(rec, now, "killed", {"type": "Killed", "message": reason, "traceback": ""})
 
 
 def time_out(rec: Record, now: float, token: str | None = None) -> Record:
@@ -236,14 +229,7 @@ def time_out(rec: Record, now: float, token: str | None = None) -> Record:
         )
     else:
         raise _illegal(rec, "timeout")
-    error = {"type": "Timeout", "message": message, "traceback": ""}
-    return rec.next_write(
-        state="timeout",
-        lease=None,
-        error=error,
-        finished_at=now,
-        history=_ended(rec, now, "timeout"),
-    )
+    return _stopped(rec, now, "timeout", {"type": "Timeout", "message": message, "traceback": ""})
 
 
 def implausible(rec: Record, now: float) -> str | None:
@@ -289,10 +275,15 @@ def refuse(rec: Record, now: float, why: str) -> Record:
         "message": f"{why}: no worker will wait for it; submit it again if it was meant",
         "traceback": "",
     }
+    return _stopped(rec, now, "failed", error)
+
+
+def _stopped(rec: Record, now: float, state: str, error: dict[str, Any]) -> Record:
+    """``rec`` ended by someone other than its body (a cancel, a timeout, a refusal)."""
     return rec.next_write(
-        state="failed",
+        state=state,
         lease=None,
         error=error,
         finished_at=now,
-        history=_ended(rec, now, "failed"),
+        history=_ended(rec, now, state),
     )

@@ -427,8 +427,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(HTTPStatus.TOO_MANY_REQUESTS, BUSY)
                 return
             size, name = about
-            disposition = {"Content-Disposition": f'attachment; filename="{name}"'}
-            self._send(HTTPStatus.OK, b"", "application/octet-stream", disposition, size)
+            self._send(HTTPStatus.OK, b"", "application/octet-stream", _attachment(name), size)
             return
         if not self.ui.downloads.acquire(blocking=False):
             self._json(HTTPStatus.TOO_MANY_REQUESTS, {**BUSY, "error": "ui: downloads busy"})
@@ -439,8 +438,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(HTTPStatus.TOO_MANY_REQUESTS, BUSY)
                 return
             data, name = got
-            disposition = {"Content-Disposition": f'attachment; filename="{name}"'}
-            self._send(HTTPStatus.OK, data, "application/octet-stream", disposition)
+            self._send(HTTPStatus.OK, data, "application/octet-stream", _attachment(name))
         finally:
             self.ui.downloads.release()
 
@@ -586,3 +584,8 @@ def _status(e: LakeshoreError) -> int:
     if isinstance(e, StoreError):
         return HTTPStatus.BAD_GATEWAY
     return HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+def _attachment(name: str) -> dict[str, str]:
+    """The header that makes a browser save a download as ``name``."""
+    return {"Content-Disposition": f'attachment; filename="{name}"'}
