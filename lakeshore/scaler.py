@@ -60,6 +60,7 @@ from lakeshore.store.base import ObjectInfo
 __all__ = ["JUDGED_UP_TO", "ScaleReport", "Scaler"]
 
 JUDGED_UP_TO = 64  # live invocations up to which the tickets' contents are read
+_IMPLAUSIBLE_RECHECK_S = 600.0
 
 log = logging.getLogger("lakeshore.scale")
 
@@ -331,7 +332,9 @@ class Scaler:
                 rec = Record.from_bytes(ops.read_bounded(info.key)[0], info.key)
                 verdict = rec.state in ("queued", "running") and not rec.is_payload
                 if verdict and lifecycle.implausible(rec, now) is not None:
-                    verdict = False  # the first claimer fails it: no work for anyone
+                    # the first claimer fails it: no work (judged again in a while, in case
+                    # it was this scaler's clock that was off)
+                    verdict, until = False, now + _IMPLAUSIBLE_RECHECK_S
                 elif verdict and rec.not_before > now + horizon:
                     # not due before a worker launched now would have left again: work
                     # only once it is that close

@@ -40,9 +40,11 @@ __all__ = [
 
 MAX_BACKOFF_S = 300.0
 # How far ahead of the reader's store clock a time another process wrote may lie. Every
-# writer takes its times from the store's clock, so honest ones differ by seconds; past this
-# a time is a lie (or a clock far off), and trusting it would park the record for ever.
-CLOCK_SLACK_S = 300.0
+# writer takes its times from the store's clock, so honest ones differ by seconds; but a
+# reader's clock may lag for a while (a machine that resumed from a suspend, an S3 clock
+# whose samples are still old), and a refusal is final. A day is far past any honest lag and
+# still short of what would park a record for good.
+CLOCK_SLACK_S = 86_400.0
 
 
 def _illegal(rec: Record, move: str) -> IllegalTransition:

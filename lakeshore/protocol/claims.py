@@ -43,6 +43,7 @@ from lakeshore.protocol.steps import (
     Claimed,
     QueueOps,
     decode_ticket,
+    elapsed,
     unclaimed,
     unclaimed_etag,
 )
@@ -76,14 +77,14 @@ class Claimer:
         self,
         ops: QueueOps,
         worker: str,
-        ticks: Callable[[], float] = time.monotonic,
+        ticks: Callable[[], float] = elapsed,
         *,
         payloads: bool = False,
     ) -> None:
         self.ops = ops
         self.worker = worker  # its own leases are no collision
         self.payloads = payloads
-        self._ticks = ticks  # elapsed time, never stepped
+        self._ticks = ticks  # elapsed time, never stepped, counting time suspended
         self._lock = threading.Lock()
         self._listing_lock = threading.Lock()  # one LIST in flight per worker
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
@@ -215,10 +216,12 @@ class Claimer:
                     return None  # out of listings for this pass: not a pass over everything
                 found = self._list(now)
                 lists += 1
-                if not found and not self._resumed:
+                if not found and not self._resumed and self._resume is None:
                     self._passed(began)
                     return None
-                continue  # (a listing that began past the head is followed by one from it)
+                # a listing that stopped at the scan limit is followed by one past it, and
+                # one that began past the head by one from the head
+                continue
             try:
                 got = self._try_claim(info, now, lease_s, stopping)
             except (StoreError, PermissionDenied):
@@ -466,7 +469,16 @@ class Claimer:
                         raise err from None  # nothing to run: _fail_corrupt records why
                     return rec, rec_etag, etag
             info = ObjectInfo(info.key, etag, len(data), info.last_modified)
-        rec, rec_etag = self.ops.read_record(inv)
+        try:
+            rec, rec_etag = self.ops.read_record(inv)
+        except NotFound:
+            if info.size > MARKER_MAX and info.key in self._promoted:
+                # a full ticket whose record was deleted again (a claim undone after it
+                # could not prove its ticket): the ticket holds the invocation once more
+                with self._lock:
+                    self._promoted.discard(info.key)
+                return self._read_listed(info, inv)
+            raise
         return rec, rec_etag, info.etag
 
     def _lost_create(self, key: str, etag: str) -> None:

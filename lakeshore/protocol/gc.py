@@ -84,6 +84,7 @@ from lakeshore.protocol.steps import (
     MAX_SMALL_BYTES,
     ORPHAN_GRACE_S,
     QueueOps,
+    elapsed,
     unclaimed,
 )
 from lakeshore.store.base import Store
@@ -208,7 +209,7 @@ def collect(
     now: float,
     dry_run: bool = False,
     only: set[str] | None = None,
-    ticks: Callable[[], float] = time.monotonic,
+    ticks: Callable[[], float] = elapsed,
     sleep: Callable[[float], object] = time.sleep,
 ) -> GcReport:
     """Collect one queue. See the module docstring. With ``only``, ids outside it are left
@@ -301,7 +302,8 @@ def _fence_claims(
     gc deleted it has then taken longer than that from its read to its create, and such a
     slow claim proves its ticket before it runs anything (``QueueOps.unclaim_if_stale``):
     an invocation that finished is never run again by a claim that outlived gc."""
-    while (left := tickets_seen + CLAIM_FENCE_S - ticks()) > 0:
+    # a margin over the claimer's threshold: two clocks' rates and resolutions may differ
+    while (left := tickets_seen + CLAIM_FENCE_S * 1.1 - ticks()) > 0:
         sleep(left)
 
 

@@ -86,6 +86,7 @@ __all__ = [
     "abandoned",
     "corrupt_stub",
     "decode_ticket",
+    "elapsed",
     "unclaimed",
     "unclaimed_etag",
 ]
@@ -107,6 +108,16 @@ ORPHAN_GRACE_S = 60.0  # a marker without its record: in flight (or being gc'd) 
 # gc deletes a record no sooner than this after its ticket was last seen; a claim that took
 # longer from reading a full ticket to creating the record proves the ticket still exists
 CLAIM_FENCE_S = 1.0
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def elapsed() -> float:
+    """Seconds on a clock that nothing steps and that counts time the machine was
+    suspended (``CLOCK_BOOTTIME`` where there is one): a claim that slept through a
+    suspend has taken that long, as gc sees it."""
+    return time.monotonic() if _CLOCK is None else time.clock_gettime(_CLOCK)
+
+
 # an outcome write the store's own retries could not land is sent again after these pauses
 _OUTCOME_PAUSE_S, _OUTCOME_PAUSE_CAP_S = 0.25, 4.0
 _UNCLAIMED = "ticket:"  # etag prefix: the record is still the ticket's content

@@ -220,7 +220,7 @@ def test_a_scan_full_of_tickets_not_yet_due_does_not_hide_the_job_behind_them() 
 
 @pytest.mark.parametrize(
     "field, ahead",
-    [("submitted_at", 3600.0), ("started_at", 3600.0), ("finished_at", 3600.0)],
+    [("submitted_at", 2 * 86400.0), ("started_at", 2 * 86400.0), ("finished_at", 2 * 86400.0)],
 )
 def test_a_live_record_with_a_time_from_the_future_is_refused(field: str, ahead: float) -> None:
     now = 1_000_000.0
@@ -244,7 +244,8 @@ def test_a_lease_longer_than_its_lease_s_is_refused() -> None:
     rec = Record(id=new_id(), ns="default", queue="default", fn="m:f", args=Blob(inline=b""))
     running = lifecycle.claim(rec, "w", "t", now, lease_s=30.0)
     assert lifecycle.implausible(running, now + 10) is None
-    forged = dataclasses.replace(running, lease=Lease("w", "t", now + 86400))
+    assert lifecycle.implausible(running, now - 3600) is None  # a reader's clock an hour behind
+    forged = dataclasses.replace(running, lease=Lease("w", "t", now + 3 * 86400))
     assert "lease" in (lifecycle.implausible(forged, now) or "")
     assert lifecycle.implausible(dataclasses.replace(rec, not_before=now + 200), now) is None
     assert "not_before" in (
@@ -291,3 +292,33 @@ def test_a_slot_left_by_a_worker_dead_after_its_terminal_write_is_freed_by_the_n
     assert Claimer(ops, "next").claim(q.store.now()) is None  # meets the stale ticket
     assert q.status(inv) == "succeeded"
     assert q.status(f.submit(3)) == "queued"  # the slot was freed
+
+
+def test_a_full_ticket_whose_record_was_undone_is_claimed_again_not_dropped() -> None:
+    # worker K lost the create to worker C, whose slow claim then could not prove its ticket
+    # and deleted its record again: K must read the ticket again, not take it for an orphan
+    inner = MemoryStore()
+    q = make_plane(inner)
+    inv = q.udf(jobs.add_one).submit(1)
+    ops = q.ops("default")
+    other = Claimer(ops, "C")
+
+    def c_claims_first() -> None:
+        assert other.claim(inner.now()) is not None
+
+    k = Claimer(QueueOps(StallsBeforeCreate(inner, c_claims_first), ops.keys), "K")
+    assert k.claim(inner.now()) is None  # lost the create
+    inner.delete(ops.keys.record(inv))  # C's claim undone
+    later = inner.now() + 60  # once K looks again (it remembered the ticket for a lease)
+    held = k.claim(later)
+    assert held is not None and held.record.id == inv
+
+
+def test_a_pass_from_the_head_goes_on_past_a_scan_of_remembered_tickets() -> None:
+    q = make_plane(MemoryStore())
+    plant(q, 5001, q.store.now() + 240)
+    inv = q.udf(jobs.add_one).submit(1)
+    k = Claimer(q.ops("default"), "k")
+    assert k.claim(q.store.now()) is None  # reads (and remembers) the first 4000
+    held = k.claim(q.store.now())  # from the head: 5000 remembered, then past them
+    assert held is not None and held.record.id == inv
