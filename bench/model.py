@@ -9,7 +9,7 @@ prefix ``lakeshore/<ns>/<queue>/``, and its ids, which start with the time, all 
 end of that key range, so this model gives each queue one partition's worth. Prices: S3
 Standard, us-east-1 ($0.005 per 1,000 PUT, POST, LIST; $0.0004 per 1,000 GET; DELETE free).
 
-    bash scripts/bench scale
+    bash scripts/bench model
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> None:
     out = {"date": time.strftime("%Y-%m-%d"), "job": plain, "keyed_job": keyed}
     out["model"] = model(plain, idle)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale.json").write_text(json.dumps(out, indent=2))
+    (RESULTS / "model.json").write_text(json.dumps(out, indent=2))
     m = out["model"]
     print(f"\nlakeshore scale model, {out['date']}\n")
     for name, j in (("no-op invocation", plain), ("with _key", keyed)):
