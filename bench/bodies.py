@@ -33,3 +33,8 @@ def gate() -> None:
     Path(f"{gate}.{os.getpid()}").touch()
     while not os.path.exists(gate):
         time.sleep(0.002)  # a file is the signal: another process creates it
+
+
+def nap(seconds: float) -> None:
+    """The scale benchmark's body: a slot busy for ``seconds``, the CPU left to the queue."""
+    time.sleep(seconds)

@@ -13,8 +13,9 @@ BUCKET = "lakeshore-test"
 
 
 @contextlib.contextmanager
-def seaweed_server() -> Iterator[Seaweed | None]:
-    """The running server, or None (with a note) when the ``weed`` binary is missing."""
+def seaweed_server(metrics: bool = False) -> Iterator[Seaweed | None]:
+    """The running server, or None (with a note) when the ``weed`` binary is missing. With
+    ``metrics``, its request counters are served too (``Seaweed.metrics``)."""
     weed = find_weed()
     if weed is None:
         print(
@@ -22,7 +23,7 @@ def seaweed_server() -> Iterator[Seaweed | None]:
         )
         yield None
         return
-    server = start_seaweed(weed)
+    server = start_seaweed(weed, metrics=metrics)
     try:
         _create_bucket(server.endpoint)
         yield server

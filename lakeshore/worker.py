@@ -47,7 +47,7 @@ from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.attempt import Attempt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
-from lakeshore.running.child import Hooks, refuse_script_rerun
+from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
 from lakeshore.store.base import OVERWRITE
 from lakeshore.text import inert
@@ -232,6 +232,8 @@ def run_worker(
     )
     ops = [plane.ops(name) for name in names]
     claimers = [plane.claimer(name, state.worker_id) for name in names]  # its slots share
+    if isolation == "process":
+        warm_up()  # body processes: their fork server starts while the first claims go out
     if hooks.on_start is not None and isolation != "process":
         try:
             hooks.on_start()  # bodies run in this process

@@ -47,6 +47,7 @@ class Seaweed:
     process: subprocess.Popen[bytes]
     workdir: Path
     version: str
+    metrics: str | None = None  # the Prometheus endpoint (``start_seaweed(metrics=True)``)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -82,15 +83,17 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def start_seaweed(weed: str, timeout: float = 90.0) -> Seaweed:
-    """Start ``weed mini`` and wait until its S3 endpoint answers.
+def start_seaweed(weed: str, timeout: float = 90.0, metrics: bool = False) -> Seaweed:
+    """Start ``weed mini`` and wait until its S3 endpoint answers. With ``metrics``, it also
+    serves its Prometheus counters (requests by S3 operation and status code) on loopback.
 
     Raises:
         RuntimeError: the server exited or did not answer within ``timeout`` seconds (the
             message carries the tail of its log).
     """
     workdir = Path(tempfile.mkdtemp(prefix="lakeshore-seaweed-"))
-    ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS)), strict=True))
+    flags = (*_PORT_FLAGS, "metricsPort") if metrics else _PORT_FLAGS
+    ports = dict(zip(flags, free_ports(len(flags)), strict=True))
     args = [
         weed,
         "mini",
@@ -113,7 +116,8 @@ def start_seaweed(weed: str, timeout: float = 90.0) -> Seaweed:
         )
     version = subprocess.run([weed, "version"], capture_output=True, text=True).stdout.strip()
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
-    server = Seaweed(endpoint, proc, workdir, version)
+    served = f"http://127.0.0.1:{ports['metricsPort']}/metrics" if metrics else None
+    server = Seaweed(endpoint, proc, workdir, version, served)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -36,6 +36,7 @@ from lakeshore.errors import (
 from lakeshore.keys import QueueKeys
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, write_id
+from lakeshore.protocol.lanes import Lanes
 from lakeshore.protocol.steps import (
     CLAIM_FENCE_S,
     MARKER_MAX,
@@ -56,7 +57,11 @@ log = logging.getLogger("lakeshore.worker")
 
 _LISTING = 1000  # candidates kept from one LIST of the tickets (one S3 page)
 _LISTING_S = 1.0  # a listing is reused by later claims for this long (bounds priority lag)
-_MAX_SPREAD = 64  # widest random pick over the head of the queue once claims collide
+# widest random pick over the head of the queue once claims collide: the whole listing. A
+# pick another process took since the listing costs a request or two; among P busy processes
+# that happens about (claims per listing age) / (candidates) of the time, so the window must
+# be much wider than what the others claim while a listing is reused
+_MAX_SPREAD = 1000
 _SCAN = 5000  # tickets looked at (listed, not read) per LIST at most
 _LISTS_PER_CLAIM = 4
 _NARROW_AFTER = 16  # clean claims in a row before the spread halves again
@@ -64,6 +69,13 @@ _BAD_TICKET_S = 60.0  # a ticket whose examination raised something unexpected: 
 _SLACK_S = 30.0  # how far two processes' clocks may disagree about a retry's due time
 _RERUN_GRACE_S = 30.0  # a ticket of a life the record has not reached: a rerun until this old
 _OTHER_SIDE_S = 300.0  # a payload seen by a function worker (or the reverse): passed over
+# an invocation another process ended this recently: its own batch delete of the ticket is
+# due within a second or so; a delete from every process that lists it meanwhile would cost
+# a request each. After this, whoever meets the ticket deletes it (its holder may have died)
+_TIDY_GRACE_S = 10.0
+_TIDIED = ("succeeded", "failed")  # the outcomes whose worker deletes the ticket (a cancel's
+# producer does not: a claimer drops that ticket when it meets it)
+_TAKEN_WEIGHT = 0.1  # how fast the estimate of picks found taken follows the latest picks
 
 _Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
 
@@ -89,6 +101,9 @@ class Claimer:
         self._listing_lock = threading.Lock()  # one LIST in flight per worker
         self._spread = 1  # 1: strict order (FIFO per priority); grows while claims collide
         self._clean = 0  # claims won since the last lost race
+        # the share of recent picks another process had taken already (a moving average):
+        # above one half, a full ticket's record is read before the ticket itself
+        self._taken = 0.0
         # ticket key -> (its etag, when to look again): read and found not claimable, skipped
         # without a GET until then or until the ticket changes, so long-running invocations and
         # retries backing off at the head of the queue never hide the work behind them
@@ -115,6 +130,7 @@ class Claimer:
         self._misses: dict[str, int] = {}  # ticket key -> times its record was not there yet
         # full tickets whose record exists (a create of it failed): read the record first
         self._promoted: set[str] = set()
+        self._lanes = Lanes(ops.keys, worker, ticks)  # which picks are this process's
 
     # -- memory ------------------------------------------------------------------------------
 
@@ -248,6 +264,10 @@ class Claimer:
             with self._lock:
                 if self._listed_at >= asked:  # another slot listed while we waited
                     return bool(self._listing)
+            names = self._lanes.survey(self.ops.store, now)
+            if names is not None:
+                with self._lock:
+                    self._lanes.number(names)
             fresh: list[ObjectInfo] = []
             seen: set[str] = set()
             start, resume, last = self._resume, None, None
@@ -271,17 +291,20 @@ class Claimer:
                     self._promoted &= seen
                 self._resume, self._resumed = resume, start is not None
                 self._listing = fresh
+                self._lanes.observe(fresh)
                 self._listed_at = time.monotonic()
                 self._listing_now, self._listing_whole = now, whole
             return bool(fresh)
 
     def _next_candidate(self, now: float) -> ObjectInfo | None:
-        """Take a candidate from the listing: the oldest while claims go through, a random
-        one of the head while they collide (other processes list the same head). The pick
-        stays inside the head's priority band: never a lower band first."""
+        """Take a candidate from the listing. Alone on the queue: the oldest while claims go
+        through, a random one of the head while they collide. Among other workers: by lanes
+        (:mod:`lakeshore.protocol.lanes`). The pick stays inside the head's priority band:
+        never a lower band first."""
         with self._lock:
             if time.monotonic() - self._listed_at > _LISTING_S:
                 self._listing = []
+            lanes = self._lanes.count > 1
             head: list[int] = []
             band = None
             for i, info in enumerate(self._listing):
@@ -293,19 +316,26 @@ class Claimer:
                 elif this != band:
                     break
                 head.append(i)
-                if len(head) >= self._spread:
+                if not lanes and len(head) >= self._spread:
                     break
             if not head:
                 self._listing = []
                 return None
-            info = self._listing.pop(random.choice(head))
+            if lanes:
+                pick = head[self._lanes.pick([self._listing[i] for i in head])]
+            else:
+                pick = random.choice(head)
+            info = self._listing.pop(pick)
             self._trying.add(info.key)
             return info
 
-    def _collided(self, lost: bool) -> None:
+    def _collided(self, lost: bool, key: str = "") -> None:
         # widen fast, narrow slowly: among busy workers the spread stays wide (few races);
         # a worker left alone is back to strict order after a run of clean claims
         with self._lock:
+            self._taken += _TAKEN_WEIGHT * (lost - self._taken)
+            if lost:
+                self._lanes.collided(key)
             if lost:
                 self._spread, self._clean = min(self._spread * 4, _MAX_SPREAD), 0
             else:
@@ -387,7 +417,7 @@ class Claimer:
                 if rec.lease is not None and rec.lease.worker != self.worker:
                     # taken by another process since we listed it: spread out as after a
                     # lost race, or this process keeps walking just behind the other
-                    self._collided(True)
+                    self._collided(True, info.key)
                 return None, moved
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
@@ -399,6 +429,11 @@ class Claimer:
             self.ops.free_slot(nxt)
             rec, moved = nxt, True
         if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
+            over = min(rec.finished_at or 0.0, now)
+            if not moved and rec.state in _TIDIED and over > now - _TIDY_GRACE_S:
+                # a worker ended it just now: its batch delete is on the way
+                self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), over + _TIDY_GRACE_S)
+                return None, moved
             # its holder may have died between the terminal write and its tidying: the
             # admission slot goes first (producers no longer repair slots), then the ticket
             self.ops.free_slot(rec)
@@ -443,10 +478,10 @@ class Claimer:
             RecordError: neither the ticket nor the record can be used.
         """
         full = info.size > MARKER_MAX and info.key not in self._promoted
-        if full and (record_first or self._spread > 1):
-            # Other processes claim from this queue too (this one lost races lately): a full
-            # ticket at the head has most likely been claimed since the listing, and its
-            # record tells so for one GET, where trying to create it would be a lost write.
+        if full and (record_first or self._taken > 0.5):
+            # Most of this process's recent picks had been claimed by others since its
+            # listing: this full ticket's record most likely exists, and it tells so for one
+            # GET, where reading the ticket and trying to create the record would be two.
             with contextlib.suppress(NotFound):
                 rec, rec_etag = self.ops.read_record(inv)
                 return rec, rec_etag, info.etag
@@ -510,7 +545,7 @@ class Claimer:
         try:
             new_etag = self.ops.cas(running, etag)
         except Conflict:
-            self._collided(True)
+            self._collided(True, info.key)
             if unclaimed(etag):  # its record exists: the next look reads that instead
                 self._lost_create(info.key, etag)
                 return None

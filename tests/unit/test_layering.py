@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "protocol steps",
         {"protocol", "protocol.steps", "protocol.claims", "protocol.tidy"}
         | {"protocol.admission", "protocol.queue_record", "protocol.census", "protocol.polling"}
-        | {"protocol.scaler_lease"}
+        | {"protocol.scaler_lease", "protocol.lanes"}
         | {"streams.stream", "streams.topic", "running.logs", "doctor"},
     ),
     (
