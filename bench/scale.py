@@ -2,7 +2,7 @@
 
 Each shape gets a queue of its own holding N invocations submitted beforehand; then P
 ``lakeshore worker`` processes (the command line's defaults: process isolation, the default
-S3 client) are started, load, wait at a gate (``bench/fleet_worker.py``) and are released
+S3 client) are started, load, wait at a gate (``bench.scale_worker.py``) and are released
 together. Figures per shape, all in the store's clock:
 
 - **efficiency, start-up included**: the ideal drain (N × body ÷ P·S) over the time from the
@@ -17,7 +17,7 @@ together. Figures per shape, all in the store's clock:
 
 Every id must have run exactly once (one attempt, one turn in its history).
 
-    bash scripts/bench scale                      # 1x32, 4x8, 16x2, 32x1 sleeping 0.5 s; no-op at 1, 2, 16
+    bash scripts/bench scale    # 1x32, 4x8, 16x2, 32x1 sleeping 0.5 s; no-op at 1, 2, 16
     bash scripts/bench scale --shapes 4x8 --jobs 300
 """
 
@@ -46,7 +46,7 @@ from tests.conftest import FAKE_CREDS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-_LINE = re.compile(r'^SeaweedFS_s3_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+_LINE = re.compile(r"^SeaweedFS_s3_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 
 def server_counts(metrics: str) -> Counter[str]:
@@ -71,7 +71,7 @@ def _launch(url: str, ns: str, processes: int, slots: int, gate: Path) -> list[A
     cmd = [
         sys.executable,
         "-m",
-        "bench.fleet_worker",
+        "bench.scale_worker",
         "worker",
         "--import",
         "bench.bodies",
@@ -124,7 +124,7 @@ def shape(
     c0 = server_counts(metrics)
     ids = f.map([body_s if body_s is not None else i for i in range(n)])
     c1 = server_counts(metrics)
-    gate = Path(tempfile.mkdtemp(prefix="lakeshore-fleet-")) / "go"
+    gate = Path(tempfile.mkdtemp(prefix="lakeshore-scale-")) / "go"
     procs = _launch(url, ns, processes, slots, gate)
     try:
         _wait_ready(procs, gate)
@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=600, help="invocations per shape")
     parser.add_argument("--sleep", type=float, default=0.5, help="seconds each body sleeps")
     parser.add_argument(
-        "--noop", type=_parse_shapes, default=_parse_shapes("1x1,2x1,16x1"),
+        "--noop",
+        type=_parse_shapes,
+        default=_parse_shapes("1x1,2x1,16x1"),
         help="shapes of the no-op drains (requests per invocation, lost races)",
     )
     parser.add_argument("--noop-jobs", type=int, default=600)
@@ -227,7 +229,9 @@ def main(argv: list[str] | None = None) -> None:
 def _show(r: dict[str, Any]) -> None:
     what = f"{r['processes']:>2} x {r['slots']:<2} {'sleep' if r['body_s'] else 'no-op'}"
     if r["body_s"]:
-        perf = f"efficiency {r['efficiency']:.2f} steady {r['steady']:.2f} drain {r['drain_s']:.1f} s"
+        perf = (
+            f"efficiency {r['efficiency']:.2f} steady {r['steady']:.2f} drain {r['drain_s']:.1f} s"
+        )
     else:
         perf = f"{r['drain_per_s']:.0f}/s"
     top = sorted(r["workers"].items(), key=lambda kv: -kv[1])[:6]

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import lakeshore.cli
-import lakeshore.worker  # noqa: F401 - loaded before the gate, like the command line itself
+import lakeshore.worker  # loaded before the gate, like the command line itself
 
 
 def main() -> int:
