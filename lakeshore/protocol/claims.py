@@ -36,7 +36,7 @@ from lakeshore.errors import (
 from lakeshore.keys import QueueKeys
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, write_id
-from lakeshore.protocol.lanes import Lanes
+from lakeshore.protocol.lanes import HELP_WITHIN_S, Lanes
 from lakeshore.protocol.steps import (
     CLAIM_FENCE_S,
     MARKER_MAX,
@@ -322,7 +322,12 @@ class Claimer:
                 self._listing = []
                 return None
             if lanes:
-                pick = head[self._lanes.pick([self._listing[i] for i in head])]
+                listed = [self._listing[i] for i in head]
+                mine = self._lanes.pick(listed)
+                if mine is None and time.monotonic() - self._listed_at > HELP_WITHIN_S:
+                    self._listing = []  # help other lanes only from a fresh listing
+                    return None
+                pick = head[mine if mine is not None else self._lanes.help(listed)]
             else:
                 pick = random.choice(head)
             info = self._listing.pop(pick)
@@ -516,6 +521,18 @@ class Claimer:
             raise
         return rec, rec_etag, info.etag
 
+    def _taken_or_over(self, key: str) -> None:
+        """The ticket ``key`` could not be claimed. In another process's lane, whose owner
+        takes the oldest first, what is older than it is most likely taken or over too:
+        left out of this listing."""
+        with self._lock:
+            lanes = self._lanes
+            lane = lanes.lane(key)
+            if lanes.count > 1 and lane != lanes.index:
+                self._listing = [
+                    i for i in self._listing if i.key > key or lanes.lane(i.key) != lane
+                ]
+
     def _lost_create(self, key: str, etag: str) -> None:
         """A write over a ticket's content lost: the record exists now; read it next time."""
         if unclaimed(etag):
@@ -531,7 +548,10 @@ class Claimer:
     ) -> Claimed | None:
         began = self._ticks()
         seen, _ = self._examine(info, now)
-        if seen is None or (stopping is not None and stopping()):
+        if seen is None:
+            self._taken_or_over(info.key)
+            return None
+        if stopping is not None and stopping():
             return None
         rec, etag, ticket_etag = seen
         token = write_id()
@@ -546,6 +566,7 @@ class Claimer:
             new_etag = self.ops.cas(running, etag)
         except Conflict:
             self._collided(True, info.key)
+            self._taken_or_over(info.key)
             if unclaimed(etag):  # its record exists: the next look reads that instead
                 self._lost_create(info.key, etag)
                 return None

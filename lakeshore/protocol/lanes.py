@@ -9,8 +9,9 @@ only, taken again after 1, 2, 4 … and then every 30 seconds — and gives each
 ticket belongs to lane ``crc32(key) mod workers``. A process claims
 
 1. the oldest ticket of its own lane, or of a lane it adopted;
-2. with its own lane empty, a random one of the newer half of the lane with the most tickets
-   (the lane's owner works from the older end).
+2. with its own lanes empty in a listing at most ``HELP_WITHIN_S`` old (else it lists again
+   first), a random one of the newest quarter of the lane with the most tickets (the lane's
+   owner works from the older end, where what it took lingers until its batch delete).
 
 A lane whose oldest ticket stayed the same for ``STUCK_S`` (its owner runs long bodies, has
 stopped, or serves other queues) is adopted: claimed oldest first, as one's own, until a
@@ -33,7 +34,7 @@ from lakeshore.errors import LakeshoreError
 from lakeshore.keys import QueueKeys, worker_key, workers_prefix
 from lakeshore.store.base import ObjectInfo, Store
 
-__all__ = ["STUCK_S", "Lanes"]
+__all__ = ["HELP_WITHIN_S", "STUCK_S", "Lanes"]
 
 log = logging.getLogger("lakeshore.worker")
 
@@ -41,6 +42,7 @@ FRESH_S = 100.0  # a sign of life written this recently counts (workers write on
 CENSUS_MAX_S = 30.0  # the longest interval between two censuses
 _CENSUS_KEYS = 10_000  # keys looked at per census at most
 STUCK_S = 5.0  # a lane whose oldest ticket has not moved for this long is adopted
+HELP_WITHIN_S = 0.25  # another lane is helped from a listing at most this old
 
 
 class Lanes:
@@ -54,6 +56,7 @@ class Lanes:
         self.index, self.count = 0, 1
         self._census_due = -math.inf
         self._census_every = 1.0
+        self._counted = False  # no census taken yet
         self._heads: dict[int, tuple[str, float]] = {}  # lane -> its oldest ticket, since when
         self._adopted: set[int] = set()
 
@@ -78,11 +81,12 @@ class Lanes:
         """Take the census ``names`` (from :meth:`survey`)."""
         ranked = sorted(set(names))
         index, count = ranked.index(self._me), len(ranked)
-        if (index, count) != (self.index, self.count):
+        if (index, count) != (self.index, self.count) or not self._counted:
             self.index, self.count = index, count
             self._heads.clear()
             self._adopted.clear()
             self._census_every = 1.0  # workers come in waves: look again soon
+            self._counted = True
         else:
             self._census_every = min(self._census_every * 2, CENSUS_MAX_S)
         self._census_due = self._ticks() + self._census_every
@@ -107,17 +111,26 @@ class Lanes:
             if lane != self.index and (lane in self._adopted or now - since >= STUCK_S)
         }
 
-    def pick(self, candidates: list[ObjectInfo]) -> int:
-        """Which of ``candidates`` (not empty, in claim order) to claim: its index."""
+    def pick(self, candidates: list[ObjectInfo]) -> int | None:
+        """Which of ``candidates`` (in claim order) to claim: the index of the oldest of this
+        process's lanes; None when there is none (see :meth:`help`)."""
         for i, info in enumerate(candidates):
             lane = self.lane(info.key)
             if lane == self.index or lane in self._adopted:
                 return i
+        return None
+
+    def help(self, candidates: list[ObjectInfo]) -> int:
+        """Which of ``candidates`` (not empty, none of this process's lanes) to claim: its
+        index. Only from a fresh listing: in an old one, the other lanes hold what their
+        owners have taken since."""
         members: dict[int, list[int]] = {}
         for i, info in enumerate(candidates):
             members.setdefault(self.lane(info.key), []).append(i)
         fullest = max(members.values(), key=len)
-        return random.choice(fullest[len(fullest) // 2 :])
+        # its owner takes the oldest first, and what it took or ended lingers at that end
+        # of the listing until its batch delete: the newest quarter is the safest to help with
+        return random.choice(fullest[len(fullest) - max(1, len(fullest) // 4) :])
 
     def collided(self, key: str) -> None:
         """A claim of ``key`` met another process's: its lane is served by someone."""

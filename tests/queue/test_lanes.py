@@ -1,0 +1,151 @@
+"""Lanes: worker processes that share a queue claim apart, help a lane that has work when
+their own is empty, and adopt a lane whose owner is not taking from it. Counted on a store
+wrapper and driven with an injected clock, never timed."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from lakeshore import codec
+from lakeshore.keys import QueueKeys, worker_key
+from lakeshore.protocol.claims import Claimer
+from lakeshore.protocol.lanes import STUCK_S, Lanes
+from lakeshore.protocol.steps import QueueOps
+from lakeshore.store import MemoryStore
+from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode
+from tests import jobs
+from tests.conftest import make_plane
+
+
+class Tally(MemoryStore):
+    """Counts record creates that lost, and listings of the workers' signs of life."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: Counter[str] = Counter()
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        try:
+            return super().put(key, data, mode)
+        except Exception:
+            if key.endswith("/record"):
+                self.seen["lost"] += 1
+            raise
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> Any:
+        if "/_workers/" in prefix:
+            self.seen["census"] += 1
+        return super().list(prefix, start_after)
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _alive(store: MemoryStore, ns: str, *workers: str) -> None:
+    for w in workers:
+        store.put(worker_key(ns, w), codec.encode({"worker": w, "seen_at": store.now()}))
+
+
+def _ticket(i: int) -> ObjectInfo:
+    return ObjectInfo(f"lakeshore/ns/q/_tickets/5/{i:026d}", f"e{i}", 500, 0.0)
+
+
+def test_a_census_numbers_the_workers_seen_lately_and_looks_again_sooner_when_it_changed() -> None:
+    store, ticks = MemoryStore(), Ticks()
+    lanes = Lanes(QueueKeys("ns", "q"), "b", ticks)
+    _alive(store, "ns", "a", "c")
+    names = lanes.survey(store, store.now())
+    assert names is not None
+    lanes.number(names)
+    assert (lanes.index, lanes.count) == (1, 3)  # a, b, c
+    assert lanes.survey(store, store.now()) is None  # not due yet
+    ticks.t += 1.0
+    names = lanes.survey(store, store.now())
+    assert names is not None
+    lanes.number(names)  # the same census: the next one is twice as far
+    ticks.t += 1.5
+    assert lanes.survey(store, store.now()) is None
+    ticks.t += 0.5
+    _alive(store, "ns", "d")
+    names = lanes.survey(store, store.now())
+    assert names is not None
+    lanes.number(names)
+    assert (lanes.index, lanes.count) == (1, 4)
+    ticks.t += 1.0  # changed: looked at again after a second
+    assert lanes.survey(store, store.now()) is not None
+
+
+def test_a_census_leaves_out_signs_of_life_older_than_its_window() -> None:
+    store = MemoryStore()
+    lanes = Lanes(QueueKeys("ns", "q"), "me", Ticks())
+    _alive(store, "ns", "old")
+    names = lanes.survey(store, store.now() + 101)  # written 101 s before "now"
+    assert names == ["me"]
+
+
+def test_a_process_takes_its_own_lane_oldest_first_and_helps_the_fullest_from_its_new_end() -> None:
+    lanes = Lanes(QueueKeys("ns", "q"), "w", Ticks())
+    lanes.number(["v", "w"])
+    listing = [_ticket(i) for i in range(40)]
+    mine = [i for i, t in enumerate(listing) if lanes.lane(t.key) == lanes.index]
+    assert lanes.pick(listing) == mine[0]
+    others = [t for t in listing if lanes.lane(t.key) != lanes.index]
+    assert lanes.pick(others) is None  # nothing of its own: the caller may help
+    helped = {lanes.help(others) for _ in range(50)}
+    assert helped <= set(range(len(others) - len(others) // 4, len(others)))
+
+
+def test_a_lane_whose_oldest_ticket_stays_put_is_adopted_until_a_claim_on_it_collides() -> None:
+    ticks = Ticks()
+    lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
+    lanes.number(["v", "w"])
+    listing = [_ticket(i) for i in range(40)]
+    theirs = [t for t in listing if lanes.lane(t.key) != lanes.index]
+    lanes.observe(listing)
+    ticks.t += STUCK_S - 0.1
+    lanes.observe(listing)
+    assert lanes.pick(theirs) is None  # not yet
+    ticks.t += 0.2
+    lanes.observe(listing)
+    assert lanes.pick(theirs) == 0  # adopted: its oldest first, as one's own
+    lanes.collided(theirs[0].key)
+    assert lanes.pick(theirs) is None
+
+
+def test_two_processes_with_signs_of_life_claim_apart_with_no_lost_create() -> None:
+    store = Tally()
+    q = make_plane(store)
+    f = q.udf(jobs.add_one)
+    ids = [f.submit(i) for i in range(40)]
+    _alive(store, q.ns, "w1", "w2")
+    keys = QueueKeys(q.ns, "default")
+    ticks = Ticks()  # frozen: no census is due again
+    a = Claimer(QueueOps(store, keys), "w1", ticks)
+    b = Claimer(QueueOps(store, keys), "w2", ticks)
+    got: list[str] = []
+    for _ in range(10):  # in turn, each from its own listing (reused between its claims)
+        for c in (a, b):
+            held = c.claim(store.now())
+            assert held is not None
+            got.append(held.record.id)
+    assert store.seen["lost"] == 0
+    assert len(set(got)) == 20 and set(got) <= set(ids)
+    assert store.seen["census"] == 2  # one LIST each, for all their claims so far
+
+
+def test_without_signs_of_life_a_process_claims_in_strict_order() -> None:
+    store = Tally()
+    q = make_plane(store)
+    f = q.udf(jobs.add_one)
+    ids = [f.submit(i) for i in range(5)]
+    c = Claimer(q.ops("default"), "alone")
+    order = []
+    while (held := c.claim(store.now())) is not None:
+        order.append(held.record.id)
+    assert order == ids
