@@ -170,6 +170,7 @@ def shape(
         "body_s": body_s,
         "drain_s": drain_s,
         "first_claim_s": max(first.values()) - released,
+        "first_claims_s": sorted(t - released for t in first.values()),
         "workers_claiming": len(first),
         "submit": dict(_delta(c1, c0)),
         "workers": dict(worker),

@@ -409,3 +409,13 @@ def signal_the_worker_then_die() -> None:
 
 def length(s: str) -> int:
     return len(s)
+
+
+def env_of(name: str) -> str | None:
+    """What the body's process has in its environment under ``name``."""
+    return os.environ.get(name)
+
+
+def parent_pid() -> int:
+    """The process that started the body's process."""
+    return os.getppid()
