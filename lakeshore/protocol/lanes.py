@@ -5,8 +5,11 @@ which tickets another process has taken since: a pick that was taken costs a req
 (the ticket's read and a lost create, or the record's read). With many processes on one
 queue, and a queue running short, such picks would be most of the requests. So each process
 numbers the workers of its namespace — a listing of their signs of life, keys and times
-only, taken again after 1, 2, 4 … and then every 30 seconds — and gives each a lane: a
-ticket belongs to lane ``crc32(key) mod workers``. A process claims
+only, taken again after 1, 2, 4 … and then every 30 seconds — and gives each a lane: the
+workers' names are hashed to points on a ring (``POINTS`` each, fewer among thousands), and
+a ticket belongs to the worker whose point follows the hash of its key. A worker that comes
+or goes moves only the tickets next to its own points, so two processes whose censuses
+differ by a worker (one started a moment ago) disagree about few tickets. A process claims
 
 1. the oldest ticket of its own lane, or of a lane it adopted;
 2. with its own lanes empty in a listing at most ``HELP_WITHIN_S`` old (else it lists again
@@ -24,10 +27,11 @@ invocation run twice or left behind.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import logging
 import math
 import random
-import zlib
 from collections.abc import Callable
 
 from lakeshore.errors import LakeshoreError
@@ -43,6 +47,13 @@ CENSUS_MAX_S = 30.0  # the longest interval between two censuses
 _CENSUS_KEYS = 10_000  # keys looked at per census at most
 STUCK_S = 5.0  # a lane whose oldest ticket has not moved for this long is adopted
 HELP_WITHIN_S = 0.25  # another lane is helped from a listing at most this old
+POINTS = 64  # points of each worker on the ring: lanes of about equal size (within ±20 %)
+_RING_MAX = 16_384  # points in all: among thousands of workers, fewer each
+
+
+def _hash(text: str) -> int:
+    # well mixed: names and keys that differ in a character or two land far apart
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 class Lanes:
@@ -54,6 +65,9 @@ class Lanes:
         self._me = worker_key(keys.ns, worker)[len(self._prefix) :]
         self._ticks = ticks
         self.index, self.count = 0, 1
+        self._names: list[str] = []
+        self._points: list[int] = []  # the ring, sorted
+        self._owners: list[int] = []  # the lane of each point
         self._census_due = -math.inf
         self._census_every = 1.0
         self._counted = False  # no census taken yet
@@ -80,9 +94,16 @@ class Lanes:
     def number(self, names: list[str]) -> None:
         """Take the census ``names`` (from :meth:`survey`)."""
         ranked = sorted(set(names))
-        index, count = ranked.index(self._me), len(ranked)
-        if (index, count) != (self.index, self.count) or not self._counted:
-            self.index, self.count = index, count
+        if ranked != self._names or not self._counted:
+            self._names = ranked
+            self.index, self.count = ranked.index(self._me), len(ranked)
+            ring = sorted(
+                (_hash(f"{name}/{v}"), lane)
+                for lane, name in enumerate(ranked)
+                for v in range(max(8, min(POINTS, _RING_MAX // len(ranked))))
+            )
+            self._points = [point for point, _ in ring]
+            self._owners = [lane for _, lane in ring]
             self._heads.clear()
             self._adopted.clear()
             self._census_every = 1.0  # workers come in waves: look again soon
@@ -92,7 +113,10 @@ class Lanes:
         self._census_due = self._ticks() + self._census_every
 
     def lane(self, key: str) -> int:
-        return zlib.crc32(key.encode()) % self.count
+        if self.count == 1:
+            return 0
+        at = bisect.bisect(self._points, _hash(key))
+        return self._owners[at % len(self._owners)]
 
     def observe(self, listing: list[ObjectInfo]) -> None:
         """A new listing (in claim order, without what this process skips): note each lane's

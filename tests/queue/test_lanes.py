@@ -149,3 +149,19 @@ def test_without_signs_of_life_a_process_claims_in_strict_order() -> None:
     while (held := c.claim(store.now())) is not None:
         order.append(held.record.id)
     assert order == ids
+
+
+def test_lanes_are_about_equal_and_a_worker_more_moves_only_its_share() -> None:
+    keys = [_ticket(i).key for i in range(8000)]
+    names = [f"node{i}_{4000 + i}" for i in range(16)]
+    one, more = Lanes(QueueKeys("ns", "q"), "node0_4000", Ticks()), None
+    one.number(names)
+    sizes = Counter(one.lane(k) for k in keys)
+    assert len(sizes) == 16
+    assert max(sizes.values()) < 1.35 * 8000 / 16 and min(sizes.values()) > 0.65 * 8000 / 16
+    more = Lanes(QueueKeys("ns", "q"), "node0_4000", Ticks())
+    more.number([*names, "late_1"])
+    owner = dict(enumerate(sorted(names)))
+    owner_more = dict(enumerate(sorted([*names, "late_1"])))
+    moved = sum(owner[one.lane(k)] != owner_more[more.lane(k)] for k in keys)
+    assert moved < 0.12 * len(keys)  # about 1/17: what the new worker takes, no more
