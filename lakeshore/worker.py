@@ -5,6 +5,11 @@ process in process isolation). Idle polling backs off up to ``max_poll_s``; a cl
 a running invocation whose lease has run out (its worker crashed) requeues it. How one
 attempt runs is in :mod:`lakeshore.running.attempt`.
 
+**Watchdog.** The thread that waits for the slots (the caller's) also watches the running
+attempts: it stops bodies whose lease is about to run out unrenewed, and gives up on a
+thread-isolated body (run in its slot's own thread) that has not returned a second after it
+was stopped: a new thread concludes that attempt and serves the slot from then on.
+
 **Stopping.** Setting ``stop`` (or SIGTERM / SIGINT with ``handle_signals``) stops claiming.
 Running attempts get ``grace_s`` seconds to finish; then they are *released*: the body is
 stopped and the invocation goes back to queued at once, without counting an attempt — what
@@ -17,6 +22,7 @@ a preempted cluster job needs. A second signal exits at once (leases then expire
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -45,7 +51,7 @@ from lakeshore.protocol.admission import repair_slots, sweep_rate
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
-from lakeshore.running.attempt import Attempt, Slot, run_attempt
+from lakeshore.running.attempt import Abandoned, Attempt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
@@ -79,6 +85,9 @@ class _State:
     allow: Allow = field(default_factory=Allow)
     lease_s: float | None = None
     wait_retries: bool = False  # an idle exit waits for retries backing off (draining)
+    claimers: list[Claimer] = field(default_factory=list)  # the slots share them
+    idle_exit: float | None = None
+    max_poll_s: float = 1.25
     lock: threading.Lock = field(default_factory=threading.Lock)
     idle_turn: threading.Lock = field(default_factory=threading.Lock)
     idle_delay: float = 0.005  # the idle slots' shared poll backoff
@@ -87,8 +96,9 @@ class _State:
     # the first sweep comes after _SWEEP_EVERY_S: a short-lived worker (--once, cron) pays
     # nothing for it, and long-lived ones keep the tokens of past windows swept
     last_sweep: float = field(default_factory=time.monotonic)
-    running: set[Attempt] = field(default_factory=set)
+    running: dict[Attempt, int] = field(default_factory=dict)  # -> the slot running it
     slots: list[Slot] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)  # each slot's serving one
     failure: BaseException | None = None
     signalled: Callable[[float], bool] = field(default=lambda wait=0.0: False)  # SIGTERM/INT
     said_idle: bool = False  # "nothing to claim" is said once a worker, not once a poll
@@ -231,7 +241,8 @@ def run_worker(
         + (f", allow {' '.join(f'{m}:{q}' for m, q in allowed.patterns)}" if allowed else "")
     )
     ops = [plane.ops(name) for name in names]
-    claimers = [plane.claimer(name, state.worker_id) for name in names]  # its slots share
+    state.claimers = [plane.claimer(name, state.worker_id) for name in names]
+    state.idle_exit, state.max_poll_s = idle_exit, max_poll_s
     if isolation == "process":
         warm_up()  # body processes: their fork server starts while the first claims go out
     if hooks.on_start is not None and isolation != "process":
@@ -241,24 +252,25 @@ def run_worker(
             raise HookFailed("worker on_start", f"{type(e).__name__}: {e}", "fix the hook") from e
     restore = _install_signals(state) if handle_signals else None
     _announce(state, names, "running")
-    slots = [
-        threading.Thread(
-            target=_slot,
-            args=(state, claimers, idle_exit, max_poll_s),
-            name=f"lakeshore-slot-{i}",
-            daemon=True,
+    for _ in range(1 if once else concurrency):
+        state.slots.append(
+            Slot(
+                plane,
+                isolation,
+                hooks,
+                allow=allowed,
+                # a body process ended by SIGTERM/SIGINT: was it the whole group's signal?
+                signalled=lambda: state.signalled(_SIGNAL_WAIT_S),
+            )
         )
-        for i in range(1 if once else concurrency)
-    ]
     try:
-        for t in slots:
-            t.start()
-        _supervise(state, slots, names, grace_s, announce_s)
+        for i in range(len(state.slots)):
+            _start_slot(state, i)
+        _supervise(state, names, grace_s, announce_s)
     except KeyboardInterrupt:
         state.stop.set()
         _release_all(state)
-        for t in slots:
-            t.join(10)
+        _supervise(state, names, 0.0, announce_s, deadline=time.monotonic() + 10)
         raise
     finally:
         if restore is not None:
@@ -280,15 +292,27 @@ def run_worker(
 
 
 def _supervise(
-    state: _State, slots: list[threading.Thread], names: list[str], grace_s: float, every: float
+    state: _State,
+    names: list[str],
+    grace_s: float,
+    every: float,
+    deadline: float | None = None,
 ) -> None:
-    """Wait for the slots; after a stop, release what still runs once ``grace_s`` passed."""
+    """Wait for the slots (until ``deadline``, a ``time.monotonic``, if given) and watch
+    their attempts; after a stop, release what still runs once ``grace_s`` passed."""
     stopped_at: float | None = None
     announced = time.monotonic()
-    while any(t.is_alive() for t in slots):
-        for t in slots:
+    while True:
+        with state.lock:
+            threads = list(state.threads)
+        if not any(t.is_alive() for t in threads):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            return
+        for t in threads:
             t.join(0.05)
         _watch_leases(state)
+        _take_over_stuck(state)
         now = time.monotonic()
         if state.stop.is_set():
             stopped_at = stopped_at if stopped_at is not None else now
@@ -334,6 +358,38 @@ def _watch_leases(state: _State) -> None:
                 att.halt("lost")
         except LakeshoreError as e:  # the clock could not be read: the heartbeat decides
             log.debug("lease check of %s failed: %s", att.held.record.id, e)
+
+
+def _take_over_stuck(state: _State) -> None:
+    """Give up on bodies that run in their slot's thread and did not return within a second
+    of being stopped: a new thread concludes each such attempt and serves its slot. The old
+    thread drops whatever its body returns and leaves (see :mod:`lakeshore.running.attempt`)."""
+    with state.lock:
+        running = list(state.running.items())
+    now = time.monotonic()
+    for att, i in running:
+        if att.abandon_if_stuck(now):
+            log.warning(
+                "%s %s: its body has not stopped; the worker no longer waits for it (it runs on "
+                "in its thread, and whatever it returns is dropped)",
+                inert(att.held.record.fn),
+                att.held.record.id,
+            )
+            _start_slot(state, i, resume=att)
+
+
+def _start_slot(state: _State, i: int, resume: Attempt | None = None) -> None:
+    """Start a thread serving slot ``i`` (after concluding ``resume``, an abandoned attempt
+    of that slot): from now on that slot's thread."""
+    t = threading.Thread(
+        target=_slot, args=(state, i, resume), name=f"lakeshore-slot-{i}", daemon=True
+    )
+    with state.lock:
+        if i < len(state.threads):
+            state.threads[i] = t
+        else:
+            state.threads.append(t)
+    t.start()
 
 
 def _release_all(state: _State) -> None:
@@ -431,35 +487,38 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
         store.put(worker_key(state.plane.ns, state.worker_id), codec.encode(info), OVERWRITE)
 
 
-def _slot(
-    state: _State, claimers: list[Claimer], idle_exit: float | None, max_poll_s: float
-) -> None:
-    slot = Slot(
-        state.plane,
-        state.isolation,
-        state.hooks,
-        allow=state.allow,
-        # a body process ended by SIGTERM/SIGINT: was it the whole group's signal?
-        signalled=lambda: state.signalled(_SIGNAL_WAIT_S),
-    )
-    with state.lock:
-        state.slots.append(slot)
+def _slot(state: _State, i: int, resume: Attempt | None = None) -> None:
+    """Serve slot ``i`` until the worker stops, or until this thread is abandoned."""
+    slot = state.slots[i]
+    abandoned = False
     try:
-        _serve(state, slot, claimers, idle_exit, max_poll_s)
+        if resume is not None:
+            _count_done(state, resume.held.record.id, resume.conclude_abandoned)
+        _serve(state, slot, i, state.claimers, state.idle_exit, state.max_poll_s)
+    except Abandoned:
+        abandoned = True  # its body returned late: the slot is another thread's now
     except HookFailed as e:
         state.failure = e
         state.stop.set()
     finally:
-        slot.close()
+        if not abandoned:
+            slot.close()
 
 
 def _serve(
     state: _State,
     slot: Slot,
+    i: int,
     claimers: list[Claimer],
     idle_exit: float | None,
     max_poll_s: float,
 ) -> None:
+    """Claim and run attempts on ``slot`` (the ``i``-th).
+
+    Raises:
+        Abandoned: this thread's body returned after the watchdog had given up on it.
+        HookFailed: an ``on_start`` hook raised.
+    """
     delay = 0.005
     idle_since = time.monotonic()
     turn = 0
@@ -507,26 +566,37 @@ def _serve(
         started = {"attempt_event": "started"}
         fn = inert(rec.fn)  # a record's text, on its way to a terminal
         log.debug("%s %s attempt %d started", fn, rec.id, rec.attempt, extra=started)
-        try:
-            att = run_attempt(slot, ops, held, _Tracked(state))
-            if att.interrupted:
-                # its body process was ended by SIGTERM/SIGINT, and this worker got one too:
-                # a signal for the whole process group, whose handler may not have run yet
-                # (it runs on the main thread). Stop claiming now, not one claim later.
-                state.stop.set()
-        except HookFailed:
-            raise
-        except LakeshoreError as e:
-            # The outcome could not be written (store down?): the lease will expire and a
-            # claimer requeues the invocation. Keep serving.
-            unconcluded = {"attempt_event": "unconcluded"}
-            log.error(
-                "attempt of %s could not be concluded: %s", held.record.id, e, extra=unconcluded
-            )
-        with state.lock:
-            state.done += 1
+        _count_done(
+            state, rec.id, functools.partial(run_attempt, slot, ops, held, _Tracked(state, i))
+        )
         idle_since = time.monotonic()
         _maybe_sweep(state, claimers)
+
+
+def _count_done(state: _State, inv: str, run: Callable[[], Attempt]) -> None:
+    """Run an attempt of ``inv`` to its end (``run``), or conclude an abandoned one, and
+    count it.
+
+    Raises:
+        Abandoned: the body ran in this thread and the watchdog gave up on it meanwhile.
+        HookFailed: an ``on_start`` hook raised.
+    """
+    try:
+        att = run()
+        if att.interrupted:
+            # its body process was ended by SIGTERM/SIGINT, and this worker got one too:
+            # a signal for the whole process group, whose handler may not have run yet
+            # (it runs on the main thread). Stop claiming now, not one claim later.
+            state.stop.set()
+    except HookFailed:
+        raise
+    except LakeshoreError as e:
+        # The outcome could not be written (store down?): the lease will expire and a
+        # claimer requeues the invocation. Keep serving.
+        unconcluded = {"attempt_event": "unconcluded"}
+        log.error("attempt of %s could not be concluded: %s", inv, e, extra=unconcluded)
+    with state.lock:
+        state.done += 1
 
 
 def _drained(
@@ -577,18 +647,19 @@ def _hand_back(ops: QueueOps, held: Claimed) -> None:
 
 
 class _Tracked:
-    """The worker's set of running attempts, guarded by its lock."""
+    """The worker's running attempts, each with the slot that runs it, guarded by its lock."""
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: _State, slot: int) -> None:
         self.state = state
+        self.slot = slot
 
     def add(self, att: Attempt) -> None:
         with self.state.lock:
-            self.state.running.add(att)
+            self.state.running[att] = self.slot
 
     def discard(self, att: Attempt) -> None:
         with self.state.lock:
-            self.state.running.discard(att)
+            self.state.running.pop(att, None)
 
 
 def _maybe_sweep(state: _State, claimers: list[Claimer]) -> None:

@@ -52,11 +52,15 @@ class Tidier:
     def delete(self, key: str) -> None:
         """Delete ``key`` (unconditionally) with the next batch."""
         with self._cond:
-            if not self._doomed:
+            first = not self._doomed
+            if first:
                 self._doomed_since = self._clock()
             self._doomed.append(key)
             self._start()
-            self._cond.notify_all()
+            # The thread sleeps until the oldest delete is due: wake it only when that
+            # changes (the first of a batch) or the batch is full, not once per attempt.
+            if first or len(self._doomed) >= BATCH:
+                self._cond.notify_all()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Send what waits now and wait until all is done; False if ``timeout`` passed."""

@@ -8,11 +8,21 @@ re-reads it and stops the body if the invocation was cancelled or the lease was 
 worker that cannot heartbeat for a whole lease stops the body itself (it must assume another
 worker has taken over). A worker shutting down *releases* its attempts: back to queued at
 once, not counted as a failed attempt.
+
+A thread-isolated body runs in its slot's own thread (no hand-off to another thread and
+back). A body that does not stop within :data:`ABANDON_AFTER_S` of being told to is
+*abandoned*: the worker's watchdog (:meth:`Attempt.abandon_if_stuck`) takes the attempt from
+that thread, concludes it as stopped on a new slot thread, which serves the slot from then
+on. When the old thread's body returns at last, the thread finds itself abandoned
+(:meth:`Attempt.body_returned`), drops what the body returned and leaves
+(:class:`Abandoned`): nothing it computed is ever written. Exactly one of the two threads
+concludes each attempt, decided under the attempt's hand-off lock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -36,7 +46,7 @@ from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, clip_error
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
-from lakeshore.running.call import BodyThread, Outcome, RunSpec, error_of, run_in_thread, unpickle
+from lakeshore.running.call import Outcome, RunSpec, error_of, run_inline, unpickle
 from lakeshore.running.child import BodyCall, ChildProcess, Hooks, child_can_import
 from lakeshore.running.logs import log_writer, text_sink
 from lakeshore.streams.journal import END, ERROR, JournalWriter
@@ -45,10 +55,33 @@ from lakeshore.text import inert
 if TYPE_CHECKING:
     from lakeshore.plane import Plane
 
-__all__ = ["Attempt", "Heartbeats", "Running", "Slot", "conclude", "fatal", "run_attempt"]
+__all__ = [
+    "ABANDON_AFTER_S",
+    "Abandoned",
+    "Attempt",
+    "Heartbeats",
+    "Running",
+    "Slot",
+    "conclude",
+    "fatal",
+    "run_attempt",
+]
 
 log = logging.getLogger("lakeshore.worker")
 _IDLE_TICK_S = 0.5  # a heartbeat thread looks at its slot at least this often
+# How long a stopped body run in its slot's thread may take to return before the watchdog
+# gives up on it: a cooperative body (async, generator) unwinds well within it.
+ABANDON_AFTER_S = 1.0
+
+
+class Abandoned(BaseException):
+    """Raised in a slot thread whose body returned after the watchdog had given up on it:
+    the attempt was concluded by another thread, which serves the slot now. A BaseException,
+    so that no handler meant for errors catches it on the way out of the thread."""
+
+
+# where a body run in its slot's thread is (Attempt._inline)
+_NOT_INLINE, _IN_BODY, _RETURNED, _ABANDONED = range(4)
 
 
 class Heartbeats:
@@ -115,8 +148,9 @@ class Heartbeats:
 
 @dataclass
 class Slot:
-    """What one worker slot keeps between attempts: its child process (process isolation),
-    its body thread (thread isolation) and its heartbeat thread."""
+    """What one worker slot keeps between attempts: its child process (process isolation)
+    and its heartbeat thread. It outlives the thread that serves it: after an abandoned
+    body, a new thread carries on with the same slot."""
 
     plane: Plane
     isolation: str
@@ -124,12 +158,10 @@ class Slot:
     allow: Allow = field(default_factory=Allow)  # the operator's allow-list (run_worker)
     signalled: Callable[[], bool] = field(default=lambda: False)  # the worker got SIGTERM/INT
     child: ChildProcess | None = None
-    body: BodyThread = field(default_factory=BodyThread)
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
 
     def close(self) -> None:
         self.heartbeats.close()
-        self.body.close()
         if self.child is not None:
             self.child.close()
             self.child = None
@@ -155,11 +187,57 @@ class Attempt:
         self.finished = threading.Event()
         self.final = ""
         self.interrupted = False  # ended by a signal meant for the whole worker
+        # The hand-off of a body run in the slot's thread: which of that thread and the
+        # watchdog concludes the attempt. Its own lock: self.lock is held across requests.
+        self._hand = threading.Lock()
+        self._inline = _NOT_INLINE
+        self._stop_seen: float | None = None  # when the watchdog first saw the stop
+        # what follows the body (run_attempt sets it): heartbeats off, outcome written
+        self.ending: Callable[[Outcome], Attempt] | None = None
 
     def halt(self, why: str) -> None:
         if not self.stop.is_set():
             self.why = why
             self.stop.set()
+
+    def body_starts(self) -> None:
+        """The body is about to run in this (the slot's) thread."""
+        with self._hand:
+            self._inline = _IN_BODY
+
+    def body_returned(self) -> bool:
+        """The body run in the slot's thread returned: True if this thread still concludes
+        the attempt, False if the watchdog had abandoned it (drop what the body returned)."""
+        with self._hand:
+            if self._inline == _ABANDONED:
+                return False
+            self._inline = _RETURNED
+            return True
+
+    def abandon_if_stuck(self, now: float, after_s: float = ABANDON_AFTER_S) -> bool:
+        """The watchdog's look (``now``: ``time.monotonic``): True — and the attempt is
+        abandoned, to be concluded by :meth:`conclude_abandoned` on another thread — when
+        its body runs in the slot's thread and has not returned ``after_s`` seconds after
+        the watchdog first saw it stopped."""
+        with self._hand:
+            if self._inline != _IN_BODY or not self.stop.is_set():
+                return False
+            if self._stop_seen is None:
+                self._stop_seen = now
+            if now - self._stop_seen < after_s:
+                return False
+            self._inline = _ABANDONED
+            return True
+
+    def conclude_abandoned(self) -> Attempt:
+        """Conclude an attempt :meth:`abandon_if_stuck` gave up on, as stopped (on the
+        thread that takes over its slot).
+
+        Raises:
+            LakeshoreError: the outcome could not be written (the lease will expire).
+        """
+        assert self.ending is not None and self._inline == _ABANDONED
+        return self.ending(Outcome("stopped"))
 
     def beat(self) -> float | None:
         """One heartbeat; returns when the next one is due (``time.monotonic``), or None
@@ -253,9 +331,12 @@ def fence_margin(lease_s: float) -> float:
 
 def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> Attempt:
     """Run one claimed attempt to its end and write the outcome. ``running`` holds the
-    attempt while it runs, so a stopping worker can release it.
+    attempt while it runs, so a stopping worker can release it, and its watchdog can
+    abandon a body that does not stop (:meth:`Attempt.abandon_if_stuck`).
 
     Raises:
+        Abandoned: this thread's body returned after the watchdog had taken the attempt
+            over: the thread must leave the slot, writing nothing.
         HookFailed: the child's ``on_start`` hook raised (the attempt was released first).
         LakeshoreError: the outcome could not be written (the lease will expire).
     """
@@ -277,24 +358,49 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
         ops.store, lambda seq: ops.keys.journal(rec.id, rec.attempt, seq), rec.attempt
     )
     logs = log_writer(ops.store, ops.keys, rec.id, rec.attempt)
+    att.ending = ending = functools.partial(_end, slot, att, running, journal, logs, timer, t0)
     running.add(att)
     try:
         if att.stop.is_set():  # the renewal above found the lease gone (or a cancel)
             outcome = Outcome("stopped")
         else:  # the body's time starts when the body does (not while a child loads its model)
             sink = text_sink(logs)
-            outcome = _execute(slot, rec, att.stop, ops, journal, sink, timer, att.fence)
+            outcome = _execute(slot, rec, att, ops, journal, sink, timer)
+    except Abandoned:
+        raise  # concluded by the thread that took the slot over
     except BaseException:
         att.halt("released")
-        outcome = Outcome("stopped")
+        ending(Outcome("stopped"))
         raise
-    finally:
+    return ending(outcome)
+
+
+def _end(
+    slot: Slot,
+    att: Attempt,
+    running: Running,
+    journal: JournalWriter,
+    logs: JournalWriter,
+    timer: threading.Timer | None,
+    t0: float,
+    outcome: Outcome,
+) -> Attempt:
+    """Everything after the body: stop the heartbeats and the timer, write the outcome, log
+    the attempt's line. Run once per attempt, by the slot thread that ran the body or, when
+    that thread was abandoned, by the one that took its slot over.
+
+    Raises:
+        LakeshoreError: the outcome could not be written (the lease will expire).
+    """
+    rec = att.held.record
+    try:
         running.discard(att)
         att.finished.set()
         if timer:
             timer.cancel()
         slot.heartbeats.detach()
         _quietly(logs.close)
+    finally:
         final_state, why = conclude(slot.plane, att, outcome, journal)
     log.info(
         "%s %s attempt %d -> %s in %.3fs%s",
@@ -320,13 +426,19 @@ def fatal(e: LakeshoreError) -> Outcome:
 def _execute(
     slot: Slot,
     rec: Record,
-    stop: threading.Event,
+    att: Attempt,
     ops: QueueOps,
     journal: JournalWriter,
     log_sink: Any,
     timer: threading.Timer | None = None,
-    fence: Callable[[], bool] | None = None,
 ) -> Outcome:
+    """Run the body where its isolation says, and return how it ended.
+
+    Raises:
+        Abandoned: the body ran in this thread and returned after the watchdog gave up on it.
+        HookFailed: a child's ``on_start`` hook raised.
+    """
+    stop, fence = att.stop, att.fence
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}", slot.plane.max_payload_bytes)
         args, kwargs = codec.decode_call(payload, f"arguments of {rec.id}")
@@ -375,9 +487,13 @@ def _execute(
         timer.start()
     before = slot.hooks.before_job
     prelude = (lambda: before(rec)) if before is not None else None
-    return run_in_thread(
-        fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude, slot.body, fence
+    att.body_starts()
+    outcome = run_inline(
+        fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude, fence
     )
+    if not att.body_returned():
+        raise Abandoned  # what it returned is dropped: the attempt was concluded as stopped
+    return outcome
 
 
 def _load(rec: Record, plane: Plane, allow: Allow) -> Any:

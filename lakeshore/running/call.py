@@ -3,10 +3,13 @@
 Two isolations:
 
 ``thread``
-    The body runs in a thread of the worker. Stopping is cooperative: an async body is
-    cancelled (``CancelledError`` at its next ``await``), a generator is closed at its next
-    ``yield``, but a plain function that never returns cannot be stopped — the worker stops
-    waiting for it, drops whatever it returns, and the thread runs on until it ends.
+    The body runs in its slot's own thread, called in place (:func:`run_inline`): handing it
+    to another thread and back cost two thread wake-ups per attempt, more than a short body.
+    Stopping is cooperative: an async body is cancelled (``CancelledError`` at its next
+    ``await``), a generator is closed at its next ``yield``, but a plain function that never
+    returns cannot be stopped — the worker's watchdog gives up on it, concludes the attempt
+    and serves the slot from a new thread; the old one runs the body on until it ends and
+    then leaves, dropping whatever it returned (see :mod:`lakeshore.running.attempt`).
 ``process``
     The body runs in the slot's child process (see :mod:`lakeshore.running.child`), which
     imports the function by reference. Stopping kills the child, so any body stops at once;
@@ -25,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import queue
 import threading
 import traceback
 from collections.abc import Callable
@@ -40,18 +42,17 @@ from lakeshore.scope import at
 from lakeshore.streams.journal import check_frame
 
 __all__ = [
-    "BodyThread",
     "Outcome",
     "RunSpec",
     "call_body",
     "error_of",
     "fatal_error",
     "result_bytes",
-    "run_in_thread",
+    "run_inline",
     "unpickle",
 ]
 
-POLL_S = 0.02  # how often a waiting supervisor or async body looks at the stop flag
+POLL_S = 0.02  # how often an async body's watcher looks at the stop flag
 
 
 @dataclass
@@ -218,55 +219,7 @@ def _body(
     return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else drain()))
 
 
-class BodyThread:
-    """A slot's thread for bodies, reused from attempt to attempt: starting a thread per
-    attempt costs more than a no-op body. A body that is abandoned (stopped but still running)
-    keeps its thread, which ends after it; the next attempt gets a fresh one. Each body runs in
-    a fresh ``contextvars`` context, as it would in a new thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None] | None
-        self._calls = None
-        self._idle = False
-
-    def run(self, fn: Callable[[], None], done: threading.Event) -> None:
-        """Start ``fn`` in the body thread; ``done`` is set when it has returned."""
-        with self._lock:
-            if self._calls is None or not self._idle:
-                if self._calls is not None:
-                    self._calls.put(None)  # the abandoned body's thread ends after it
-                self._calls = queue.SimpleQueue()
-                threading.Thread(
-                    target=self._loop, args=(self._calls,), name="lakeshore-body", daemon=True
-                ).start()
-            self._idle = False
-            self._calls.put((fn, done))
-
-    def close(self) -> None:
-        with self._lock:
-            if self._calls is not None:
-                self._calls.put(None)
-            self._calls = None
-
-    def _loop(
-        self, calls: queue.SimpleQueue[tuple[Callable[[], None], threading.Event] | None]
-    ) -> None:
-        while True:
-            call = calls.get()
-            if call is None:
-                return
-            fn, done = call
-            try:
-                contextvars.Context().run(fn)
-            finally:
-                with self._lock:
-                    if self._calls is calls:
-                        self._idle = True  # before done: the next body may reuse this thread
-                done.set()
-
-
-def run_in_thread(
+def run_inline(
     fn: Callable[..., Any],
     kind: str,
     args: tuple[Any, ...],
@@ -276,15 +229,15 @@ def run_in_thread(
     spec: RunSpec | None = None,
     log: Sink | None = None,
     prelude: Callable[[], Any] | None = None,
-    thread: BodyThread | None = None,
     fence: Fence | None = None,
 ) -> Outcome:
-    """Run the body in a thread (``thread``, or a new one); return when it ends or ``stop``
-    fires (whichever is first). Its prints and log records go to ``log``; ``prelude`` (the
-    ``before_job`` hook) runs first, in the body's thread and context; ``fence`` guards the
-    uploads of its files."""
+    """Run the body in the calling thread, in a fresh ``contextvars`` context (as a new
+    thread would have), and return how it ended. Its prints and log records go to ``log``;
+    ``prelude`` (the ``before_job`` hook) runs first, in the body's context; ``fence``
+    guards the uploads of its files. A body that does not stop when ``stop`` fires keeps
+    this thread: whoever runs it must be able to walk away from the thread (the worker's
+    watchdog does, see :mod:`lakeshore.running.attempt`)."""
     box: list[Outcome] = []
-    done = threading.Event()
 
     def body() -> None:
         try:
@@ -300,18 +253,8 @@ def run_in_thread(
         except BaseException as e:
             box.append(Outcome("error", error=error_of(e)))
 
-    runner = thread or BodyThread()
-    runner.run(body, done)
-    try:
-        while not done.wait(POLL_S):
-            if stop.is_set():
-                # Give a cooperative body (async, generator) a moment to unwind, then leave it.
-                done.wait(1.0)
-                return Outcome("stopped")
-        return box[0]
-    finally:
-        if thread is None:
-            runner.close()  # a thread of its own: it ends after this body
+    contextvars.Context().run(body)
+    return box[0]
 
 
 def unpickle(data: bytes) -> Any:

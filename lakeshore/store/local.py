@@ -175,6 +175,8 @@ class LocalStore(Store):
 
     def _rel(self, key: str) -> str:
         """The object file of ``key``, relative to ``objects/``."""
+        if "%" not in key and _SUFFIX not in key:
+            return key + _SUFFIX  # no segment to encode: the common case, without a split
         *dirs, last = key.split("/")
         name = _encode(last) + _SUFFIX
         if not dirs:
@@ -222,6 +224,21 @@ class LocalStore(Store):
         except FileNotFoundError:
             if not create:
                 raise
+        parent, _, name = folder.rpartition("/")
+        if parent:
+            # Most often only the last folder is new (an invocation's <id>/ at its claim):
+            # make it in its parent, reached in one resolution, instead of walking the path.
+            try:
+                parent_fd = self._open(self._objects_fd, parent, _FOLDER_FLAGS)
+            except FileNotFoundError:
+                parent_fd = -1
+            if parent_fd >= 0:
+                try:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, 0o777, dir_fd=parent_fd)
+                    return _open_part(parent_fd, name, _FOLDER_FLAGS)
+                finally:
+                    os.close(parent_fd)
         fd = self._objects_fd
         try:
             for part in folder.split("/"):
