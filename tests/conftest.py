@@ -9,8 +9,11 @@
 * ``slurm_cluster`` (tests marked ``slurm``): a real SLURM cluster (munged, slurmctld, slurmd)
   started once per session on loopback, see ``tests/slurm.py``. Without the daemons or root it
   is skipped with a reason, except when ``CI`` or ``LAKESHORE_REQUIRE_SLURM`` is set.
-* ``OBSTORE_TIER`` (SeaweedFS through the obstore client) is added by the suites that must
-  hold for every S3 client (the store contract, the races): see :func:`tier_store`.
+* The ``seaweedfs`` tier runs on the default S3 client (obstore for GET, PUT and LIST, or
+  what ``$LAKESHORE_S3_CLIENT`` names); ``BOTO3_TIER`` (SeaweedFS with boto3 forced for
+  every request) is added by the suites that must hold for every S3 client (the store
+  contract, the races): see :func:`tier_store`. The ``moto`` tier opens its store with the
+  default client too: inside ``mock_aws`` that falls back to boto3 by itself.
 * ``report`` collects figures (race rounds and winners, verdicts) printed at the end of the run.
 * ``LAKESHORE_TEST_S3_URL``, optional, adds a tier ``s3url`` to ``store`` (for LocalStack:
   ``s3://lakeshore/tests?endpoint_url=http://127.0.0.1:4566``): every test that takes
@@ -316,10 +319,9 @@ def moto_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
         from lakeshore.store.s3 import S3Store
 
         boto3.client("s3", region_name="us-east-1", **FAKE_CREDS).create_bucket(Bucket=TEST_BUCKET)
-        # mock_aws intercepts botocore only: boto3 whatever $LAKESHORE_S3_CLIENT says
-        yield S3Store(
-            TEST_BUCKET, f"t/{ULID()}", region="us-east-1", transport="boto3", **FAKE_CREDS
-        )
+        # mock_aws intercepts botocore only: the default client gives every request to boto3
+        # while the mock is on, as it would in a user's test
+        yield S3Store(TEST_BUCKET, f"t/{ULID()}", region="us-east-1", **FAKE_CREDS)
 
 
 def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
@@ -330,10 +332,10 @@ def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if kind == "moto":
         store: Store = request.getfixturevalue("moto_store")
         return store
-    if kind == "seaweedfs-obstore":
-        return seaweed_store(request.getfixturevalue("seaweed"), transport="obstore")
-    # the default client: boto3, or what $LAKESHORE_S3_CLIENT names (the whole tier then runs
-    # on that client)
+    if kind == "seaweedfs-boto3":
+        return seaweed_store(request.getfixturevalue("seaweed"), transport="boto3")
+    # the default client: obstore for GET, PUT and LIST, or what $LAKESHORE_S3_CLIENT names
+    # (the whole tier then runs on that client)
     return seaweed_store(request.getfixturevalue("seaweed"))
 
 
@@ -361,7 +363,7 @@ _ALL = [
     *([pytest.param("s3url", marks=pytest.mark.s3url)] if _s3url() else []),
 ]
 _ATOMIC = ["memory", "local", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
-OBSTORE_TIER = pytest.param("seaweedfs-obstore", marks=pytest.mark.seaweedfs)
+BOTO3_TIER = pytest.param("seaweedfs-boto3", marks=pytest.mark.seaweedfs)
 ALL_TIERS = _ALL
 ATOMIC_TIERS = _ATOMIC
 
@@ -373,7 +375,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 def tier_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The body of the ``store`` fixture, for modules that add tiers (``OBSTORE_TIER``)."""
+    """The body of the ``store`` fixture, for modules that add tiers (``BOTO3_TIER``)."""
     if request.param == "s3url":
         url = _s3url_for_test()
         with open_store(url) as s:

@@ -22,10 +22,15 @@ The only module of lakeshore that imports boto3. What it takes care of:
 * **Servers without conditional deletes** (LocalStack answers ``DELETE`` with ``If-Match``
   with 501): the store notices on the first such answer and from then on compares the etag
   with a ``HEAD`` before a plain ``DELETE`` (see :meth:`S3Store.delete`; not atomic).
-* **Two clients.** boto3 by default; with ``client="obstore"`` GET, PUT and LIST go through
-  :mod:`lakeshore.store.s3_obstore` (far less CPU per request), while DELETE, HEAD and the
-  clock's LIST keep using a boto3 client made on first use: obstore has no conditional
-  DELETE and shows no ``Date`` header. Both clients share the table and the retry loop here.
+* **Two clients.** GET, PUT and LIST go through :mod:`lakeshore.store.s3_obstore` (far less
+  CPU per request) while DELETE, HEAD and the clock's LIST use a boto3 client: obstore has
+  no conditional DELETE and shows no ``Date`` header. Both share the table and the retry
+  loop here. That split is the default ("auto"); boto3 carries every request instead when
+  obstore could not act exactly as boto3 would (``_why_not_obstore``: not importable, no
+  credentials to hand over, settings only obstore reads), while moto's ``mock_aws`` is
+  active (it intercepts botocore only; checked at each request, ``_botocore_mocked``), and
+  for good once the bucket answers from another region (boto3 follows S3's redirects,
+  obstore does not). ``client=boto3`` / ``client=obstore`` force one or the other.
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions as bex
+import botocore.session
 from botocore.config import Config
+from botocore.configprovider import ConfiguredEndpointProvider
 
 from lakeshore.errors import (
     Conflict,
@@ -71,8 +78,8 @@ from lakeshore.store.base import (
 
 __all__ = ["CLIENTS", "CLIENT_ENV", "S3Store"]
 
-CLIENTS = ("boto3", "obstore")
-CLIENT_ENV = "LAKESHORE_S3_CLIENT"  # the default client when neither URL nor code names one
+CLIENTS = ("auto", "boto3", "obstore")
+CLIENT_ENV = "LAKESHORE_S3_CLIENT"  # the client when neither URL nor code names one
 
 T = TypeVar("T")
 log = logging.getLogger("lakeshore.store")
@@ -94,6 +101,10 @@ _BY_CODE: dict[str, str] = {
     "RequestTimeout": "transient",
     "OperationAborted": "transient",
     "NotImplemented": "unsupported",
+    # the request went to another region than the bucket's (boto3 follows these itself on
+    # AWS endpoints; obstore does not)
+    "PermanentRedirect": "wrong_region",
+    "AuthorizationHeaderMalformed": "wrong_region",
 }
 _BY_STATUS: dict[int, str] = {
     404: "not_found",
@@ -106,6 +117,7 @@ _BY_STATUS: dict[int, str] = {
     503: "transient",
     504: "transient",
     501: "unsupported",
+    301: "wrong_region",
 }
 _TRANSIENT_IO = (bex.ConnectionError, bex.HTTPClientError, bex.IncompleteReadError)
 _CLOCK_SAMPLES = 64
@@ -124,6 +136,7 @@ _OBSTORE_CLOCK_WINDOW_S = 90.0
 # this small rather than run backwards (a retry written "due now" would look not due yet).
 # A larger drop is the server's own clock stepping back, and is followed.
 _HOLD_BACK_S = 1.5
+_CA_BUNDLE_MAX = 16 * 1024 * 1024  # a PEM bundle; certifi's is about 300 kB
 
 
 def _classify(e: BaseException) -> tuple[str, int | None, str]:
@@ -180,13 +193,14 @@ class S3Store(Store):
             connection arguments above. It must be built with
             ``Config(retries={"total_max_attempts": 1})``: SDK retries of conditional writes
             would turn some successful writes into conflicts.
-        transport: which client sends GET, PUT and LIST: ``"boto3"`` or ``"obstore"``
-            (needs ``pip install 'lakeshore-queue[obstore]'``; DELETE, HEAD and the clock
-            still go through boto3). Default: ``$LAKESHORE_S3_CLIENT``, else ``"boto3"``.
+        transport: which client sends GET, PUT and LIST: ``"auto"`` (obstore whenever it
+            can act as boto3 would, else boto3; see :attr:`transport_reason`), ``"boto3"``
+            or ``"obstore"`` (forced). DELETE, HEAD and the clock always go through boto3.
+            Default: ``$LAKESHORE_S3_CLIENT``, else ``"auto"``.
 
     Raises:
         InvalidArgument: the bucket name or prefix is malformed, ``client`` retries, the
-            transport is unknown, or obstore is asked for but not installed.
+            transport is unknown, or obstore is forced but not installed.
     """
 
     def __init__(
@@ -239,9 +253,9 @@ class S3Store(Store):
         # Learnt from the server, per instance: another endpoint behind another store may differ.
         self._emulated_delete = False
         self._emulated_lock = threading.Lock()
-        transport = _choose_transport(transport, client)
-        self.transport = transport
-        self._clock_window = _CLOCK_WINDOW_S if transport == "boto3" else _OBSTORE_CLOCK_WINDOW_S
+        named, self._transport_reason = _choose_transport(transport, client)
+        self._auto = named == "auto"
+        self._clock_window = _CLOCK_WINDOW_S
         self._now_lock = threading.Lock()
         self._last_now = -math.inf  # the last now() returned (see _HOLD_BACK_S)
         self._probe_lock = threading.Lock()
@@ -249,6 +263,9 @@ class S3Store(Store):
         self._client_lock = threading.Lock()
         self._make_client: Callable[[], Any] | None = None
         self._obstore: Any = None
+        self._obstore_errors: tuple[type[Exception], ...] = ()
+        self._obstore_region = ""
+        self._leave_lock = threading.Lock()
         self._errors: tuple[type[Exception], ...] = (bex.ClientError, bex.BotoCoreError)
         if client is not None:
             if client.meta.config.retries.get("total_max_attempts") != 1:
@@ -259,14 +276,17 @@ class S3Store(Store):
                 )
             self._adopt(client)
             return
+        core = botocore.session.get_session()  # kept: it answers what boto3 will use
         session = boto3.session.Session(
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token,
             profile_name=profile,
             region_name=region,
+            botocore_session=core,
         )
-        endpoint = endpoint_url or _endpoint_from_env()
+        # resolved once and handed to both clients, so they cannot go to different servers
+        endpoint = endpoint_url or _configured_endpoint(core)
         if path_style is None and endpoint:
             path_style = True
         region_name = region or _region_from_env() or session.region_name or "us-east-1"
@@ -286,7 +306,7 @@ class S3Store(Store):
                 response_checksum_validation="when_required",
             )
             return session.client(
-                "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
+                "s3", endpoint_url=endpoint, region_name=region_name, config=config
             )
 
         credentials: dict[str, str] = {}
@@ -300,7 +320,13 @@ class S3Store(Store):
                 self._files_options[name] = value
                 if option:
                     credentials[option] = value
-        if transport == "boto3":
+        if named == "auto":
+            why_not = _why_not_obstore(core, session, credentials, endpoint)
+            if why_not is not None:
+                self._transport_reason = why_not
+                log.info("S3Store %s: boto3 carries every request: %s", self.url, why_not)
+                named = "boto3"
+        if named == "boto3":
             self._adopt(make_boto3())
             return
         from lakeshore.store import s3_obstore  # InvalidArgument with the install hint
@@ -308,6 +334,8 @@ class S3Store(Store):
         # boto3 serves what obstore cannot (conditional DELETE, the Date clock); it is made
         # on first use
         self._make_client = make_boto3
+        self._clock_window = _OBSTORE_CLOCK_WINDOW_S
+        self._obstore_region = region_name
         self._obstore = s3_obstore.ObstoreTransport(
             bucket,
             endpoint_url=endpoint,
@@ -319,10 +347,12 @@ class S3Store(Store):
             else (None if endpoint else "." not in bucket),
             credentials=credentials,
             session=session,
+            root_certificate=_read_ca_bundle(core),
             max_pool_connections=max_pool_connections,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
+        self._obstore_errors = s3_obstore.ERRORS
         self._errors = (*self._errors, *s3_obstore.ERRORS)
 
     def _adopt(self, client: Any) -> None:
@@ -340,16 +370,58 @@ class S3Store(Store):
         return self._client
 
     @property
+    def transport(self) -> str:
+        """Which client sends GET, PUT and LIST now: ``"obstore"`` or ``"boto3"``."""
+        return "boto3" if self._data_path() is None else "obstore"
+
+    @property
+    def transport_reason(self) -> str:
+        """Why :attr:`transport` is what it is, for the doctor and logs."""
+        if self._obstore is not None and self._data_path() is None:
+            return "moto's mock_aws is active, and it intercepts botocore only"
+        return self._transport_reason
+
+    @property
     def client_info(self) -> str:
-        """Which client sends which requests, for ``lakeshore doctor``."""
-        if self._obstore is None:
-            return f"boto3 {boto3.__version__} (the default)"
+        """Which client sends which requests and why, for ``lakeshore doctor``."""
+        if self.transport == "boto3":
+            return f"boto3 {boto3.__version__} for every request: {self.transport_reason}"
         from lakeshore.store import s3_obstore
 
         return (
             f"obstore {s3_obstore.version()} for GET, PUT and LIST; boto3 "
-            f"{boto3.__version__} for DELETE, HEAD and the clock's Date"
+            f"{boto3.__version__} for DELETE, HEAD and the clock's Date ({self.transport_reason})"
         )
+
+    def _data_path(self) -> Any:
+        """The obstore transport if it sends this request, else ``None`` (boto3 does)."""
+        obs = self._obstore
+        if obs is not None and self._auto and _botocore_mocked():
+            return None
+        return obs
+
+    def _left_obstore(self, e: Exception) -> bool:
+        """After an obstore request failed with ``e``: whether the store has now left obstore
+        for good, so that the request goes again through boto3. In "auto" only, when the
+        bucket answered from another region: boto3 follows S3's redirects, obstore cannot."""
+        if not self._auto or _classify(e)[0] != "wrong_region":
+            return False
+        with self._leave_lock:
+            if self._obstore is None:
+                return True  # another thread left already
+            self._obstore = None
+            self._clock_window = _CLOCK_WINDOW_S
+            self._transport_reason = (
+                f"the bucket answered from another region than {self._obstore_region!r}, and "
+                "boto3 follows S3's redirects"
+            )
+        log.warning(
+            "S3Store %s: boto3 carries every request from now on: %s; pass the bucket's "
+            "region (region=, ?region= or $AWS_REGION) to use the faster obstore client",
+            self.url,
+            self._transport_reason,
+        )
+        return True
 
     def location(self) -> tuple[str, dict[str, Any]] | None:
         # s3fs reaches the bucket the way our client does: same endpoint, region, addressing
@@ -415,6 +487,14 @@ class S3Store(Store):
                 status=status,
                 code=code,
             )
+        if cause == "wrong_region":
+            return StoreError(
+                where,
+                f"the server says the request went to the wrong region ({code or status})",
+                "pass the bucket's region: region=, ?region= in the URL, or $AWS_REGION",
+                status=status,
+                code=code,
+            )
         if cause == "unsupported":
             return StoreError(
                 where,
@@ -456,11 +536,17 @@ class S3Store(Store):
         check_key(key, "get")
 
         def fetch() -> tuple[bytes, str]:
-            if self._obstore is not None:
-                got = self._obstore.get(self._k(key))
-                if max_bytes is not None and got.size > max_bytes:
-                    raise too_large(key, self.url, got.size, max_bytes)  # body left unread
-                return got.read(), got.etag
+            obs = self._data_path()
+            if obs is not None:
+                try:
+                    got = obs.get(self._k(key))
+                except self._obstore_errors as e:
+                    if not self._left_obstore(e):
+                        raise
+                else:
+                    if max_bytes is not None and got.size > max_bytes:
+                        raise too_large(key, self.url, got.size, max_bytes)  # body left unread
+                    return got.read(), got.etag
             resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
             size = resp.get("ContentLength")
             if max_bytes is not None and isinstance(size, int) and size > max_bytes:
@@ -481,8 +567,13 @@ class S3Store(Store):
         uncertain = False  # did an earlier attempt possibly reach the server and land?
         for attempt in range(self.retries + 1):
             try:
-                if self._obstore is not None:
-                    return str(self._obstore.put(kwargs["Key"], data, mode.name, mode.etag))
+                obs = self._data_path()
+                if obs is not None:
+                    try:
+                        return str(obs.put(kwargs["Key"], data, mode.name, mode.etag))
+                    except self._obstore_errors as e:
+                        if not self._left_obstore(e):  # else: a definite no, sent again
+                            raise
                 return str(self.client.put_object(**kwargs)["ETag"])
             except self._errors as e:
                 cause = _classify(e)[0]
@@ -634,9 +725,15 @@ class S3Store(Store):
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         check_prefix(prefix)
-        if self._obstore is not None:
-            yield from self._list_obstore(prefix, start_after)
-            return
+        obs = self._data_path()
+        if obs is not None:
+            try:
+                for info in self._list_obstore(obs, prefix, start_after):
+                    yield info
+                    start_after = info.key
+                return
+            except _LeftObstore:
+                pass  # boto3 goes on after the last key listed
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
         if start_after is not None:
             kwargs["StartAfter"] = self._k(start_after)
@@ -656,12 +753,21 @@ class S3Store(Store):
             kwargs["ContinuationToken"] = token
             kwargs.pop("StartAfter", None)
 
-    def _list_obstore(self, prefix: str, start_after: str | None) -> Iterator[ObjectInfo]:
+    def _list_obstore(self, obs: Any, prefix: str, start_after: str | None) -> Iterator[ObjectInfo]:
         after = self._k(start_after) if start_after is not None else None
-        pages = self._obstore.lister(self._k(prefix), after)
+        pages = obs.lister(self._k(prefix), after)
         strip = len(self.prefix)
+
+        def next_page() -> Any:
+            try:
+                return pages.next_page()
+            except self._obstore_errors as e:
+                if self._left_obstore(e):
+                    raise _LeftObstore from e
+                raise
+
         while True:
-            page = self._retrying("list", prefix, pages.next_page)
+            page = self._retrying("list", prefix, next_page)
             if page is None:
                 return
             for path, etag, size, modified in page:
@@ -676,7 +782,7 @@ class S3Store(Store):
             # No response seen yet: one cheap request gives the server's Date.
             self._probe_clock()
             self._no_date = not self._offsets
-        elif self._obstore is not None and not self._no_date:
+        elif self._data_path() is not None and not self._no_date:
             self._refresh_clock()
         samples = list(self._offsets)  # a snapshot: response hooks append concurrently
         if not samples:
@@ -731,6 +837,43 @@ class S3Store(Store):
             self._client.close()
 
 
+def _why_not_obstore(
+    core: Any, session: Any, credentials: dict[str, str], endpoint: str | None
+) -> str | None:
+    """Why obstore cannot send a store's GET, PUT and LIST as its boto3 client would (to the
+    same server, as the same identity, trusting the same certificates), or ``None``."""
+    try:
+        from lakeshore.store import s3_obstore
+    except InvalidArgument as e:
+        return f"obstore is not installed ({e.what})"
+    differs = s3_obstore.settings_only_obstore_reads(endpoint_given=endpoint is not None)
+    if differs:
+        names = ", ".join(f"${name}" for name in differs)
+        return f"{names} set, which obstore would follow and boto3 ignores"
+    if not credentials and session.get_credentials() is None:
+        # boto3 fails such requests itself (NoCredentialsError), while obstore's own chain
+        # could sign as another identity than boto3's deletes
+        return "boto3's credential chain found no credentials to hand over to obstore"
+    bundle = _ca_bundle(core)
+    if bundle is not None and _read_ca_bundle(core) is None:
+        return f"the CA bundle {bundle!r} cannot be read"
+    return None
+
+
+class _LeftObstore(Exception):
+    """A listing's page met the redirect that made the store leave obstore (never raised
+    out of the store)."""
+
+
+def _botocore_mocked() -> bool:
+    """Whether moto's ``mock_aws`` is active in this process: it answers botocore's requests
+    (its ``botocore_stubber``, enabled while a mock is on) and nobody else's, so obstore
+    would bypass it. moto is looked up, never imported."""
+    models = sys.modules.get("moto.core.models")
+    stubber = getattr(models, "botocore_stubber", None)
+    return bool(getattr(stubber, "enabled", False))
+
+
 def _agreed_offset(offsets: list[float]) -> float:
     """The clock offset the recent samples support: the largest one at most ``_AGREE_S``
     above their (lower) median.
@@ -758,24 +901,57 @@ def _region_from_env() -> str | None:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
-def _endpoint_from_env() -> str | None:
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+def _configured_endpoint(core: Any) -> str | None:
+    """The endpoint boto3 takes when none is passed: ``$AWS_ENDPOINT_URL_S3``,
+    ``$AWS_ENDPOINT_URL`` or the config file's (its ``services`` section or the profile),
+    unless ``$AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` says to ignore them."""
+    if core.get_config_variable("ignore_configured_endpoint_urls"):
+        return None
+    found = ConfiguredEndpointProvider(
+        full_config=core.full_config, scoped_config=core.get_scoped_config(), client_name="s3"
+    ).provide()
+    return str(found) if found else None
 
 
-def _choose_transport(transport: str | None, client: Any) -> str:
-    """The client named in code, else in ``$LAKESHORE_S3_CLIENT``, else boto3."""
-    named = transport or os.environ.get(CLIENT_ENV, "").strip().lower() or "boto3"
+def _ca_bundle(core: Any) -> str | None:
+    """The CA bundle boto3 verifies TLS with instead of its own, if one is configured:
+    ``$AWS_CA_BUNDLE`` or the profile's ``ca_bundle``, else ``$REQUESTS_CA_BUNDLE``."""
+    found = core.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE")
+    return str(found) if found else None
+
+
+def _read_ca_bundle(core: Any) -> bytes | None:
+    """The PEM certificates of the configured CA bundle, for obstore (which adds them to
+    the roots it trusts); ``None`` if there is none or it cannot be read."""
+    path = _ca_bundle(core)
+    if path is None:
+        return None
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            return f.read(_CA_BUNDLE_MAX) or None
+    except OSError:
+        return None
+
+
+def _choose_transport(transport: str | None, client: Any) -> tuple[str, str]:
+    """The client named in code (or the URL), else in ``$LAKESHORE_S3_CLIENT``, else
+    ``"auto"``; with the reason the store reports."""
+    from_env = os.environ.get(CLIENT_ENV, "").strip().lower()
+    named = transport or from_env or "auto"
+    source = f"client={named}" if transport else f"${CLIENT_ENV}={named}"
     if named not in CLIENTS:
-        source = "client" if transport else f"${CLIENT_ENV}"
         raise InvalidArgument(
             "S3Store", f"unknown S3 client {named!r} ({source})", f"use one of {list(CLIENTS)}"
         )
-    if named != "boto3" and client is not None:
-        if not transport:
-            return "boto3"  # a boto3 client handed over in code wins over the environment
-        raise InvalidArgument(
-            "S3Store",
-            f"a boto3 client was passed together with transport={named!r}",
-            "pass one or the other",
-        )
-    return named
+    if client is not None:
+        if named == "obstore" and transport:
+            raise InvalidArgument(
+                "S3Store",
+                f"a boto3 client was passed together with transport={named!r}",
+                "pass one or the other",
+            )
+        # a boto3 client handed over in code wins over the environment
+        return "boto3", "a boto3 client was handed over in code"
+    if named == "auto":
+        return "auto", "the default"
+    return named, f"{source} asks for it"

@@ -1,12 +1,12 @@
 """The obstore transport of ``S3Store``: GET, PUT and LIST through obstore (Rust's
 ``object_store``), which spends a fraction of botocore's CPU per request.
 
-Imported only by :mod:`lakeshore.store.s3`, and only when a store is opened with
-``client=obstore`` (or ``LAKESHORE_S3_CLIENT=obstore``). It sends requests and reports what
-came back; everything else stays in ``s3.py``: the one translation table, the one retry loop,
-the ambiguous-412 read-back, conditional deletes, the clock. obstore has no conditional
-DELETE and exposes no response headers (so no ``Date``): those requests keep going through
-the store's boto3 client.
+Imported only by :mod:`lakeshore.store.s3`, when a store may send its data path through
+obstore (the default, or ``client=obstore``). It sends requests and reports what came back;
+everything else stays in ``s3.py``: the choice of client, the one translation table, the
+one retry loop, the ambiguous-412 read-back, conditional deletes, the clock. obstore has no
+conditional DELETE and exposes no response headers (so no ``Date``): those requests keep
+going through the store's boto3 client.
 
 obstore's own retries are switched off (``max_retries=0``): a retried conditional PUT whose
 first attempt landed comes back 412 although it succeeded, which only ``S3Store``'s loop
@@ -15,6 +15,7 @@ knows how to settle.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,14 +28,14 @@ try:
     import obstore
     import obstore.exceptions as oex
     from obstore.store import S3Store as _ObS3Store
-except ImportError as e:  # pragma: no cover - exercised by the missing-extra test via a stub
+except ImportError as e:  # pragma: no cover - exercised by the missing-package test via a stub
     raise InvalidArgument(
         "S3Store",
-        f"the obstore S3 client is not installed ({e})",
-        "pip install 'lakeshore-queue[obstore]', or use the default client (client=boto3)",
+        f"the obstore S3 client cannot be imported ({e})",
+        "pip install 'obstore>=0.12.1,<0.13' (lakeshore-queue depends on it), or use client=boto3",
     ) from None
 
-__all__ = ["ERRORS", "ObstoreTransport", "describe", "version"]
+__all__ = ["ERRORS", "ObstoreTransport", "describe", "settings_only_obstore_reads", "version"]
 
 # What the transport's calls raise. FileNotFoundError is obstore's 404; it is caught only
 # around obstore calls, so a local file error elsewhere can never be mistaken for one.
@@ -48,6 +49,9 @@ _IO = re.compile(
     r"|operation timed out|request or response body error|unexpected EOF",
     re.IGNORECASE,
 )
+# A 301 without a Location header: S3's answer to a request sent to another region than the
+# bucket's, which obstore reports without quoting the answer.
+_REDIRECT = re.compile(r"BareRedirect|redirect without LOCATION", re.IGNORECASE)
 # obstore's error classes for the answers it recognises; the status in the message wins.
 _BY_CLASS: list[tuple[type[BaseException], int]] = [
     (FileNotFoundError, 404),
@@ -57,6 +61,32 @@ _BY_CLASS: list[tuple[type[BaseException], int]] = [
     (oex.UnauthenticatedError, 401),
     (oex.NotSupportedError, 501),
 ]
+
+
+# Settings obstore reads from the environment and boto3 ignores, that change where requests
+# go or what they carry; the ones S3Store always passes explicitly (region, endpoint when it
+# has one, addressing, plain HTTP, conditional puts, credentials) override the environment.
+_OBSTORE_ONLY_ENV = (
+    "AWS_SKIP_SIGNATURE",
+    "AWS_S3_EXPRESS",
+    "AWS_REQUEST_PAYER",
+    "AWS_UNSIGNED_PAYLOAD",
+    "AWS_CHECKSUM_ALGORITHM",
+    "AWS_SERVER_SIDE_ENCRYPTION",
+    "AWS_SSE_KMS_KEY_ID",
+    "AWS_SSE_BUCKET_KEY_ENABLED",
+    "AWS_SSE_CUSTOMER_KEY_BASE64",
+    "AWS_PROXY_URL",
+    "AWS_ALLOW_INVALID_CERTIFICATES",
+)
+
+
+def settings_only_obstore_reads(endpoint_given: bool) -> list[str]:
+    """The environment variables set now that obstore would follow and boto3 ignores: with
+    any, the two clients of one store could differ (``AWS_ENDPOINT`` sends requests to
+    another server when the store passes no endpoint of its own)."""
+    names = [*_OBSTORE_ONLY_ENV, *(() if endpoint_given else ("AWS_ENDPOINT",))]
+    return [name for name in names if os.environ.get(name, "").strip()]
 
 
 def version() -> str:
@@ -78,6 +108,8 @@ def describe(e: BaseException) -> tuple[int | None, str, bool]:
         status = next((s for cls, s in _BY_CLASS if isinstance(e, cls)), None)
     c = _CODE.search(text)
     code = c.group(1) if c else ""
+    if status is None and not code and _REDIRECT.search(text):
+        return 301, "PermanentRedirect", False
     if status is None and not code and _IO.search(text):
         return None, "connection", True
     return status, code or type(e).__name__, False
@@ -127,6 +159,7 @@ class ObstoreTransport:
         virtual_hosted: bool | None,
         credentials: dict[str, str],
         session: Any,
+        root_certificate: bytes | None,
         max_pool_connections: int,
         connect_timeout: float,
         read_timeout: float,
@@ -152,6 +185,8 @@ class ObstoreTransport:
             "timeout": timedelta(seconds=max(read_timeout * 4, 60.0)),
             "pool_max_idle_per_host": str(max_pool_connections),
         }
+        if root_certificate is not None:  # boto3's CA bundle; obstore adds it to its roots
+            client_options["root_certificate"] = root_certificate
         self.bucket = bucket
         self._store = _ObS3Store(
             bucket,

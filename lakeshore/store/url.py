@@ -6,9 +6,11 @@ Accepted forms:
 * ``"file:///abs/path"``, ``"file://~/dir"``, or a bare path — a :class:`LocalStore`;
   ``?fsync=1`` makes every write durable against power loss;
 * ``"s3://bucket/prefix"`` — an :class:`S3Store`; query options ``endpoint_url``, ``region``,
-  ``addressing=path|virtual``, ``max_pool_connections``, ``client=boto3|obstore`` (the HTTP
-  client; default ``$LAKESHORE_S3_CLIENT``, else boto3); credentials and endpoint otherwise
-  come from the usual AWS environment variables.
+  ``addressing=path|virtual``, ``max_pool_connections``, ``client=auto|boto3|obstore`` (the
+  HTTP client; default ``$LAKESHORE_S3_CLIENT``, else ``auto``: obstore for GET, PUT and LIST
+  wherever it can act as boto3 would, boto3 for the rest and for everything under moto's
+  ``mock_aws``); credentials and endpoint otherwise come from the usual AWS environment
+  variables and config files.
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ def test_doctor_on_moto_server_reports_what_it_sees(
     finally:
         server.stop()
     assert [c.name for c in r.checks] == ["S3 client", *CHECKS]  # S3 stores say which client
-    assert r.checks[0].detail.startswith("boto3 ")
+    # the default client: obstore (moto's HTTP server is a server like any other)
+    assert r.checks[0].detail.startswith("obstore ") and "(the default)" in r.checks[0].detail
     assert r.render().splitlines()[-1].startswith("verdict: ")
     report.append(
         f"doctor moto HTTP server: {'SAFE' if r.safe else 'UNSAFE'} as seen this run — "

@@ -1,7 +1,10 @@
-"""The obstore client of ``S3Store``: how it is chosen, and the answers no local server
-gives (409, the ambiguous 412, 403, 501, 503 forever, a huge object, a listing cut between
-pages, the clock's refresh), from a scripted HTTP server on 127.0.0.1. The store contract
-and the races run through obstore in test_store_contract.py and test_store_races.py."""
+"""The obstore client of ``S3Store``: how it is chosen (the default whenever it can act as
+boto3 would; boto3 for everything under moto's ``mock_aws``, without credentials to hand
+over, with settings only obstore reads, or once the bucket answers from another region),
+and the answers no local server gives (409, the ambiguous 412, 403, 501, 503 forever, a huge
+object, a listing cut between pages, the clock's refresh), from a scripted HTTP server on
+127.0.0.1. The store contract and the races run on both clients in test_store_contract.py
+and test_store_races.py."""
 
 from __future__ import annotations
 
@@ -9,12 +12,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import pytest
 from botocore.config import Config
+from ulid import ULID
 
 from lakeshore.doctor import diagnose
 from lakeshore.errors import (
@@ -104,14 +109,9 @@ def scripted() -> Iterator[Callable[..., tuple[Scripted, S3Store]]]:
         made.append(server)
         options.setdefault("retries", 2)
         options.setdefault("backoff_base", 0.001)
-        store = S3Store(
-            BUCKET,
-            "pre",
-            endpoint_url=server.endpoint,
-            transport="obstore",
-            **FAKE_CREDS,
-            **options,
-        )
+        options.setdefault("transport", "obstore")
+        options = {**FAKE_CREDS, **options}
+        store = S3Store(BUCKET, "pre", endpoint_url=server.endpoint, **options)
         return server, store
 
     yield make
@@ -125,31 +125,58 @@ _OK_PUT = (200, {"ETag": '"e1"'}, b"")
 # -- choosing the client ---------------------------------------------------------------------
 
 
-def test_mock_aws_users_get_boto3_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from moto import mock_aws
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No AWS setting of this machine reaches the test: no variables, no config files, no
+    instance metadata; the test writes what it needs (config files go in the returned
+    folder)."""
+    import os
 
-    monkeypatch.delenv("LAKESHORE_S3_CLIENT", raising=False)
-    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1", **FAKE_CREDS).create_bucket(Bucket=BUCKET)
-        store = open_store(f"s3://{BUCKET}/pre", region="us-east-1", **FAKE_CREDS)
-        assert isinstance(store, S3Store) and store.transport == "boto3"
-        etag = store.put("k", b"v", CREATE)  # intercepted by mock_aws: boto3 it is
-        assert store.get("k") == (b"v", etag)
-        assert "boto3" in store.client_info
+    for name in list(os.environ):
+        if name.startswith("AWS_") or name in ("LAKESHORE_S3_CLIENT", "REQUESTS_CA_BUNDLE"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return tmp_path
 
 
-def test_the_client_is_chosen_by_url_setting_or_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LAKESHORE_S3_CLIENT", raising=False)
+def _fake_s3(method: str, path: str, query: dict[str, str], _: Any) -> Any:
+    """Plausible answers for boto3 and obstore alike: any object holds b"v"."""
+    if method == "PUT":
+        return _OK_PUT
+    if method == "GET" and "list-type" in query:
+        return _page(["pre/k"], None)
+    if method == "GET":
+        return 200, {"ETag": '"e1"', "Content-Type": "application/octet-stream"}, b"v"
+    return 204, {}, b""
+
+
+def _client_of(headers: dict[str, str]) -> str:
+    return "obstore" if "object_store" in headers.get("user-agent", "") else "boto3"
+
+
+def test_the_default_is_obstore_and_boto3_or_obstore_can_be_forced(
+    aws_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     opts = {"endpoint_url": "http://127.0.0.1:9", **FAKE_CREDS}
-    assert open_store(f"s3://{BUCKET}/p", **opts).transport == "boto3"  # type: ignore[attr-defined]
-    url = f"s3://{BUCKET}/p?client=obstore"
+    default = open_store(f"s3://{BUCKET}/p", **opts)
+    assert isinstance(default, S3Store) and default.transport == "obstore"
+    assert default.transport_reason == "the default" and "obstore" in default.client_info
+    assert open_store(f"s3://{BUCKET}/p?client=auto", **opts).transport == "obstore"  # type: ignore[attr-defined]
+    url = f"s3://{BUCKET}/p?client=boto3"
+    forced = open_store(url, **opts)
+    assert forced.transport == "boto3"  # type: ignore[attr-defined]
+    assert forced.client_info.endswith("client=boto3 asks for it")  # type: ignore[attr-defined]
+    monkeypatch.setenv("LAKESHORE_S3_CLIENT", "boto3")
+    assert S3Store(BUCKET, "p", **opts).transport == "boto3"  # type: ignore[arg-type]
+    url = f"s3://{BUCKET}/p?client=obstore"  # the URL wins over the setting
     assert open_store(url, **opts).transport == "obstore"  # type: ignore[attr-defined]
+    assert open_store(f"s3://{BUCKET}/p?client=auto", **opts).transport == "obstore"  # type: ignore[attr-defined]
     monkeypatch.setenv("LAKESHORE_S3_CLIENT", "obstore")
     store = S3Store(BUCKET, "p", **opts)  # type: ignore[arg-type]
-    assert store.transport == "obstore" and "obstore" in store.client_info
-    url = f"s3://{BUCKET}/p?client=boto3"  # the URL wins over the setting
+    assert store.transport == "obstore" and "LAKESHORE_S3_CLIENT=obstore" in store.client_info
+    url = f"s3://{BUCKET}/p?client=boto3"
     assert open_store(url, **opts).transport == "boto3"  # type: ignore[attr-defined]
     # a boto3 client handed over in code wins over the setting too
     given = boto3.client(
@@ -168,16 +195,203 @@ def test_the_client_is_chosen_by_url_setting_or_code(monkeypatch: pytest.MonkeyP
         S3Store(BUCKET, "p", **opts)  # type: ignore[arg-type]
 
 
-def test_missing_obstore_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mock_aws_users_get_boto3_by_default(aws_env: Path) -> None:
+    from moto import mock_aws
+
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1", **FAKE_CREDS).create_bucket(Bucket=BUCKET)
+        store = open_store(f"s3://{BUCKET}/pre", region="us-east-1", **FAKE_CREDS)
+        assert isinstance(store, S3Store) and store.transport == "boto3"
+        etag = store.put("k", b"v", CREATE)  # intercepted by mock_aws: boto3 it is
+        assert store.get("k") == (b"v", etag)
+        assert [o.key for o in store.list()] == ["k"]
+        assert "boto3" in store.client_info and "mock_aws" in store.transport_reason
+
+
+def test_a_store_opened_before_mock_aws_gives_every_request_to_boto3_inside_it(
+    aws_env: Path,
+) -> None:
+    """A plane made at import time, a test wrapped in mock_aws afterwards: the client is
+    chosen at each request, not once."""
+    from moto import mock_aws
+
+    store = open_store(f"s3://{BUCKET}/pre", region="us-east-1", **FAKE_CREDS)
+    assert isinstance(store, S3Store) and store.transport == "obstore"
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1", **FAKE_CREDS).create_bucket(Bucket=BUCKET)
+        assert store.transport == "boto3"
+        etag = store.put("k", b"v", CREATE)
+        assert store.get("k") == (b"v", etag)
+        assert [o.key for o in store.list()] == ["k"]
+        store.delete("k", if_match=etag)
+        assert list(store.list()) == []
+    assert store.transport == "obstore"  # the mock is over
+
+
+def test_obstore_missing_the_default_falls_back_and_forcing_it_says_how_to_install(
+    aws_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import lakeshore.store
 
-    # as in a fresh process without the extra
+    # as in a fresh process where obstore cannot be imported
     monkeypatch.delitem(sys.modules, "lakeshore.store.s3_obstore", raising=False)
     monkeypatch.delattr(lakeshore.store, "s3_obstore", raising=False)
     monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore -> ImportError
+    opts = {"endpoint_url": "http://127.0.0.1:9", **FAKE_CREDS}
+    store = S3Store(BUCKET, "p", **opts)  # type: ignore[arg-type]
+    assert store.transport == "boto3"
+    assert store.transport_reason.startswith("obstore is not installed")
     with pytest.raises(InvalidArgument) as err:
-        S3Store(BUCKET, "p", endpoint_url="http://127.0.0.1:9", transport="obstore")
-    assert "pip install 'lakeshore-queue[obstore]'" in str(err.value)
+        S3Store(BUCKET, "p", transport="obstore", **opts)  # type: ignore[arg-type]
+    assert "pip install 'obstore" in str(err.value)
+
+
+def test_a_profile_alone_signs_both_clients_as_one_identity_at_one_endpoint(
+    aws_env: Path, scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user with only AWS_PROFILE: its keys, region and endpoint come from the config
+    files, and obstore gets all three, as boto3 does."""
+    server, _ = scripted(_fake_s3)
+    (aws_env / "config").write_text(
+        f"[profile team]\nregion = eu-west-3\nendpoint_url = {server.endpoint}\n"
+    )
+    (aws_env / "credentials").write_text(
+        "[team]\naws_access_key_id = TEAMKEY\naws_secret_access_key = team-secret\n"
+    )
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    store = open_store(f"s3://{BUCKET}/pre")
+    assert isinstance(store, S3Store) and store.transport == "obstore"
+    etag = store.put("k", b"v", CREATE)
+    assert store.get("k") == (b"v", etag)
+    store.delete("k")  # boto3's request
+    seen = [(m, _client_of(h), h.get("authorization", "")) for m, _, _, h in server.seen]
+    assert [(m, c) for m, c, _ in seen] == [
+        ("PUT", "obstore"),
+        ("GET", "obstore"),
+        ("DELETE", "boto3"),
+    ]
+    for _m, _c, auth in seen:
+        assert "Credential=TEAMKEY/" in auth and "/eu-west-3/s3/" in auth
+
+
+def test_without_credentials_to_hand_over_boto3_carries_everything(aws_env: Path) -> None:
+    store = S3Store(BUCKET, "p", endpoint_url="http://127.0.0.1:9")
+    assert store.transport == "boto3"
+    assert "no credentials" in store.transport_reason
+
+
+def test_settings_only_obstore_reads_keep_boto3(
+    aws_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # boto3 ignores AWS_ENDPOINT: obstore alone would send its requests there
+    monkeypatch.setenv("AWS_ENDPOINT", "http://127.0.0.1:9")
+    store = S3Store(BUCKET, "p", **FAKE_CREDS)  # type: ignore[arg-type]
+    assert store.transport == "boto3" and "$AWS_ENDPOINT" in store.transport_reason
+    # an endpoint of the store's own overrides it for both clients
+    assert (
+        S3Store(BUCKET, "p", endpoint_url="http://127.0.0.1:9", **FAKE_CREDS).transport == "obstore"
+    )  # type: ignore[arg-type]
+    monkeypatch.setenv("AWS_SKIP_SIGNATURE", "true")  # obstore would not sign
+    store = S3Store(BUCKET, "p", endpoint_url="http://127.0.0.1:9", **FAKE_CREDS)  # type: ignore[arg-type]
+    assert store.transport == "boto3" and "$AWS_SKIP_SIGNATURE" in store.transport_reason
+
+
+def _redirect_obstore(method: str, path: str, query: dict[str, str], headers: Any) -> Any:
+    """A bucket in another region than the store's: S3 answers 301 without a Location, which
+    boto3 follows on AWS (here: boto3 is simply answered) and obstore cannot."""
+    if _client_of(headers) == "obstore":
+        return _error(301, "PermanentRedirect")
+    return _fake_s3(method, path, query, headers)
+
+
+@pytest.mark.parametrize("first", ["get", "put", "list"])
+def test_a_bucket_in_another_region_moves_the_default_store_to_boto3(
+    aws_env: Path, scripted: Any, first: str
+) -> None:
+    server, store = scripted(_redirect_obstore, transport=None)
+    assert store.transport == "obstore"
+    if first == "get":
+        assert store.get("k") == (b"v", '"e1"')
+    elif first == "put":
+        assert store.put("k", b"v") == '"e1"'
+    else:
+        assert [o.key for o in store.list()] == ["k"]
+    assert store.transport == "boto3" and "another region" in store.transport_reason
+    assert store.put("k2", b"v") == '"e1"'
+    assert [_client_of(h) for *_, h in server.seen] == ["obstore", "boto3", "boto3"]
+    # forced, obstore stays, and the error says what to do
+    _, forced = scripted(_redirect_obstore)
+    with pytest.raises(StoreError, match="wrong region") as err:
+        forced.get("k")
+    assert "region" in err.value.todo
+    assert forced.transport == "obstore"
+
+
+def _tls_files(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate it signed for 127.0.0.1: (CA bundle, certificate, key)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> x509.Certificate:
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            ip = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+            b = b.add_extension(x509.SubjectAlternativeName([ip]), critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    pem = serialization.Encoding.PEM
+    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(cert("test CA", ca_key, "test CA", ca_key, True).public_bytes(pem))
+    paths[1].write_bytes(cert("127.0.0.1", key, "test CA", ca_key, False).public_bytes(pem))
+    paths[2].write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return paths
+
+
+def test_a_ca_bundle_boto3_trusts_is_trusted_by_obstore_too(
+    aws_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ssl
+
+    bundle, certificate, key = _tls_files(aws_env)
+    server = Scripted(_fake_s3)
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certificate, key)
+        server.server.socket = context.wrap_socket(server.server.socket, server_side=True)
+        endpoint = server.endpoint.replace("http://", "https://")
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+        store = S3Store(BUCKET, "pre", endpoint_url=endpoint, retries=0, **FAKE_CREDS)  # type: ignore[arg-type]
+        assert store.transport == "obstore"
+        assert store.put("k", b"v") == '"e1"'
+        store.delete("k")  # boto3, trusting the same bundle
+        assert [(m, _client_of(h)) for m, _, _, h in server.seen] == [
+            ("PUT", "obstore"),
+            ("DELETE", "boto3"),
+        ]
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(aws_env / "missing.pem"))
+        store = S3Store(BUCKET, "pre", endpoint_url=endpoint, **FAKE_CREDS)  # type: ignore[arg-type]
+        assert store.transport == "boto3" and "missing.pem" in store.transport_reason
+    finally:
+        server.close()
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -319,16 +533,23 @@ def test_the_clock_is_probed_again_when_its_sample_is_old(scripted: Any) -> None
 
 
 @pytest.mark.seaweedfs
-def test_doctor_says_which_client(seaweed: Seaweed) -> None:
-    store = S3Store(
-        TEST_BUCKET,
-        "t/doctor-obstore",
-        endpoint_url=seaweed.endpoint,
-        transport="obstore",
-        **FAKE_CREDS,
-    )
-    report = diagnose(store, threads=2, rounds=2)
+def test_the_default_client_on_seaweedfs_is_obstore(
+    seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's URL with no client: obstore sends GET, PUT and LIST, boto3 is made only for
+    what obstore cannot send (deletes, the clock), and the doctor says so."""
+    monkeypatch.delenv("LAKESHORE_S3_CLIENT", raising=False)
+    url = f"s3://{TEST_BUCKET}/t/default-client-{ULID()}?endpoint_url={seaweed.endpoint}"
+    with open_store(url, **FAKE_CREDS) as store:
+        assert isinstance(store, S3Store) and store.transport == "obstore"
+        etag = store.put("k", b"v", CREATE)
+        assert store.get("k") == (b"v", etag)
+        assert [o.key for o in store.list()] == ["k"]
+        assert store._client is None  # no boto3 client was needed so far
+        store.delete("k", if_match=etag)
+        assert list(store.list()) == []
+        report = diagnose(store, threads=2, rounds=2)
     assert report.safe, report.render()
     (line,) = [c for c in report.checks if c.name == "S3 client"]
     assert line.detail.startswith("obstore ") and "boto3" in line.detail
-    assert "S3 client" in report.render()
+    assert "(the default)" in line.detail and "S3 client" in report.render()

@@ -1,5 +1,6 @@
-"""The store contract (DESIGN §2), run on every tier: memory, local, moto, SeaweedFS, and
-SeaweedFS through the obstore client."""
+"""The store contract (DESIGN §2), run on every tier: memory, local, moto (the default client,
+which gives every request to boto3 under mock_aws), SeaweedFS on the default client, and
+SeaweedFS with boto3 forced."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
 from lakeshore.store import CREATE, OVERWRITE, MemoryStore, Store, if_match
-from tests.conftest import ALL_TIERS, OBSTORE_TIER, tier_store
+from tests.conftest import ALL_TIERS, BOTO3_TIER, tier_store
 
 
-@pytest.fixture(params=[*ALL_TIERS, OBSTORE_TIER])
+@pytest.fixture(params=[*ALL_TIERS, BOTO3_TIER])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Every tier, and every S3 client."""
     yield from tier_store(request, tmp_path)

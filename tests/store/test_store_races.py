@@ -14,10 +14,10 @@ import pytest
 from lakeshore.doctor import race
 from lakeshore.errors import Conflict
 from lakeshore.store import CREATE, LocalStore, Store, if_match
-from tests.conftest import ATOMIC_TIERS, OBSTORE_TIER, tier_store
+from tests.conftest import ATOMIC_TIERS, BOTO3_TIER, tier_store
 
 
-@pytest.fixture(params=[*ATOMIC_TIERS, OBSTORE_TIER])
+@pytest.fixture(params=[*ATOMIC_TIERS, BOTO3_TIER])
 def atomic_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """The atomic tiers, and SeaweedFS through every S3 client."""
     yield from tier_store(request, tmp_path)
