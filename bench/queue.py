@@ -23,6 +23,11 @@ to a baseline measured in the same run.
 * **Idle cost**: requests per minute of one idle worker once its backoff settled.
 * **Contention**: lost compare-and-swap attempts per claimed invocation, 8 workers on one
   queue.
+* **The S3 client**: lakeshore's planes use the default client (no ``client=`` in the URL,
+  ``$LAKESHORE_S3_CLIENT`` unset: obstore for GET, PUT and LIST) unless ``--client`` names
+  one; the floor stays raw boto3. ``--only s3-floor`` measures just the target of the
+  default client, one worker end to end against the serial floor, in ``--rounds`` rounds
+  that alternate the two.
 * **Upstream**: the same throughput workload on ``dreamlake-lakeshore`` (``bench/upstream.py``).
   The embedded planes and upstream's run ``--local-jobs`` invocations (2000, as issue 16
   measured them) in ``--rounds`` rounds, each plane in turn; each of their targets is the
@@ -526,17 +531,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["local"],
-        help="local: only the embedded planes' throughput (memory, file) and upstream's",
+        choices=["local", "s3-floor"],
+        help="local: only the embedded planes' throughput (memory, file) and upstream's; "
+        "s3-floor: only S3 with 1 worker end to end against the serial floor, in --rounds "
+        "rounds",
     )
     parser.add_argument(
         "--no-upstream", action="store_true", help="skip the upstream SDK (its targets: n/a)"
     )
     parser.add_argument(
         "--client",
-        choices=["boto3", "obstore"],
-        default="boto3",
-        help="the S3 client of lakeshore's planes (the floor stays raw boto3)",
+        choices=["default", "boto3", "obstore"],
+        default="default",
+        help="the S3 client of lakeshore's planes: default is what a URL without client= "
+        "gets (the floor stays raw boto3)",
     )
     args = parser.parse_args(argv)
     n = args.jobs
@@ -546,8 +554,13 @@ def main(argv: list[str] | None = None) -> None:
         local_only(args.local_jobs, args.rounds, with_upstream=not args.no_upstream)
         return
     os.environ.update({k.upper(): v for k, v in FAKE_CREDS.items()})
-    # every plane of this run and its worker processes read it
-    os.environ["LAKESHORE_S3_CLIENT"] = args.client
+    # every plane of this run and its worker processes read it; unset, they get the default
+    os.environ.pop("LAKESHORE_S3_CLIENT", None)
+    if args.client != "default":
+        os.environ["LAKESHORE_S3_CLIENT"] = args.client
+    if args.only == "s3-floor":
+        s3_floor_only(n, args.rounds)
+        return
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
     res["local_jobs"], res["rounds"] = args.local_jobs, args.rounds
     res["requests"] = {
@@ -569,6 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         if server is not None:
             url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
             res["seaweedfs"] = server.version
+            res["s3_client"] = _client_info(url)
             # counted by botocore's events: always on the boto3 client (the same requests)
             counted = f"{url}&client=boto3"
             res["requests_s3"] = {
@@ -593,7 +607,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\nlakeshore queue benchmarks, {n} invocations on S3, {args.local_jobs} invocations x "
         f"{args.rounds} rounds on the embedded planes (the first round shown), "
-        f"{os.cpu_count()} cores, {res['date']}, S3 client {args.client}\n"
+        f"{os.cpu_count()} cores, {res['date']}, S3 client {args.client}: "
+        f"{res.get('s3_client', 'n/a (no SeaweedFS)')}\n"
     )
     _phases(tp)
     phases: dict[str, Any] = {}
@@ -606,6 +621,56 @@ def main(argv: list[str] | None = None) -> None:
     targets.show("Issue 16 targets", res["issue16"])
     targets.show("Held from before (must not regress), and figures without a target", res["held"])
     out = ROOT / "bench" / "results" / "queue.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"\nresults: {out.relative_to(ROOT)}")
+
+
+def _client_info(url: str) -> str:
+    """Which client a plane on ``url`` sends its requests with, as the doctor says it."""
+    store = dls.Dispatch(url).store
+    try:
+        return str(getattr(store, "client_info", "not S3"))
+    finally:
+        store.close()
+
+
+def s3_floor_only(n: int, rounds: int) -> None:
+    """The default client's target alone: one worker process end to end (submit, drain, read)
+    against the serial floor of raw boto3 on the same SeaweedFS, ``rounds`` times in turn,
+    so that load elsewhere on the machine hits one round rather than one side of every
+    ratio; the median round's ratio is the figure. Results go to
+    ``bench/results/queue-s3-floor.json``."""
+    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": n, "cores": os.cpu_count()}
+    with seaweed_server() as server:
+        if server is None:
+            print("no SeaweedFS: nothing to measure")
+            return
+        url = f"s3://{BUCKET}/bench-{new_id()}?endpoint_url={server.endpoint}"
+        res["seaweedfs"], res["s3_client"] = server.version, _client_info(url)
+        res["rounds"] = []
+        for _ in range(rounds):
+            fl = floor.serial(server.endpoint, n)
+            one = throughput(url, None, n, 1, 1, server.process.pid)
+            res["rounds"].append({"floor_serial": fl, "one_worker": one})
+    ratios = [
+        r["one_worker"]["end_to_end_per_s"] / r["floor_serial"]["end_to_end_per_s"]
+        for r in res["rounds"]
+    ]
+    res["ratio_median"] = statistics.median(ratios)
+    print(
+        f"\nS3, 1 worker, end to end ÷ serial floor: {n} invocations x {rounds} rounds, "
+        f"{os.cpu_count()} cores, {res['date']}\nS3 client: {res['s3_client']}\n"
+    )
+    for i, r in enumerate(res["rounds"], 1):
+        print(f"  round {i}")
+        _phases({"lakeshore, 1 worker": r["one_worker"], "S3 floor, 1 thread": r["floor_serial"]})
+    median = res["ratio_median"]
+    print(
+        f"\n  ratio per round {', '.join(f'{x:.2f}' for x in ratios)}; median {median:.2f}x "
+        f"(bound >= 1.0x): {'ok' if median >= 1.0 else 'MISSED'}"
+    )
+    out = ROOT / "bench" / "results" / "queue-s3-floor.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"\nresults: {out.relative_to(ROOT)}")
