@@ -184,7 +184,6 @@ class Attempt:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.why = ""  # "killed" | "lost" | "timeout" | "released"
-        self.finished = threading.Event()
         self.final = ""
         self.interrupted = False  # ended by a signal meant for the whole worker
         # The hand-off of a body run in the slot's thread: which of that thread and the
@@ -213,6 +212,11 @@ class Attempt:
                 return False
             self._inline = _RETURNED
             return True
+
+    @property
+    def abandoned(self) -> bool:
+        """The watchdog gave up on this attempt's body (see :meth:`abandon_if_stuck`)."""
+        return self._inline == _ABANDONED
 
     def abandon_if_stuck(self, now: float, after_s: float = ABANDON_AFTER_S) -> bool:
         """The watchdog's look (``now``: ``time.monotonic``): True — and the attempt is
@@ -364,7 +368,12 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
         if att.stop.is_set():  # the renewal above found the lease gone (or a cancel)
             outcome = Outcome("stopped")
         else:  # the body's time starts when the body does (not while a child loads its model)
-            sink = text_sink(logs)
+            to_log = text_sink(logs)
+
+            def sink(text: str) -> None:
+                if not att.abandoned:  # its log was closed with its attempt: nothing more
+                    to_log(text)
+
             outcome = _execute(slot, rec, att, ops, journal, sink, timer)
     except Abandoned:
         raise  # concluded by the thread that took the slot over
@@ -395,7 +404,6 @@ def _end(
     rec = att.held.record
     try:
         running.discard(att)
-        att.finished.set()
         if timer:
             timer.cancel()
         slot.heartbeats.detach()

@@ -37,6 +37,9 @@ class Stuck:
         self.thread = threading.current_thread()
         self.started.set()
         self.release.wait(60)
+        # its attempt was concluded and its log closed: not a byte more may reach the store
+        # (enough to fill a log segment at once, were it still written)
+        print("late output " * 7000)
         self.returned.set()
         return "late"
 
