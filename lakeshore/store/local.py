@@ -47,7 +47,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -532,6 +532,41 @@ class LocalStore(Store):
             finally:
                 self._release(fd)
         self._prune(folder)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """``delete`` of each key, unconditionally, folder by folder: each folder is reached
+        once (without following a link) and pruned once, after its last key; every unlink
+        still holds its key's lock stripe, as a single delete does.
+
+        Raises:
+            InvalidArgument: a key is malformed (nothing is deleted).
+            StoreError: the filesystem failed (keys deleted before stay deleted).
+        """
+        for key in keys:
+            check_key(key, "delete")
+        by_folder: dict[str, list[tuple[str, str]]] = {}
+        for key in keys:
+            folder, _, name = self._rel(key).rpartition("/")
+            by_folder.setdefault(folder, []).append((key, name))
+        for folder, entries in by_folder.items():
+            try:
+                fd = self._folder(folder)
+            except OSError as e:
+                if e.errno in _GONE:
+                    continue  # missing, or behind a link: nothing of the store's to delete
+                raise _os_error("delete", entries[0][0], e) from e
+            try:
+                for key, name in entries:
+                    try:
+                        with self._locked(key):
+                            os.unlink(name, dir_fd=fd)  # a link in the file's place: it goes
+                    except FileNotFoundError:
+                        continue
+                    except OSError as e:
+                        raise _os_error("delete", key, e) from e
+            finally:
+                self._release(fd)
+            self._prune(folder)
 
     def _prune(self, folder: str) -> None:
         """Remove ``objects/<folder>`` and its parents while they are empty, each from its

@@ -257,3 +257,17 @@ def test_a_put_whose_parent_a_delete_prunes_mid_makedirs_still_lands(
     store.put("q/_tickets/4/new", b"y", mode)
     assert lost, "the race was injected"
     assert store.get("q/_tickets/4/new")[0] == b"y"
+
+
+def test_a_batch_delete_prunes_each_folder_it_emptied_and_keeps_the_rest(tmp_path: Path) -> None:
+    """delete_many goes folder by folder (each reached and pruned once): what it leaves is
+    what one delete per key would leave."""
+    store = LocalStore(tmp_path)
+    doomed = ["a/1/x", "a/1/y", "a/2/x", "b/z", "c"]
+    for key in [*doomed, "a/2/keep"]:
+        store.put(key, b"v")
+    store.delete_many([*doomed, "a/3/never", "d/e/never"])
+    objects = tmp_path / "objects"
+    assert [i.key for i in store.list()] == ["a/2/keep"]
+    assert not (objects / "a" / "1").exists() and not (objects / "b").exists()
+    assert (objects / "a" / "2").is_dir()
