@@ -2,11 +2,15 @@
 costs.
 
 Every figure comes from request counts measured in this run (a counting store under a real
-plane: no-op invocations submitted, run and read back by another plane; idle workers
-polling), then multiplied out. S3 serves about 3,500 writes (PUT, POST, DELETE) and 5,500
-reads (GET, HEAD, LIST) per second per partitioned prefix; all of one queue's keys share the
-prefix ``lakeshore/<ns>/<queue>/``, and its ids, which start with the time, all land at the
-end of that key range, so this model gives each queue one partition's worth. Prices: S3
+plane: no-op invocations submitted, run by one worker and read back by another plane; an
+idle worker polling), then multiplied out for 100 to 10,000 workers. What many workers add
+per invocation (lost races, reads of invocations another worker took) is not in these
+counts: ``bash scripts/bench simulate`` measures it. S3 serves at least 3,500
+PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per second per partitioned prefix (LIST is
+counted with the reads here; S3 does not say). All of one queue's keys share the prefix
+``lakeshore/<ns>/<queue>/``, and its ids, which start with the time, all land at the end of
+that key range, so this model gives each queue one partition's worth; the signs of life
+and the claimers' census of them are under the namespace's ``_workers/``. Prices: S3
 Standard, us-east-1 ($0.005 per 1,000 PUT, POST, LIST; $0.0004 per 1,000 GET; DELETE free).
 
     bash scripts/bench model
@@ -21,6 +25,7 @@ from typing import Any
 
 from bench.counting import PRICE_CLASS_A, PRICE_CLASS_B
 from bench.queue import idle_cost, job_requests
+from lakeshore.protocol.lanes import CENSUS_MAX_S
 
 WRITES_PER_PREFIX = 3500
 READS_PER_PREFIX = 5500
@@ -51,18 +56,25 @@ def per_job(keyed: bool, n: int = 500) -> dict[str, float]:
 
 
 def model(job: dict[str, float], idle_per_min: float) -> dict[str, Any]:
+    """Requests per second on one queue's prefix, and on the namespace's ``_workers/``
+    (signs of life, and the claimers' census of them), for 100 to 10,000 workers at 0 (idle),
+    100 and 1,000 invocations a second. Per invocation: one worker's counts (``job``);
+    what many workers add to them (races, reads of taken invocations) is the simulation's
+    (``bash scripts/bench simulate``)."""
     idle_lists_per_s = (idle_per_min - 60 / SIGN_OF_LIFE_S) / 60  # what is not a sign of life
     rows = []
-    for jobs_per_s in (10, 100, 1000):
-        for workers in (10, 100, 1000):
+    for workers in (100, 1000, 10_000):
+        for jobs_per_s in (0, 100, 1000):
             busy = min(workers, jobs_per_s)  # a rough split: a worker per invocation/s is busy
             lists = busy * BUSY_LISTS_PER_S + (workers - busy) * idle_lists_per_s
             writes = jobs_per_s * job["writes"]
             reads = jobs_per_s * job["reads"] + lists
+            # each worker: a sign of life every 30 s, and a census of all of them (one LIST
+            # page per 1,000 workers) at most every CENSUS_MAX_S once the fleet holds still
+            census_pages = workers * -(-workers // 1000) / CENSUS_MAX_S
             usd_day = 86400 * (
                 jobs_per_s * job["usd_per_million"] / 1e6
-                + lists * PRICE_CLASS_A
-                + workers / SIGN_OF_LIFE_S * PRICE_CLASS_A
+                + (lists + census_pages + workers / SIGN_OF_LIFE_S) * PRICE_CLASS_A
             )
             rows.append(
                 {
@@ -72,6 +84,8 @@ def model(job: dict[str, float], idle_per_min: float) -> dict[str, Any]:
                     "reads_per_s": reads,
                     "writes_of_limit": writes / WRITES_PER_PREFIX,
                     "reads_of_limit": reads / READS_PER_PREFIX,
+                    "workers_prefix_writes_per_s": workers / SIGN_OF_LIFE_S,
+                    "workers_prefix_lists_per_s": census_pages,
                     "usd_per_day": usd_day,
                 }
             )
@@ -102,13 +116,14 @@ def main() -> None:
         )
     print(f"  idle worker: {m['idle_requests_per_worker_min']:.0f} requests per minute")
     print(
-        f"\n  {'invocations/s':>13} {'workers':>8} {'writes/s':>9} {'of 3500':>8} {'reads/s':>8} "
-        f"{'of 5500':>8} {'USD/day':>9}"
+        f"\n  {'workers':>8} {'invocations/s':>13} {'writes/s':>9} {'of 3500':>8} {'reads/s':>8} "
+        f"{'of 5500':>8} {'_workers/ PUT/s':>15} {'LIST/s':>7} {'USD/day':>9}"
     )
     for r in m["rows"]:
         print(
-            f"  {r['jobs_per_s']:>13} {r['workers']:>8} {r['writes_per_s']:>9.0f} "
+            f"  {r['workers']:>8} {r['jobs_per_s']:>13} {r['writes_per_s']:>9.0f} "
             f"{r['writes_of_limit']:>8.2f} {r['reads_per_s']:>8.0f} {r['reads_of_limit']:>8.2f} "
+            f"{r['workers_prefix_writes_per_s']:>15.0f} {r['workers_prefix_lists_per_s']:>7.0f} "
             f"{r['usd_per_day']:>9.2f}"
         )
     print(

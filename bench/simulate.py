@@ -41,6 +41,7 @@ import itertools
 import json
 import math
 import random
+import sys
 import threading
 import time
 import types
@@ -371,6 +372,7 @@ class Config:
     latency_scale: float = 1.0  # multiplies every request's latency
     seed: int = 1
     limit_s: float = 3600.0  # virtual time after which the workers give up (a problem)
+    progress: bool = False  # say on stderr at every tenth of the outcomes (long runs)
 
 
 @dataclasses.dataclass
@@ -415,6 +417,7 @@ class Simulation:
         self.ids: list[str] = []
         self._marks: dict[int, Part] = {}
         self._first_start = math.inf
+        self._began = time.perf_counter()
         self._last_outcome = 0.0
 
     def over(self) -> bool:
@@ -480,6 +483,13 @@ class Simulation:
         return body
 
     def _mark(self) -> None:
+        n = self.config.invocations
+        if self.config.progress and self.done % max(1, n // 10) == 0:
+            print(
+                f"    {self.done}/{n} ended, {self.sched.t:.1f} s virtual, "
+                f"{time.perf_counter() - self._began:.0f} s real",
+                file=sys.stderr,
+            )
         for pct in (10, 90):
             if self.done == max(1, self.config.invocations * pct // 100):
                 self._marks[pct] = self._part(self.store.counts.copy(), self.sched.t)
@@ -493,7 +503,7 @@ class Simulation:
     def run(self) -> Report:
         cfg = self.config
         random.seed(cfg.seed)  # the claimers' random pick over the head of the queue
-        began = time.perf_counter()
+        began = self._began = time.perf_counter()
         submit = self._producer()
         self.store.counts.clear()
         if cfg.rate > 0:
@@ -718,6 +728,7 @@ def main() -> None:
             start_spread_s=args.start_spread_s,
             latency_scale=args.latency_scale,
             seed=args.seed,
+            progress=True,
         )
         rows.append(summary(simulate(config)))
         _print(rows[-1], heading=len(rows) == 1)
