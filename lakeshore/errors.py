@@ -50,6 +50,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "Abandoned",
     "Conflict",
     "CorruptSegment",
     "DecodeError",
@@ -252,6 +253,12 @@ class Unsendable(LakeshoreError):
     """A body's result, yielded value or file cannot be sent: an error that would repeat on
     every attempt, so the invocation fails without retries. ``error_type`` names it in the
     invocation's error (``UnsendableValue`` unless the cause said otherwise)."""
+
+
+class Abandoned(BaseException):
+    """Raised in a worker's slot thread whose body returned after the watchdog had given up
+    on it: the attempt was concluded by another thread, which serves the slot now. A
+    BaseException, so that no handler meant for errors catches it on the way out."""
 
 
 class Stopped(Exception):

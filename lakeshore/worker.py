@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakeshore import codec
 from lakeshore.errors import (
+    Abandoned,
     Conflict,
     HookFailed,
     IllegalTransition,
@@ -51,7 +52,7 @@ from lakeshore.protocol.admission import repair_slots, sweep_rate
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
-from lakeshore.running.attempt import Abandoned, Attempt, Slot, run_attempt
+from lakeshore.running.attempt import Attempt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lakeshore import codec
 from lakeshore.errors import (
+    Abandoned,
     Conflict,
     IllegalTransition,
     InvalidArgument,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABANDON_AFTER_S",
-    "Abandoned",
     "Attempt",
     "Heartbeats",
     "Running",
@@ -72,12 +72,6 @@ _IDLE_TICK_S = 0.5  # a heartbeat thread looks at its slot at least this often
 # How long a stopped body run in its slot's thread may take to return before the watchdog
 # gives up on it: a cooperative body (async, generator) unwinds well within it.
 ABANDON_AFTER_S = 1.0
-
-
-class Abandoned(BaseException):
-    """Raised in a slot thread whose body returned after the watchdog had given up on it:
-    the attempt was concluded by another thread, which serves the slot now. A BaseException,
-    so that no handler meant for errors catches it on the way out of the thread."""
 
 
 # where a body run in its slot's thread is (Attempt._inline)
