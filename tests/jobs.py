@@ -397,16 +397,6 @@ async def wait_to_be_cancelled(path: str) -> str:
     return "not cancelled"
 
 
-def signal_the_worker_then_die() -> None:
-    """An ``on_start`` hook: a SIGTERM for the whole process group, as scancel sends it,
-    reaches the worker and this child before the child could ignore it."""
-    import signal
-
-    os.kill(os.getppid(), signal.SIGTERM)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
 def length(s: str) -> int:
     return len(s)
 

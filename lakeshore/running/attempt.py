@@ -527,6 +527,9 @@ def conclude(
     whole journal. A retried attempt gets no END/ERROR: readers move on to the next attempt.
     """
     ops = att.ops
+    handed_back = outcome.verdict == "release"  # the worker lost sight of the body
+    if handed_back:
+        outcome = Outcome("stopped")
     with att.lock:
         held = att.held
         rec, token = held.record, held.token
@@ -535,7 +538,7 @@ def conclude(
         if outcome.verdict == "stopped" and att.why in ("released", ""):
             # released at the end of a shutdown's grace, or interrupted by a signal meant
             # for the whole worker: handed back, the attempt not counted
-            att.interrupted = att.why == ""
+            att.interrupted = att.why == "" and not handed_back
             _quietly(journal.close)
             try:
                 ops.finish(held, lifecycle.release(rec, token, now), retry_while=_lease_holds(att))

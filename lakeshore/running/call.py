@@ -58,8 +58,9 @@ POLL_S = 0.02  # how often an async body's watcher looks at the stop flag
 @dataclass
 class Outcome:
     """How an attempt ended, its ``verdict``: ``ok`` (with ``value``, None for a streaming
-    body), ``error`` (with ``error``) or ``stopped`` (the stop event fired first; nothing to
-    report)."""
+    body), ``error`` (with ``error``), ``stopped`` (the stop event fired first; nothing to
+    report) or ``release`` (the worker lost sight of the body, through no fault of the
+    body's: killed, it is handed back, the attempt not counted)."""
 
     verdict: str
     value: bytes | None = None

@@ -10,7 +10,10 @@ imports nothing of the worker's and holds no thread, client or connection, so a 
 starts clean, as under ``spawn``: it imports the worker's script (``__main__``) and the body's
 module itself, in the worker's working directory, and its hooks and bodies see the worker's
 environment as it was when the child started (the script's import sees the server's, taken
-when the worker's first child started). Elsewhere children are spawned.
+when the worker's first child started). The server ignores a SIGTERM for the whole process
+group (:mod:`lakeshore.running.preload`), so that how a child ended stays known; should the
+server die all the same, a child that still runs is killed and its attempt handed back.
+Elsewhere children are spawned.
 
 Stopping a body (cancel, timeout, lease lost, shutdown) kills the child; the next attempt
 starts a fresh one. A body that crashes the interpreter takes only its child down.
@@ -192,6 +195,8 @@ def _serve(conn: Any, hooks: Hooks, env: dict[str, str] | None = None) -> None:
     # worker's decision (finish within the grace, else release), so the child ignores them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):  # the fork server ignores it; a body gets the default
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     logging.getLogger().setLevel(logging.INFO)  # a body's INFO records are captured too
     lock = threading.Lock()  # the body's thread and a logging thread may both send
 
@@ -284,7 +289,7 @@ def _context() -> Any:
     ctx = mp.get_context("forkserver")
     # only what a server that is not running yet will import; the worker's __main__ is not
     # among them (the stdlib's default): each child imports it, as a spawned one would
-    ctx.set_forkserver_preload([__name__])
+    ctx.set_forkserver_preload(["lakeshore.running.preload"])
     return ctx
 
 
@@ -318,6 +323,7 @@ class ChildProcess:
         self.conn: Any = None
         self.starts = 0
         self.last_exit: int | None = None
+        self.lost_server = False  # the last start failed because the fork server died
 
     def _start(self, stop: threading.Event) -> bool:
         missing = _main_script_missing()
@@ -329,6 +335,7 @@ class ChildProcess:
                 'save the script as a file and run that, or run the worker with isolation="thread"',
             )
         ctx = _context()
+        self.lost_server = False
         parent, child = ctx.Pipe(duplex=True)
         # the environment as the worker has it now: a forked child would otherwise have
         # the fork server's, from when it started (the working directory travels anyway)
@@ -345,6 +352,7 @@ class ChildProcess:
         while not parent.poll(POLL_S):  # on_start may take long: loading a model, say
             if stop.is_set() or not self.proc.is_alive():
                 self.last_exit = self.proc.exitcode
+                self.lost_server = self._orphaned()
                 self.kill()
                 return self._check_script_reran()
         try:
@@ -402,6 +410,8 @@ class ChildProcess:
         if (self.proc is None or not self.proc.is_alive()) and not self._start(stop):
             if stop.is_set() or self._interrupted(self.last_exit):
                 return Outcome("stopped")
+            if self.lost_server:
+                return Outcome("release")
             return _died(self.last_exit)
         try:
             self.conn.send(("call", call))
@@ -456,11 +466,28 @@ class ChildProcess:
     def _died_during(self, call: BodyCall) -> Outcome:
         """The child ended without answering. Killed by SIGTERM/SIGINT — a signal for the
         whole process group (Ctrl-C, scancel) that reached it before it could ignore it —
-        the attempt was interrupted, not failed: the worker hands it back."""
+        the attempt was interrupted, not failed: the worker hands it back. So it is when
+        the fork server was lost (killed) while the child still ran: the child is killed
+        (it would run on unseen) and the attempt handed back."""
         self.proc.join(5)
         code = self.proc.exitcode
+        orphaned = self._orphaned()
         self._kill_during(call)
+        if orphaned:
+            return Outcome("release")
         return Outcome("stopped") if self._interrupted(code) else _died(code)
+
+    def _orphaned(self) -> bool:
+        """The child's process looks ended, yet it still holds its end of the pipe: its fork
+        server died (multiprocessing then reports exit code 255) and the child runs on."""
+        if self.proc is None or self.conn is None or self.proc.exitcode != _SERVER_LOST:
+            return False
+        try:
+            while self.conn.poll(0):  # what it sent before: it is being killed anyway
+                self.conn.recv()
+        except (EOFError, OSError):
+            return False  # it closed its end: it did end
+        return True
 
     def _interrupted(self, code: int | None) -> bool:
         return code in _GROUP_SIGNALS and self.signalled()
@@ -482,6 +509,9 @@ class ChildProcess:
         if self.proc is not None:
             if self.proc.is_alive():
                 self.proc.kill()
+            elif self._orphaned():  # by pid: the pipe it holds shows it still runs
+                with contextlib.suppress(OSError):
+                    os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.join(5)
         if self.conn is not None:
             self.conn.close()
@@ -499,6 +529,7 @@ class ChildProcess:
 
 
 _GROUP_SIGNALS = (-signal.SIGTERM, -signal.SIGINT)
+_SERVER_LOST = 255  # multiprocessing's exit code for a forked child whose server is gone
 _WIND_UP_S = 5.0  # how long a child refused a publish may take to report it stopped
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ import lakeshore as dls
 from lakeshore.store import MemoryStore
 from tests import jobs
 from tests.conftest import make_plane
+from tests.waiting import alive, poll
 
 PROBE = "LAKESHORE_TEST_BODY_ENV"
 
@@ -39,3 +43,78 @@ def test_body_processes_are_forked_from_a_server_not_started_by_the_worker_itsel
     q = make_plane(MemoryStore())
     first, second = _run_one(q, jobs.parent_pid), _run_one(q, jobs.parent_pid)
     assert first == second != os.getpid()  # one server, which the worker started
+
+
+def _worker_in_thread(q: dls.Dispatch, stop: threading.Event) -> threading.Thread:
+    t = threading.Thread(
+        target=dls.run_worker,
+        args=(q,),
+        kwargs={"isolation": "process", "stop": stop, "max_poll_s": 0.05, "grace_s": 0},
+        daemon=True,
+    )
+    t.start()
+    return t
+
+
+@pytest.mark.skipif("forkserver" not in mp.get_all_start_methods(), reason="spawned here")
+def test_a_group_sigterm_leaves_the_fork_server_and_its_running_body_alone(
+    tmp_path: Path,
+) -> None:
+    from multiprocessing import forkserver
+
+    q = make_plane(MemoryStore(), max_attempts=3)
+    gate = tmp_path / "gate"
+    inv = q.udf(jobs.pid_after_file).submit(str(gate))
+    stop = threading.Event()
+    t = _worker_in_thread(q, stop)
+    try:
+        pidfile = Path(f"{gate}.pid")
+        body = int(poll(lambda: pidfile.exists() and pidfile.read_text(), what="body started"))
+        server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        assert server is not None and server != os.getpid()
+        os.kill(server, signal.SIGTERM)  # what a SIGTERM for the worker's group does to it
+        os.kill(server, signal.SIGHUP)
+        # the server went on: it forks the next child, and the body runs to its end
+        assert forkserver._forkserver._forkserver_alive_fd is not None  # type: ignore[attr-defined]
+        assert alive(server) and alive(body)
+        gate.write_text("go")
+        assert q.result(inv, timeout=30) == body
+        assert q.get(inv).attempt == 1  # ran once, no retry beside it
+    finally:
+        gate.write_text("go")
+        stop.set()
+        t.join(60)
+
+
+@pytest.mark.skipif("forkserver" not in mp.get_all_start_methods(), reason="spawned here")
+def test_a_body_whose_fork_server_was_killed_is_killed_and_its_attempt_handed_back(
+    tmp_path: Path,
+) -> None:
+    from multiprocessing import forkserver
+
+    q = make_plane(MemoryStore(), max_attempts=3)
+    gate = tmp_path / "gate"
+    inv = q.udf(jobs.pid_after_file).submit(str(gate))
+    stop = threading.Event()
+    t = _worker_in_thread(q, stop)
+    first = 0
+    try:
+        pidfile = Path(f"{gate}.pid")
+        first = int(poll(lambda: pidfile.exists() and pidfile.read_text(), what="body started"))
+        server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        os.kill(server, signal.SIGKILL)
+        # the orphaned body is killed, not left to run beside its retry
+        poll(lambda: not alive(first), timeout=30, what="the orphaned body killed")
+        second = int(poll(lambda: pidfile.read_text() != str(first) and pidfile.read_text()))
+        assert second != first and not alive(first)
+        gate.write_text("go")
+        assert q.result(inv, timeout=30) == second
+        # handed back, not counted as a failure: no error on the record
+        rec = q.get(inv)
+        assert rec.state == "succeeded" and rec.error is None
+    finally:
+        gate.write_text("go")
+        stop.set()
+        t.join(60)
+        if first and alive(first):
+            os.kill(first, signal.SIGKILL)  # the body this test started

@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     (
         "running bodies",
-        {"run", "running", "running.call", "running.child", "running.bodies"},
+        {"run", "running", "running.call", "running.child", "running.preload", "running.bodies"},
     ),
     (
         "the plane and what takes it",
