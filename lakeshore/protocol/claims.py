@@ -36,7 +36,7 @@ from lakeshore.errors import (
 from lakeshore.keys import QueueKeys
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, write_id
-from lakeshore.protocol.lanes import HELP_WITHIN_S, Lanes
+from lakeshore.protocol.lanes import HELP_WITHIN_S, Lanes, ring
 from lakeshore.protocol.steps import (
     CLAIM_FENCE_S,
     MARKER_MAX,
@@ -266,8 +266,9 @@ class Claimer:
                     return bool(self._listing)
             names = self._lanes.survey(self.ops.store, now)
             if names is not None:
+                census = ring(names) if self._lanes.changed(names) else None
                 with self._lock:
-                    self._lanes.number(names)
+                    self._lanes.number(census)
             fresh: list[ObjectInfo] = []
             seen: set[str] = set()
             start, resume, last = self._resume, None, None
@@ -304,7 +305,7 @@ class Claimer:
         with self._lock:
             if time.monotonic() - self._listed_at > _LISTING_S:
                 self._listing = []
-            lanes = self._lanes.count > 1
+            lanes = self._lanes.active
             head: list[int] = []
             band = None
             for i, info in enumerate(self._listing):
@@ -334,13 +335,17 @@ class Claimer:
             self._trying.add(info.key)
             return info
 
-    def _collided(self, lost: bool, key: str = "") -> None:
+    def _collided(self, lost: bool, key: str = "", raced: bool = True) -> None:
+        """A claim went through (``lost`` False) or met another process's: a race lost on
+        ``key`` (``raced``), or ``key`` found taken since it was listed."""
         # widen fast, narrow slowly: among busy workers the spread stays wide (few races);
         # a worker left alone is back to strict order after a run of clean claims
         with self._lock:
             self._taken += _TAKEN_WEIGHT * (lost - self._taken)
-            if lost:
+            if lost and raced:
                 self._lanes.collided(key)
+            elif lost:
+                self._lanes.contended()
             if lost:
                 self._spread, self._clean = min(self._spread * 4, _MAX_SPREAD), 0
             else:
@@ -422,7 +427,7 @@ class Claimer:
                 if rec.lease is not None and rec.lease.worker != self.worker:
                     # taken by another process since we listed it: spread out as after a
                     # lost race, or this process keeps walking just behind the other
-                    self._collided(True, info.key)
+                    self._collided(True, info.key, raced=False)
                 return None, moved
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
@@ -434,8 +439,9 @@ class Claimer:
             self.ops.free_slot(nxt)
             rec, moved = nxt, True
         if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
-            over = min(rec.finished_at or 0.0, now)
-            if not moved and rec.state in _TIDIED and over > now - _TIDY_GRACE_S:
+            over = rec.finished_at or 0.0
+            # (a time ahead of a clock's slack is a skewed or forged one: not waited for)
+            if not moved and rec.state in _TIDIED and now - _TIDY_GRACE_S < over <= now + _SLACK_S:
                 # a worker ended it just now: its batch delete is on the way
                 self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), over + _TIDY_GRACE_S)
                 return None, moved
@@ -527,8 +533,10 @@ class Claimer:
         left out of this listing."""
         with self._lock:
             lanes = self._lanes
+            if not lanes.active:
+                return
             lane = lanes.lane(key)
-            if lanes.count > 1 and lane != lanes.index:
+            if lane != lanes.index:
                 self._listing = [
                     i for i in self._listing if i.key > key or lanes.lane(i.key) != lane
                 ]
@@ -565,7 +573,9 @@ class Claimer:
         try:
             new_etag = self.ops.cas(running, etag)
         except Conflict:
-            self._collided(True, info.key)
+            # a record that changed since it was read: a race with a claimer at work now;
+            # a record that existed already: taken at any time since the listing
+            self._collided(True, info.key, raced=not unclaimed(etag))
             self._taken_or_over(info.key)
             if unclaimed(etag):  # its record exists: the next look reads that instead
                 self._lost_create(info.key, etag)

@@ -11,14 +11,17 @@ a ticket belongs to the worker whose point follows the hash of its key. A worker
 or goes moves only the tickets next to its own points, so two processes whose censuses
 differ by a worker (one started a moment ago) disagree about few tickets. A process claims
 
-1. the oldest ticket of its own lane, or of a lane it adopted;
-2. with its own lanes empty in a listing at most ``HELP_WITHIN_S`` old (else it lists again
+1. the oldest ticket of its own lane, or one that has waited in the listings for ``STUCK_S``
+   whichever lane it is in (its owner runs long bodies, has stopped, or serves other
+   queues), unless a claim of a waiting ticket of that lane lost a race lately (its owner
+   is back);
+2. with none of those in a listing at most ``HELP_WITHIN_S`` old (else it lists again
    first), a random one of the newest quarter of the lane with the most tickets (the lane's
    owner works from the older end, where what it took lingers until its batch delete).
 
-A lane whose oldest ticket stayed the same for ``STUCK_S`` (its owner runs long bodies, has
-stopped, or serves other queues) is adopted: claimed oldest first, as one's own, until a
-claim on it collides with another process (its owner is back) or it runs empty.
+Lanes apply only while another process is seen claiming from the same queue (a race lost,
+a ticket found taken) within ``CONTENDED_S``: the census counts the namespace's workers, some
+of which serve other queues, and a process alone on its queue claims in strict order.
 
 Only the order of the picks depends on lanes: every claim is still one conditional write,
 so a census that is stale, or that two processes took differently, costs races, never an
@@ -32,80 +35,122 @@ import hashlib
 import logging
 import math
 import random
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from lakeshore.errors import LakeshoreError
 from lakeshore.keys import QueueKeys, worker_key, workers_prefix
 from lakeshore.store.base import ObjectInfo, Store
 
-__all__ = ["HELP_WITHIN_S", "STUCK_S", "Lanes"]
+__all__ = ["CONTENDED_S", "HELP_WITHIN_S", "STUCK_S", "Lanes", "Ring", "ring"]
 
 log = logging.getLogger("lakeshore.worker")
 
 FRESH_S = 100.0  # a sign of life written this recently counts (workers write one every 30 s)
 CENSUS_MAX_S = 30.0  # the longest interval between two censuses
-_CENSUS_KEYS = 10_000  # keys looked at per census at most
-STUCK_S = 5.0  # a lane whose oldest ticket has not moved for this long is adopted
+# signs of life looked at per census at most (a LIST page is 1,000; gc --older-than prunes
+# the keys of workers long gone): past it, the census is cut short
+_CENSUS_KEYS = 100_000
+_NAMES_MAX = 10_000  # workers numbered at most (the rest only take waiting tickets)
+_FUTURE_S = 30.0  # a sign of life dated later than now by more than this does not count
+STUCK_S = 5.0  # a ticket that has waited in the listings this long is anyone's
+CONTENDED_S = 120.0  # lanes apply while another process was seen claiming this recently
+_CACHE_MAX = 8192  # lanes of ticket keys remembered (until the census changes)
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")  # what worker_key leaves of a name
 HELP_WITHIN_S = 0.25  # another lane is helped from a listing at most this old
 POINTS = 64  # points of each worker on the ring: lanes of about equal size (within ±20 %)
 _RING_MAX = 16_384  # points in all: among thousands of workers, fewer each
 
 
 def _hash(text: str) -> int:
-    # well mixed: names and keys that differ in a character or two land far apart
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+    # well mixed: names and keys that differ in a character or two land far apart; a key
+    # listed from a shared folder may hold any code point (surrogatepass: never an error)
+    data = text.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A census on the hash ring: the names (sorted), each point and the lane it starts."""
+
+    names: tuple[str, ...]
+    points: tuple[int, ...]
+    owners: tuple[int, ...]
+
+
+def ring(names: list[str]) -> Ring:
+    """The ring of the workers ``names`` (pure; thousands of names take a fraction of a
+    second, so the caller builds it outside its lock)."""
+    ranked = sorted(set(names))
+    each = max(8, min(POINTS, _RING_MAX // max(1, len(ranked))))
+    pairs = sorted(
+        (_hash(f"{name}/{v}"), lane) for lane, name in enumerate(ranked) for v in range(each)
+    )
+    return Ring(tuple(ranked), tuple(p for p, _ in pairs), tuple(lane for _, lane in pairs))
 
 
 class Lanes:
     """The lanes of one worker process on one queue. Not thread-safe: the caller holds its
-    lock around everything but ``survey`` (which sends the request)."""
+    lock around everything but ``survey`` (which sends the request) and :func:`ring`."""
 
     def __init__(self, keys: QueueKeys, worker: str, ticks: Callable[[], float]) -> None:
         self._prefix = workers_prefix(keys.ns)
-        self._me = worker_key(keys.ns, worker)[len(self._prefix) :]
+        self.me = worker_key(keys.ns, worker)[len(self._prefix) :]
         self._ticks = ticks
         self.index, self.count = 0, 1
-        self._names: list[str] = []
-        self._points: list[int] = []  # the ring, sorted
-        self._owners: list[int] = []  # the lane of each point
+        self._ring = Ring((self.me,), (), ())
         self._census_due = -math.inf
         self._census_every = 1.0
         self._counted = False  # no census taken yet
-        self._heads: dict[int, tuple[str, float]] = {}  # lane -> its oldest ticket, since when
-        self._adopted: set[int] = set()
+        self._cache: dict[str, int] = {}  # ticket key -> its lane, for this census
+        self._waiting: dict[str, float] = {}  # listed ticket key -> when first listed
+        self._wary: dict[int, float] = {}  # lane -> until when its owner is deemed back
+        self._contended = -math.inf  # when another process was last seen claiming here
+
+    @property
+    def active(self) -> bool:
+        """Whether lanes order the picks: other workers are counted, and one of them was
+        seen claiming from this queue lately."""
+        return self.count > 1 and self._ticks() - self._contended < CONTENDED_S
+
+    def contended(self) -> None:
+        """Another process claims from this queue: a race lost, or a pick found taken."""
+        self._contended = self._ticks()
 
     def survey(self, store: Store, now: float) -> list[str] | None:
-        """The names of the workers seen lately, if a census is due (one LIST of their signs
-        of life); else None."""
+        """The names of the workers seen lately, if a census is due (a LIST of their signs
+        of life, a page per 1,000); else None."""
         if self._ticks() < self._census_due:
             return None
         self._census_due = self._ticks() + self._census_every  # one survey at a time
-        names = [self._me]
+        names = [self.me]
         try:
             for seen, info in enumerate(store.list(self._prefix)):
                 if seen >= _CENSUS_KEYS:
+                    log.debug("worker census cut short at %d signs of life", seen)
                     break
-                if info.last_modified >= now - FRESH_S:
-                    names.append(info.key[len(self._prefix) :])
+                name = info.key[len(self._prefix) :]
+                # a time far ahead is a skewed clock or a forged key: it would count forever
+                fresh = now - FRESH_S <= info.last_modified <= now + _FUTURE_S
+                if fresh and _NAME.fullmatch(name) and len(names) < _NAMES_MAX:
+                    names.append(name)
         except LakeshoreError as e:  # no census: the order of the picks is all it changes
             log.debug("worker census failed: %s", e)
         return names
 
-    def number(self, names: list[str]) -> None:
-        """Take the census ``names`` (from :meth:`survey`)."""
-        ranked = sorted(set(names))
-        if ranked != self._names or not self._counted:
-            self._names = ranked
-            self.index, self.count = ranked.index(self._me), len(ranked)
-            ring = sorted(
-                (_hash(f"{name}/{v}"), lane)
-                for lane, name in enumerate(ranked)
-                for v in range(max(8, min(POINTS, _RING_MAX // len(ranked))))
-            )
-            self._points = [point for point, _ in ring]
-            self._owners = [lane for _, lane in ring]
-            self._heads.clear()
-            self._adopted.clear()
+    def changed(self, names: list[str]) -> bool:
+        """Whether the census ``names`` differs from the one in use (then build its
+        :func:`ring` and :meth:`number` it)."""
+        return not self._counted or tuple(sorted(set(names))) != self._ring.names
+
+    def number(self, census: Ring | None) -> None:
+        """Take a census: its ring, or None when it did not change."""
+        if census is not None:
+            self._ring = census
+            self.index, self.count = census.names.index(self.me), len(census.names)
+            self._cache.clear()
+            self._wary.clear()
             self._census_every = 1.0  # workers come in waves: look again soon
             self._counted = True
         else:
@@ -115,32 +160,34 @@ class Lanes:
     def lane(self, key: str) -> int:
         if self.count == 1:
             return 0
-        at = bisect.bisect(self._points, _hash(key))
-        return self._owners[at % len(self._owners)]
+        lane = self._cache.get(key)
+        if lane is None:
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            at = bisect.bisect(self._ring.points, _hash(key))
+            lane = self._cache[key] = self._ring.owners[at % len(self._ring.owners)]
+        return lane
 
     def observe(self, listing: list[ObjectInfo]) -> None:
-        """A new listing (in claim order, without what this process skips): note each lane's
-        oldest ticket, adopting lanes whose oldest ticket has not moved for ``STUCK_S``."""
+        """A new listing (in claim order, without what this process skips): note since when
+        each ticket has been listed. A census that changes does not reset it."""
         now = self._ticks()
-        heads: dict[int, tuple[str, float]] = {}
-        for info in listing:
-            lane = self.lane(info.key)
-            if lane not in heads:
-                was = self._heads.get(lane)
-                heads[lane] = (info.key, was[1] if was is not None and was[0] == info.key else now)
-        self._heads = heads
-        self._adopted = {
-            lane
-            for lane, (_, since) in heads.items()
-            if lane != self.index and (lane in self._adopted or now - since >= STUCK_S)
-        }
+        self._waiting = {info.key: self._waiting.get(info.key, now) for info in listing}
+        self._wary = {lane: until for lane, until in self._wary.items() if until > now}
+
+    def _mine(self, key: str, now: float) -> bool:
+        lane = self.lane(key)
+        if lane == self.index:
+            return True
+        return now - self._waiting.get(key, now) >= STUCK_S and self._wary.get(lane, 0.0) <= now
 
     def pick(self, candidates: list[ObjectInfo]) -> int | None:
         """Which of ``candidates`` (in claim order) to claim: the index of the oldest of this
-        process's lanes; None when there is none (see :meth:`help`)."""
+        process's lane or of those that waited ``STUCK_S``; None when there is none (see
+        :meth:`help`)."""
+        now = self._ticks()
         for i, info in enumerate(candidates):
-            lane = self.lane(info.key)
-            if lane == self.index or lane in self._adopted:
+            if self._mine(info.key, now):
                 return i
         return None
 
@@ -157,5 +204,9 @@ class Lanes:
         return random.choice(fullest[len(fullest) - max(1, len(fullest) // 4) :])
 
     def collided(self, key: str) -> None:
-        """A claim of ``key`` met another process's: its lane is served by someone."""
-        self._adopted.discard(self.lane(key))
+        """A claim of ``key`` lost a race: its lane's owner is back, so its waiting tickets
+        are left to it for ``STUCK_S``."""
+        self.contended()
+        lane = self.lane(key)
+        if lane != self.index:
+            self._wary[lane] = self._ticks() + STUCK_S

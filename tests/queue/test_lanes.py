@@ -10,7 +10,7 @@ from typing import Any
 from lakeshore import codec
 from lakeshore.keys import QueueKeys, worker_key
 from lakeshore.protocol.claims import Claimer
-from lakeshore.protocol.lanes import STUCK_S, Lanes
+from lakeshore.protocol.lanes import STUCK_S, Lanes, ring
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode
@@ -52,6 +52,10 @@ def _alive(store: MemoryStore, ns: str, *workers: str) -> None:
         store.put(worker_key(ns, w), codec.encode({"worker": w, "seen_at": store.now()}))
 
 
+def _number(lanes: Lanes, names: list[str]) -> None:
+    lanes.number(ring(names) if lanes.changed(names) else None)
+
+
 def _ticket(i: int) -> ObjectInfo:
     return ObjectInfo(f"lakeshore/ns/q/_tickets/5/{i:026d}", f"e{i}", 500, 0.0)
 
@@ -62,20 +66,20 @@ def test_a_census_numbers_the_workers_seen_lately_and_looks_again_sooner_when_it
     _alive(store, "ns", "a", "c")
     names = lanes.survey(store, store.now())
     assert names is not None
-    lanes.number(names)
+    _number(lanes, names)
     assert (lanes.index, lanes.count) == (1, 3)  # a, b, c
     assert lanes.survey(store, store.now()) is None  # not due yet
     ticks.t += 1.0
     names = lanes.survey(store, store.now())
     assert names is not None
-    lanes.number(names)  # the same census: the next one is twice as far
+    _number(lanes, names)  # the same census: the next one is twice as far
     ticks.t += 1.5
     assert lanes.survey(store, store.now()) is None
     ticks.t += 0.5
     _alive(store, "ns", "d")
     names = lanes.survey(store, store.now())
     assert names is not None
-    lanes.number(names)
+    _number(lanes, names)
     assert (lanes.index, lanes.count) == (1, 4)
     ticks.t += 1.0  # changed: looked at again after a second
     assert lanes.survey(store, store.now()) is not None
@@ -91,7 +95,7 @@ def test_a_census_leaves_out_signs_of_life_older_than_its_window() -> None:
 
 def test_a_process_takes_its_own_lane_oldest_first_and_helps_the_fullest_from_its_new_end() -> None:
     lanes = Lanes(QueueKeys("ns", "q"), "w", Ticks())
-    lanes.number(["v", "w"])
+    _number(lanes, ["v", "w"])
     listing = [_ticket(i) for i in range(40)]
     mine = [i for i, t in enumerate(listing) if lanes.lane(t.key) == lanes.index]
     assert lanes.pick(listing) == mine[0]
@@ -101,10 +105,10 @@ def test_a_process_takes_its_own_lane_oldest_first_and_helps_the_fullest_from_it
     assert helped <= set(range(len(others) - len(others) // 4, len(others)))
 
 
-def test_a_lane_whose_oldest_ticket_stays_put_is_adopted_until_a_claim_on_it_collides() -> None:
+def test_a_ticket_that_waited_is_anyones_until_a_race_on_its_lane_is_lost() -> None:
     ticks = Ticks()
     lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
-    lanes.number(["v", "w"])
+    _number(lanes, ["v", "w"])
     listing = [_ticket(i) for i in range(40)]
     theirs = [t for t in listing if lanes.lane(t.key) != lanes.index]
     lanes.observe(listing)
@@ -112,10 +116,16 @@ def test_a_lane_whose_oldest_ticket_stays_put_is_adopted_until_a_claim_on_it_col
     lanes.observe(listing)
     assert lanes.pick(theirs) is None  # not yet
     ticks.t += 0.2
+    _number(lanes, ["u", "v", "w"])  # a census that changed keeps how long tickets waited
     lanes.observe(listing)
-    assert lanes.pick(theirs) == 0  # adopted: its oldest first, as one's own
-    lanes.collided(theirs[0].key)
-    assert lanes.pick(theirs) is None
+    theirs = [t for t in listing if lanes.lane(t.key) != lanes.index]
+    assert lanes.pick(theirs) == 0  # waited: oldest first, as one's own
+    lanes.collided(theirs[0].key)  # its owner is back
+    rest = [t for t in theirs if lanes.lane(t.key) != lanes.lane(theirs[0].key)]
+    assert lanes.pick(theirs) == theirs.index(rest[0])  # that lane is left to its owner
+    ticks.t += STUCK_S + 0.1
+    lanes.observe(listing)
+    assert lanes.pick(theirs) == 0  # for a while
 
 
 def test_two_processes_with_signs_of_life_claim_apart_with_no_lost_create() -> None:
@@ -128,6 +138,8 @@ def test_two_processes_with_signs_of_life_claim_apart_with_no_lost_create() -> N
     ticks = Ticks()  # frozen: no census is due again
     a = Claimer(QueueOps(store, keys), "w1", ticks)
     b = Claimer(QueueOps(store, keys), "w2", ticks)
+    for c in (a, b):  # each has seen the other claim from this queue
+        c._lanes.contended()
     got: list[str] = []
     for _ in range(10):  # in turn, each from its own listing (reused between its claims)
         for c in (a, b):
@@ -155,12 +167,12 @@ def test_lanes_are_about_equal_and_a_worker_more_moves_only_its_share() -> None:
     keys = [_ticket(i).key for i in range(8000)]
     names = [f"node{i}_{4000 + i}" for i in range(16)]
     one, more = Lanes(QueueKeys("ns", "q"), "node0_4000", Ticks()), None
-    one.number(names)
+    _number(one, names)
     sizes = Counter(one.lane(k) for k in keys)
     assert len(sizes) == 16
     assert max(sizes.values()) < 1.35 * 8000 / 16 and min(sizes.values()) > 0.65 * 8000 / 16
     more = Lanes(QueueKeys("ns", "q"), "node0_4000", Ticks())
-    more.number([*names, "late_1"])
+    _number(more, [*names, "late_1"])
     owner = dict(enumerate(sorted(names)))
     owner_more = dict(enumerate(sorted([*names, "late_1"])))
     moved = sum(owner[one.lane(k)] != owner_more[more.lane(k)] for k in keys)
