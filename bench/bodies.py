@@ -35,6 +35,10 @@ def gate() -> None:
         time.sleep(0.002)  # a file is the signal: another process creates it
 
 
-def nap(seconds: float) -> None:
-    """The scale benchmark's body: a slot busy for ``seconds``, the CPU left to the queue."""
+def nap(seconds: float) -> tuple[float, float]:
+    """The scale benchmark's body: a slot busy for ``seconds``, the CPU left to the queue.
+    Returns when it began and ended by this machine's clock, which every process shares (the
+    store's clock, from Date headers in whole seconds, is too coarse to time a drain with)."""
+    began = time.time()
     time.sleep(seconds)
+    return began, time.time()

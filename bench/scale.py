@@ -3,13 +3,16 @@
 Each shape gets a queue of its own holding N invocations submitted beforehand; then P
 ``lakeshore worker`` processes (the command line's defaults: process isolation, the default
 S3 client) are started, load, wait at a gate (``bench.scale_worker.py``) and are released
-together. Figures per shape, all in the store's clock:
+together. Figures per shape, by this machine's clock (each sleeping body reports when it
+began and ended; the store's clock, from Date headers in whole seconds, is too coarse to time
+a drain with; the no-op drains, which report nothing, are timed by it from their first claim):
 
 - **efficiency, start-up included**: the ideal drain (N × body ÷ P·S) over the time from the
   gate to the last outcome; everything a launched worker does before its slots are busy
   (opening the store, listing, starting body processes) counts;
 - **steady**: the same between the 100th and the N−100th outcome;
-- **first claim**: from the gate to each worker process's first claim (the slowest of them);
+- **first body**: from the gate to each worker process's first body starting (the slowest of
+  them), which is its first claim and the start of a body process;
 - **requests per invocation**: what the SeaweedFS server counted (its Prometheus counters, by
   S3 operation and status) while the workers ran, and the producer's submit and result reads
   apart;
@@ -19,6 +22,7 @@ Every id must have run exactly once (one attempt, one turn in its history).
 
     bash scripts/bench scale    # 1x32, 4x8, 16x2, 32x1 sleeping 0.5 s; no-op at 1, 2, 16
     bash scripts/bench scale --shapes 4x8 --jobs 300
+    BENCH_WORKER_ARGS="--isolation thread" bash scripts/bench scale   # extra worker options
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ def _launch(url: str, ns: str, processes: int, slots: int, gate: Path) -> list[A
         str(slots),
         "--log-level",
         "warning",
+        *os.environ.get("BENCH_WORKER_ARGS", "").split(),
     ]
     return [subprocess.Popen(cmd, env=env, text=True) for _ in range(processes)]
 
@@ -129,7 +134,7 @@ def shape(
     try:
         _wait_ready(procs, gate)
         c2 = server_counts(metrics)
-        released = q.store.now()
+        released = time.time()  # this machine's clock, as the bodies report (bench.bodies.nap)
         gate.touch()
         polled = _wait_done(q, ids, timeout=60 + 10 * n * (body_s or 0.05) / (processes * slots))
         for p in procs:
@@ -150,11 +155,16 @@ def shape(
     assert not bad, f"{len(bad)} invocations did not run exactly once, e.g. {bad[:3]}"
     if body_s is None:
         assert values == [i + 1 for i in range(n)]
-    finished = sorted(float(r.finished_at or 0.0) for r in recs)
+    if body_s is not None:  # when each body began and ended, by this machine's clock
+        spans = [(float(v[0]), float(v[1])) for v in values]
+    else:  # no-ops report nothing: the store's clock (whole seconds of Date headers)
+        released = min(float(r.history[0].started_at) for r in recs)
+        spans = [(float(r.history[0].started_at), float(r.finished_at or 0.0)) for r in recs]
+    finished = sorted(end for _, end in spans)
     first: dict[str, float] = {}
-    for r in recs:
-        turn = r.history[0]
-        first[turn.worker] = min(first.get(turn.worker, float("inf")), turn.started_at)
+    for r, (began, _) in zip(recs, spans, strict=True):
+        worker_id = r.history[0].worker
+        first[worker_id] = min(first.get(worker_id, float("inf")), began)
     drain_s = finished[-1] - released
     lo, hi = min(100, n // 6), max(n - 100, n - n // 6)
     steady_s = finished[hi - 1] - finished[lo - 1]
@@ -237,7 +247,7 @@ def _show(r: dict[str, Any]) -> None:
         perf = f"{r['drain_per_s']:.0f}/s"
     top = sorted(r["workers"].items(), key=lambda kv: -kv[1])[:6]
     print(
-        f"{what}  {perf}  first claim {r['first_claim_s']:.2f} s ({r['workers_claiming']} claimed)"
+        f"{what}  {perf}  first body {r['first_claim_s']:.2f} s ({r['workers_claiming']} claimed)"
         f"  requests/inv {r['requests_per_job']:.2f} (workers {r['worker_requests_per_job']:.2f})"
         f"  412/claim {r['lost_races_per_claim']:.3f}  workers: "
         + ", ".join(f"{k} {v / r['jobs']:.2f}" for k, v in top),

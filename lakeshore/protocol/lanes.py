@@ -11,10 +11,11 @@ a ticket belongs to the worker whose point follows the hash of its key. A worker
 or goes moves only the tickets next to its own points, so two processes whose censuses
 differ by a worker (one started a moment ago) disagree about few tickets. A process claims
 
-1. the oldest ticket of its own lane, or one that has waited in the listings for ``STUCK_S``
-   whichever lane it is in (its owner runs long bodies, has stopped, or serves other
-   queues), unless a claim of a waiting ticket of that lane lost a race lately (its owner
-   is back);
+1. the oldest ticket of its own lane, or of a lane it adopted: one whose oldest listed ticket
+   has stayed the same for ``STUCK_S`` (its owner runs long bodies, has stopped, or serves
+   other queues; a busy owner moves its lane's head every body's length), until a claim on
+   that lane loses a race (its owner is back) — a census that changes does not reset how
+   long a ticket has been at the head;
 2. with none of those in a listing at most ``HELP_WITHIN_S`` old (else it lists again
    first), a random one of the newest quarter of the lane with the most tickets (the lane's
    owner works from the older end, where what it took lingers until its batch delete).
@@ -54,7 +55,7 @@ CENSUS_MAX_S = 30.0  # the longest interval between two censuses
 _CENSUS_KEYS = 100_000
 _NAMES_MAX = 10_000  # workers numbered at most (the rest only take waiting tickets)
 _FUTURE_S = 30.0  # a sign of life dated later than now by more than this does not count
-STUCK_S = 5.0  # a ticket that has waited in the listings this long is anyone's
+STUCK_S = 5.0  # a lane whose oldest ticket has not moved for this long is adopted
 CONTENDED_S = 120.0  # lanes apply while another process was seen claiming this recently
 _CACHE_MAX = 8192  # lanes of ticket keys remembered (until the census changes)
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")  # what worker_key leaves of a name
@@ -104,7 +105,8 @@ class Lanes:
         self._census_every = 1.0
         self._counted = False  # no census taken yet
         self._cache: dict[str, int] = {}  # ticket key -> its lane, for this census
-        self._waiting: dict[str, float] = {}  # listed ticket key -> when first listed
+        self._since: dict[str, float] = {}  # a lane's oldest listed ticket -> since when
+        self._adopted: set[int] = set()  # lanes whose oldest ticket did not move for STUCK_S
         self._wary: dict[int, float] = {}  # lane -> until when its owner is deemed back
         self._contended = -math.inf  # when another process was last seen claiming here
 
@@ -151,6 +153,7 @@ class Lanes:
             self.index, self.count = census.names.index(self.me), len(census.names)
             self._cache.clear()
             self._wary.clear()
+            self._adopted.clear()  # lanes are numbered anew; the heads' times are kept
             self._census_every = 1.0  # workers come in waves: look again soon
             self._counted = True
         else:
@@ -169,25 +172,32 @@ class Lanes:
         return lane
 
     def observe(self, listing: list[ObjectInfo]) -> None:
-        """A new listing (in claim order, without what this process skips): note since when
-        each ticket has been listed. A census that changes does not reset it."""
+        """A new listing (in claim order, without what this process skips): note each lane's
+        oldest ticket and since when it has been, adopting the lanes where that stayed the
+        same for ``STUCK_S`` (an adopted lane stays adopted while it has tickets listed)."""
         now = self._ticks()
-        self._waiting = {info.key: self._waiting.get(info.key, now) for info in listing}
         self._wary = {lane: until for lane, until in self._wary.items() if until > now}
+        heads: dict[int, str] = {}
+        for info in listing:
+            heads.setdefault(self.lane(info.key), info.key)
+        self._since = {key: self._since.get(key, now) for key in heads.values()}
+        self._adopted = {
+            lane
+            for lane, key in heads.items()
+            if lane != self.index
+            and lane not in self._wary
+            and (lane in self._adopted or now - self._since[key] >= STUCK_S)
+        }
 
-    def _mine(self, key: str, now: float) -> bool:
+    def _mine(self, key: str) -> bool:
         lane = self.lane(key)
-        if lane == self.index:
-            return True
-        return now - self._waiting.get(key, now) >= STUCK_S and self._wary.get(lane, 0.0) <= now
+        return lane == self.index or lane in self._adopted
 
     def pick(self, candidates: list[ObjectInfo]) -> int | None:
         """Which of ``candidates`` (in claim order) to claim: the index of the oldest of this
-        process's lane or of those that waited ``STUCK_S``; None when there is none (see
-        :meth:`help`)."""
-        now = self._ticks()
+        process's lane or of a lane it adopted; None when there is none (see :meth:`help`)."""
         for i, info in enumerate(candidates):
-            if self._mine(info.key, now):
+            if self._mine(info.key):
                 return i
         return None
 
@@ -204,9 +214,10 @@ class Lanes:
         return random.choice(fullest[len(fullest) - max(1, len(fullest) // 4) :])
 
     def collided(self, key: str) -> None:
-        """A claim of ``key`` lost a race: its lane's owner is back, so its waiting tickets
-        are left to it for ``STUCK_S``."""
+        """A claim of ``key`` lost a race: its lane's owner is back, so the lane is left to it
+        (not adopted) for ``STUCK_S``."""
         self.contended()
         lane = self.lane(key)
         if lane != self.index:
             self._wary[lane] = self._ticks() + STUCK_S
+            self._adopted.discard(lane)

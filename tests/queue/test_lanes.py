@@ -105,7 +105,7 @@ def test_a_process_takes_its_own_lane_oldest_first_and_helps_the_fullest_from_it
     assert helped <= set(range(len(others) - len(others) // 4, len(others)))
 
 
-def test_a_ticket_that_waited_is_anyones_until_a_race_on_its_lane_is_lost() -> None:
+def test_a_lane_whose_oldest_ticket_stays_is_adopted_until_a_race_on_it_is_lost() -> None:
     ticks = Ticks()
     lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
     _number(lanes, ["v", "w"])
@@ -116,16 +116,29 @@ def test_a_ticket_that_waited_is_anyones_until_a_race_on_its_lane_is_lost() -> N
     lanes.observe(listing)
     assert lanes.pick(theirs) is None  # not yet
     ticks.t += 0.2
-    _number(lanes, ["u", "v", "w"])  # a census that changed keeps how long tickets waited
+    _number(lanes, ["u", "v", "w"])  # a census that changed keeps how long a head stayed
     lanes.observe(listing)
     theirs = [t for t in listing if lanes.lane(t.key) != lanes.index]
-    assert lanes.pick(theirs) == 0  # waited: oldest first, as one's own
+    assert lanes.pick(theirs) == 0  # adopted: oldest first, as one's own
     lanes.collided(theirs[0].key)  # its owner is back
     rest = [t for t in theirs if lanes.lane(t.key) != lanes.lane(theirs[0].key)]
     assert lanes.pick(theirs) == theirs.index(rest[0])  # that lane is left to its owner
     ticks.t += STUCK_S + 0.1
     lanes.observe(listing)
     assert lanes.pick(theirs) == 0  # for a while
+
+
+def test_a_lane_whose_owner_keeps_taking_its_oldest_ticket_is_never_adopted() -> None:
+    ticks = Ticks()
+    lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
+    _number(lanes, ["v", "w"])
+    listing = [_ticket(i) for i in range(200)]
+    for _ in range(40):  # 20 s of a deep backlog whose owner takes a ticket every 0.5 s
+        lanes.observe(listing)
+        theirs = [t for t in listing if lanes.lane(t.key) != lanes.index]
+        assert lanes.pick(theirs) is None
+        listing.remove(theirs[0])
+        ticks.t += 0.5
 
 
 def test_two_processes_with_signs_of_life_claim_apart_with_no_lost_create() -> None:
