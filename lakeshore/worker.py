@@ -603,12 +603,15 @@ def _count_done(state: _State, inv: str, run: Callable[[], Attempt]) -> None:
 def _drained(
     state: _State, claimers: list[Claimer], idle_exit: float, idle_since: float, max_poll_s: float
 ) -> bool:
-    """Idle for ``idle_exit`` seconds, and (when draining) no retry this worker has read is
-    still to come: a retry is work, so the worker stays for a claim pass after it is due
-    (one pause between polls later at most)."""
+    """Idle for ``idle_exit`` seconds, no work listed that was left to other workers' lanes
+    lately, and (when draining) no retry this worker has read is still to come: a retry is
+    work, so the worker stays for a claim pass after it is due (one pause between polls
+    later at most)."""
     if time.monotonic() - idle_since < idle_exit:
         return False
     grace = max_poll_s + 1.0
+    if any(c.held_back(grace) for c in claimers):
+        return False  # work is listed that other workers' lanes hold for now
     return not (state.wait_retries and any(c.retry_pending(grace) for c in claimers))
 
 

@@ -17,6 +17,7 @@ and narrows again after a run of clean claims.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import random
@@ -80,6 +81,15 @@ _TAKEN_WEIGHT = 0.1  # how fast the estimate of picks found taken follows the la
 _Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
 
 
+class _Resting(enum.Enum):
+    """A fresh listing held only work left to the other lanes' owners (``Lanes.help``)."""
+
+    RESTING = "resting"
+
+
+_RESTING = _Resting.RESTING
+
+
 class Claimer:
     """The claim scheduler of worker ``worker`` on the queue of ``ops``. A function worker
     claims function invocations only; a work queue's consumer (``payloads=True``) claims
@@ -96,6 +106,10 @@ class Claimer:
         self.ops = ops
         self.worker = worker  # its own leases are no collision
         self.payloads = payloads
+        # a consumer's claim answers None only when there is nothing to take: it never leaves
+        # work to the other lanes' owners (a worker's slot does, and polls again)
+        self._eager = payloads
+        self._held = -math.inf  # when a pass last left work to the other lanes' owners
         self._ticks = ticks  # elapsed time, never stepped, counting time suspended
         self._lock = threading.Lock()
         self._listing_lock = threading.Lock()  # one LIST in flight per worker
@@ -164,6 +178,14 @@ class Claimer:
                 and self._ticks() - self._retry_read < self._retry_wait + _SLACK_S + grace
             )
 
+    def held_back(self, grace: float = 0.0) -> bool:
+        """A pass within the last ``grace`` seconds left listed work to the other lanes'
+        owners (their lanes were short, or a pick to help had just been found taken): the
+        queue is not drained, and a worker waiting to drain it stays (should an owner be
+        gone, its lane is adopted after ``STUCK_S``)."""
+        with self._lock:
+            return self._ticks() - self._held < grace
+
     def _passed(self, began: float) -> None:
         """A pass that began at ``began`` found nothing to claim. If its listing looked at
         every ticket, each was judged no earlier than the earliest of: this pass's start,
@@ -209,7 +231,10 @@ class Claimer:
         with self._lock:
             self._passes.append(began)
         try:
-            return self._pass(now, began, lease_s, stopping)
+            got = self._pass(now, began, lease_s, stopping)
+            if got is None:
+                self.ops.hurry()  # nothing to claim: this process's finished tickets go now
+            return got
         finally:
             with self._lock:
                 self._passes.remove(began)
@@ -227,6 +252,10 @@ class Claimer:
                 return None
             now = max(now, self.ops.store.now())
             info = self._next_candidate(now)
+            if info is _RESTING:
+                with self._lock:
+                    self._held = self._ticks()
+                return None  # what is listed is left to the other lanes' owners for now
             if info is None:
                 if lists >= _LISTS_PER_CLAIM:
                     return None  # out of listings for this pass: not a pass over everything
@@ -297,7 +326,7 @@ class Claimer:
                 self._listing_now, self._listing_whole = now, whole
             return bool(fresh)
 
-    def _next_candidate(self, now: float) -> ObjectInfo | None:
+    def _next_candidate(self, now: float) -> ObjectInfo | _Resting | None:
         """Take a candidate from the listing. Alone on the queue: the oldest while claims go
         through, a random one of the head while they collide. Among other workers: by lanes
         (:mod:`lakeshore.protocol.lanes`). The pick stays inside the head's priority band:
@@ -328,7 +357,11 @@ class Claimer:
                 if mine is None and time.monotonic() - self._listed_at > HELP_WITHIN_S:
                     self._listing = []  # help other lanes only from a fresh listing
                     return None
-                pick = head[mine if mine is not None else self._lanes.help(listed)]
+                if mine is None:
+                    mine = self._lanes.help(listed, eager=self._eager)
+                    if mine is None:
+                        return _RESTING
+                pick = head[mine]
             else:
                 pick = random.choice(head)
             info = self._listing.pop(pick)
@@ -352,6 +385,16 @@ class Claimer:
                 self._clean += 1
                 if self._clean % _NARROW_AFTER == 0:
                     self._spread = max(1, self._spread // 2)
+
+    def _seen_another(self) -> None:
+        """Another process claims from this queue for sure (a record it read was claimed or
+        changed since): if the census counted nobody else and may be taken again (at most
+        every ``RECOUNT_S``), list again, taking the census with the listing — the other
+        announced itself after the last one. A create that lost is no such proof: the record
+        may have been there for long. Consumers (``payloads``) have no signs of life to count."""
+        with self._lock:
+            if not self._eager and self._lanes.count == 1 and self._lanes.census_due():
+                self._listing = []
 
     def _examine(
         self, info: ObjectInfo, now: float, record_first: bool = False
@@ -428,6 +471,7 @@ class Claimer:
                     # taken by another process since we listed it: spread out as after a
                     # lost race, or this process keeps walking just behind the other
                     self._collided(True, info.key, raced=False)
+                    self._seen_another()
                 return None, moved
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
@@ -535,6 +579,7 @@ class Claimer:
             lanes = self._lanes
             if not lanes.active:
                 return
+            lanes.missed(key)
             lane = lanes.lane(key)
             if lane != lanes.index:
                 self._listing = [
@@ -576,6 +621,8 @@ class Claimer:
             # a record that changed since it was read: a race with a claimer at work now;
             # a record that existed already: taken at any time since the listing
             self._collided(True, info.key, raced=not unclaimed(etag))
+            if not unclaimed(etag):
+                self._seen_another()
             self._taken_or_over(info.key)
             if unclaimed(etag):  # its record exists: the next look reads that instead
                 self._lost_create(info.key, etag)

@@ -5,7 +5,8 @@ which tickets another process has taken since: a pick that was taken costs a req
 (the ticket's read and a lost create, or the record's read). With many processes on one
 queue, and a queue running short, such picks would be most of the requests. So each process
 numbers the workers of its namespace — a listing of their signs of life, keys and times
-only, taken again after 1, 2, 4 … and then every 30 seconds — and gives each a lane: the
+only, taken again after 1, 2, 4 … and then every 30 seconds, and within ``RECOUNT_S`` when
+it counted nobody else and a race was lost — and gives each a lane: the
 workers' names are hashed to points on a ring (``POINTS`` each, fewer among thousands), and
 a ticket belongs to the worker whose point follows the hash of its key. A worker that comes
 or goes moves only the tickets next to its own points, so two processes whose censuses
@@ -18,7 +19,10 @@ differ by a worker (one started a moment ago) disagree about few tickets. A proc
    long a ticket has been at the head;
 2. with none of those in a listing at most ``HELP_WITHIN_S`` old (else it lists again
    first), a random one of the newest quarter of the lane with the most tickets (the lane's
-   owner works from the older end, where what it took lingers until its batch delete).
+   owner works from the older end, where what it took lingers until its batch delete) —
+   counting only a lane's tickets newer than the newest of it that such a pick found taken
+   or over (its owner took the older ones), leaving out lanes with fewer than ``HELP_MIN``
+   of them, and helping no lane for ``PAUSE_S`` after such a pick.
 
 Lanes apply only while another process is seen claiming from the same queue (a race lost,
 a ticket found taken) within ``CONTENDED_S``: the census counts the namespace's workers, some
@@ -44,12 +48,23 @@ from lakeshore.errors import LakeshoreError
 from lakeshore.keys import QueueKeys, worker_key, workers_prefix
 from lakeshore.store.base import ObjectInfo, Store
 
-__all__ = ["CONTENDED_S", "HELP_WITHIN_S", "STUCK_S", "Lanes", "Ring", "ring"]
+__all__ = [
+    "CONTENDED_S",
+    "HELP_MIN",
+    "HELP_WITHIN_S",
+    "PAUSE_S",
+    "RECOUNT_S",
+    "STUCK_S",
+    "Lanes",
+    "Ring",
+    "ring",
+]
 
 log = logging.getLogger("lakeshore.worker")
 
 FRESH_S = 100.0  # a sign of life written this recently counts (workers write one every 30 s)
 CENSUS_MAX_S = 30.0  # the longest interval between two censuses
+RECOUNT_S = 0.25  # a census that counted nobody else, while another claims here: taken again
 # signs of life looked at per census at most (a LIST page is 1,000; gc --older-than prunes
 # the keys of workers long gone): past it, the census is cut short
 _CENSUS_KEYS = 100_000
@@ -60,6 +75,12 @@ CONTENDED_S = 120.0  # lanes apply while another process was seen claiming this 
 _CACHE_MAX = 8192  # lanes of ticket keys remembered (until the census changes)
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")  # what worker_key leaves of a name
 HELP_WITHIN_S = 0.25  # another lane is helped from a listing at most this old
+# a lane is helped only with this many tickets listed: in a shorter one, what a helper would
+# take is what its owner takes next (and the tail of a drain is where helpers would race)
+HELP_MIN = 4
+# after a pick to help was found taken or over, no lane is helped for this long: the fullest
+# lane was tried first, so the others most likely hold what their owners took or ended too
+PAUSE_S = 0.5
 POINTS = 64  # points of each worker on the ring: lanes of about equal size (within ±20 %)
 _RING_MAX = 16_384  # points in all: among thousands of workers, fewer each
 
@@ -103,11 +124,16 @@ class Lanes:
         self._ring = Ring((self.me,), (), ())
         self._census_due = -math.inf
         self._census_every = 1.0
+        self._surveyed = -math.inf  # when the last census was taken
         self._counted = False  # no census taken yet
         self._cache: dict[str, int] = {}  # ticket key -> its lane, for this census
         self._since: dict[str, float] = {}  # a lane's oldest listed ticket -> since when
         self._adopted: set[int] = set()  # lanes whose oldest ticket did not move for STUCK_S
         self._wary: dict[int, float] = {}  # lane -> until when its owner is deemed back
+        # lane -> the newest of its tickets a pick to help found taken or over: its owner,
+        # which takes the oldest first, took the older ones too
+        self._floor: dict[int, str] = {}
+        self._pause_until = -math.inf  # no lane is helped before then
         self._contended = -math.inf  # when another process was last seen claiming here
 
     @property
@@ -117,15 +143,25 @@ class Lanes:
         return self.count > 1 and self._ticks() - self._contended < CONTENDED_S
 
     def contended(self) -> None:
-        """Another process claims from this queue: a race lost, or a pick found taken."""
-        self._contended = self._ticks()
+        """Another process claims from this queue: a race lost, or a pick found taken. With
+        nobody else in the census (it was taken before the other announced itself), the
+        census is taken again at the next listing, at most every ``RECOUNT_S``."""
+        now = self._ticks()
+        self._contended = now
+        if self.count == 1:
+            self._census_due = min(self._census_due, self._surveyed + RECOUNT_S)
+
+    def census_due(self) -> bool:
+        """Whether the next :meth:`survey` takes a census."""
+        return self._ticks() >= self._census_due
 
     def survey(self, store: Store, now: float) -> list[str] | None:
         """The names of the workers seen lately, if a census is due (a LIST of their signs
         of life, a page per 1,000); else None."""
-        if self._ticks() < self._census_due:
+        if not self.census_due():
             return None
-        self._census_due = self._ticks() + self._census_every  # one survey at a time
+        self._surveyed = self._ticks()
+        self._census_due = self._surveyed + self._census_every  # one survey at a time
         names = [self.me]
         try:
             for seen, info in enumerate(store.list(self._prefix)):
@@ -154,6 +190,7 @@ class Lanes:
             self._cache.clear()
             self._wary.clear()
             self._adopted.clear()  # lanes are numbered anew; the heads' times are kept
+            self._floor.clear()
             self._census_every = 1.0  # workers come in waves: look again soon
             self._counted = True
         else:
@@ -201,17 +238,38 @@ class Lanes:
                 return i
         return None
 
-    def help(self, candidates: list[ObjectInfo]) -> int:
+    def help(self, candidates: list[ObjectInfo], eager: bool = False) -> int | None:
         """Which of ``candidates`` (not empty, none of this process's lanes) to claim: its
-        index. Only from a fresh listing: in an old one, the other lanes hold what their
-        owners have taken since."""
+        index, or None when no lane has ``HELP_MIN`` tickets newer than its floor (see
+        :meth:`missed`) or helping pauses — unless ``eager`` (a caller that must take what
+        there is), which then helps the fullest lane anyway. Only from a fresh listing: in
+        an old one, the other lanes hold what their owners have taken since."""
+        now = self._ticks()
         members: dict[int, list[int]] = {}
         for i, info in enumerate(candidates):
-            members.setdefault(self.lane(info.key), []).append(i)
-        fullest = max(members.values(), key=len)
+            lane = self.lane(info.key)
+            if info.key > self._floor.get(lane, ""):
+                members.setdefault(lane, []).append(i)
+        fullest = max(members.values(), key=len, default=[])
+        if len(fullest) < HELP_MIN or now < self._pause_until:
+            if not eager:
+                return None
+            if not fullest:  # every one listed is below its lane's floor: they may be back
+                for i, info in enumerate(candidates):
+                    members.setdefault(self.lane(info.key), []).append(i)
+                fullest = max(members.values(), key=len)
         # its owner takes the oldest first, and what it took or ended lingers at that end
         # of the listing until its batch delete: the newest quarter is the safest to help with
         return random.choice(fullest[len(fullest) - max(1, len(fullest) // 4) :])
+
+    def missed(self, key: str) -> None:
+        """A pick of ``key`` found it taken or over: if it was another lane's, that lane's
+        tickets up to it are not helped with again (see :meth:`help`), and no lane is helped
+        for ``PAUSE_S``."""
+        lane = self.lane(key)
+        if lane != self.index:
+            self._floor[lane] = max(self._floor.get(lane, ""), key)
+            self._pause_until = self._ticks() + PAUSE_S
 
     def collided(self, key: str) -> None:
         """A claim of ``key`` lost a race: its lane's owner is back, so the lane is left to it

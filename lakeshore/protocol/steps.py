@@ -617,6 +617,10 @@ class QueueOps:
         if ``timeout`` passed first."""
         return self._tidier.flush(timeout)
 
+    def hurry(self) -> None:
+        """Send the pending ticket deletes now, without waiting for them."""
+        self._tidier.hurry()
+
 
 def corrupt_stub(
     keys: QueueKeys,

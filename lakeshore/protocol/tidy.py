@@ -5,8 +5,9 @@ ticket and free its admission slot. Neither is needed for the outcome to be visi
 background thread does them, and the slot moves on to its next claim at once. Ticket
 deletes are unconditional (each rerun has a ticket key of its own, see ``keys.ticket``),
 so they are batched: one ``delete_many`` (one S3 ``DeleteObjects`` request) for up to
-``BATCH`` tickets, sent once the oldest has waited ``BATCH_S`` seconds. A process that
-dies with deletes pending leaves stale tickets, which claimers delete when they meet them.
+``BATCH`` tickets, sent once the oldest has waited ``BATCH_S`` seconds, or at once when
+the worker finds nothing to claim. A process that dies with deletes pending leaves stale
+tickets, which claimers delete when they meet them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class Tidier:
             # The thread sleeps until the oldest delete is due: wake it only when that
             # changes (the first of a batch) or the batch is full, not once per attempt.
             if first or len(self._doomed) >= BATCH:
+                self._cond.notify_all()
+
+    def hurry(self) -> None:
+        """Send the deletes that wait now, without waiting for them: the worker found nothing
+        to claim, so no more are coming soon, and in other workers' listings they look like
+        work (what they take of them costs them a request or two each)."""
+        with self._cond:
+            if self._doomed:
+                self._doomed_since = -float("inf")  # due at once
                 self._cond.notify_all()
 
     def flush(self, timeout: float = 30.0) -> bool:

@@ -4,13 +4,14 @@ wrapper and driven with an injected clock, never timed."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
 from lakeshore import codec
 from lakeshore.keys import QueueKeys, worker_key
 from lakeshore.protocol.claims import Claimer
-from lakeshore.protocol.lanes import STUCK_S, Lanes, ring
+from lakeshore.protocol.lanes import HELP_MIN, PAUSE_S, RECOUNT_S, STUCK_S, Lanes, ring
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode
@@ -105,6 +106,57 @@ def test_a_process_takes_its_own_lane_oldest_first_and_helps_the_fullest_from_it
     assert helped <= set(range(len(others) - len(others) // 4, len(others)))
 
 
+def test_a_census_that_counted_nobody_else_is_taken_again_soon_once_another_claims_here() -> None:
+    store, ticks = MemoryStore(), Ticks()
+    lanes = Lanes(QueueKeys("ns", "q"), "me", ticks)
+    names = lanes.survey(store, store.now())
+    assert names == ["me"]
+    _number(lanes, names)
+    _alive(store, "ns", "late")  # it announced itself after this census
+    ticks.t += RECOUNT_S
+    assert lanes.survey(store, store.now()) is None  # the next census is a second away
+    lanes.contended()  # but a race was lost here: someone else claims
+    names = lanes.survey(store, store.now())
+    assert names == ["me", "late"]
+    _number(lanes, names)
+    assert lanes.count == 2
+    ticks.t += RECOUNT_S
+    lanes.contended()  # others are counted now: no census before its time
+    assert lanes.survey(store, store.now()) is None
+
+
+def test_help_leaves_a_lane_with_few_tickets_to_its_owner() -> None:
+    lanes = Lanes(QueueKeys("ns", "q"), "w", Ticks())
+    _number(lanes, ["v", "w"])
+    others = [t for t in (_ticket(i) for i in range(60)) if lanes.lane(t.key) != lanes.index]
+    assert lanes.help(others[: HELP_MIN - 1]) is None
+    assert lanes.help(others[:HELP_MIN]) == HELP_MIN - 1  # the newest quarter of four: one
+
+
+def test_a_pick_to_help_found_taken_lifts_its_lanes_floor_and_pauses_help() -> None:
+    ticks = Ticks()
+    lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
+    _number(lanes, ["u", "v", "w"])
+    listing = [_ticket(i) for i in range(90)]
+    others = [t for t in listing if lanes.lane(t.key) != lanes.index]
+    first = lanes.help(others)
+    assert first is not None
+    floor = others[first].key
+    lane = lanes.lane(floor)
+    lanes.missed(floor)  # its owner had taken it (or ended it) since the listing
+    assert lanes.help(others) is None  # no lane is helped for a while
+    ticks.t += PAUSE_S
+    picks = {lanes.help(others) for _ in range(100)}
+    assert None not in picks  # the other lane still has plenty
+    # of the lane that missed, only what is newer than the miss (its owner took the rest)
+    assert all(
+        others[i].key > floor for i in picks if i is not None and lanes.lane(others[i].key) == lane
+    )
+    mine = next(t for t in listing if lanes.lane(t.key) == lanes.index)
+    lanes.missed(mine.key)  # a miss in its own lane says nothing about the others
+    assert lanes.help(others) is not None
+
+
 def test_a_lane_whose_oldest_ticket_stays_is_adopted_until_a_race_on_it_is_lost() -> None:
     ticks = Ticks()
     lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
@@ -190,3 +242,46 @@ def test_lanes_are_about_equal_and_a_worker_more_moves_only_its_share() -> None:
     owner_more = dict(enumerate(sorted([*names, "late_1"])))
     moved = sum(owner[one.lane(k)] != owner_more[more.lane(k)] for k in keys)
     assert moved < 0.12 * len(keys)  # about 1/17: what the new worker takes, no more
+
+
+def test_a_process_that_finds_nothing_to_claim_sends_its_ticket_deletes_at_once() -> None:
+    store = MemoryStore()
+    q = make_plane(store)
+    ops = q.ops("default")
+    ops._tidier._clock = lambda: 0.0  # its batch never comes due by itself
+    store.put("lakeshore/done-ticket", b"x")
+    ops._tidier.delete("lakeshore/done-ticket")
+    assert [i.key for i in store.list("lakeshore/done")] == ["lakeshore/done-ticket"]
+    assert Claimer(ops, "w").claim(store.now()) is None  # nothing queued: idle
+    deadline = time.monotonic() + 10
+    while list(store.list("lakeshore/done")) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the tidier's thread: polled with a deadline
+    assert list(store.list("lakeshore/done")) == []
+
+
+def test_a_pass_that_leaves_short_lanes_to_their_owners_says_the_queue_is_not_drained() -> None:
+    store = Tally()
+    q = make_plane(store)
+    f = q.udf(jobs.add_one)
+    ids = [f.submit(i) for i in range(HELP_MIN - 1)]
+    keys = QueueKeys(q.ns, "default")
+    tickets = [t.key for t in QueueOps(store, keys).tickets()]
+    assert len(tickets) == len(ids)
+    ticks = Ticks()
+    probe = Lanes(keys, "w1", ticks)
+    # another worker whose lane holds every ticket (the names decide the lanes)
+    other = next(
+        name
+        for name in (f"w{i}" for i in range(2, 500))
+        if (_number(probe, ["w1", name]), all(probe.lane(k) != probe.index for k in tickets))[1]
+    )
+    _alive(store, q.ns, "w1", other)
+    w1 = Claimer(QueueOps(store, keys), "w1", ticks)
+    w1._lanes.contended()  # it has seen the other claim here
+    assert w1.claim(store.now()) is None  # a lane this short is left to its owner
+    assert w1.held_back(grace=1.0)  # but the queue is not drained: a draining worker stays
+    ticks.t += 2.0
+    assert not w1.held_back(grace=1.0)
+    consumer = Claimer(QueueOps(store, keys), "w1", ticks, payloads=True)
+    consumer._lanes.contended()
+    assert consumer._lanes.help([_ticket(1)], eager=True) == 0  # a consumer takes what there is
