@@ -5,11 +5,15 @@ wrapper and driven with an injected clock, never timed."""
 from __future__ import annotations
 
 import time
+import types
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from lakeshore import codec
 from lakeshore.keys import QueueKeys, worker_key
+from lakeshore.protocol import claims
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.lanes import HELP_MIN, PAUSE_S, RECOUNT_S, STUCK_S, Lanes, ring
 from lakeshore.protocol.steps import QueueOps
@@ -259,7 +263,12 @@ def test_a_process_that_finds_nothing_to_claim_sends_its_ticket_deletes_at_once(
     assert list(store.list("lakeshore/done")) == []
 
 
-def test_a_pass_that_leaves_short_lanes_to_their_owners_says_the_queue_is_not_drained() -> None:
+def test_a_pass_that_leaves_short_lanes_to_their_owners_says_the_queue_is_not_drained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ticks = Ticks()
+    # the listing's age too is this clock's: a stalled machine must not make it stale
+    monkeypatch.setattr(claims, "time", types.SimpleNamespace(monotonic=ticks))
     store = Tally()
     q = make_plane(store)
     f = q.udf(jobs.add_one)
@@ -267,7 +276,6 @@ def test_a_pass_that_leaves_short_lanes_to_their_owners_says_the_queue_is_not_dr
     keys = QueueKeys(q.ns, "default")
     tickets = [t.key for t in QueueOps(store, keys).tickets()]
     assert len(tickets) == len(ids)
-    ticks = Ticks()
     probe = Lanes(keys, "w1", ticks)
     # another worker whose lane holds every ticket (the names decide the lanes)
     other = next(
