@@ -37,7 +37,7 @@ from lakeshore.errors import (
 from lakeshore.keys import QueueKeys
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, write_id
-from lakeshore.protocol.lanes import HELP_WITHIN_S, Lanes, ring
+from lakeshore.protocol.lanes import HELP_WITHIN_S, STUCK_S, Lanes, ring
 from lakeshore.protocol.steps import (
     CLAIM_FENCE_S,
     MARKER_MAX,
@@ -76,6 +76,10 @@ _OTHER_SIDE_S = 300.0  # a payload seen by a function worker (or the reverse): p
 _TIDY_GRACE_S = 10.0
 _TIDIED = ("succeeded", "failed")  # the outcomes whose worker deletes the ticket (a cancel's
 # producer does not: a claimer drops that ticket when it meets it)
+# a process whose passes have left listed work to other lanes' owners for this long helps
+# anyway: liveness must not hang on adoption (a lane's head can look new in every listing
+# when the head of the queue is a scan of skipped tickets)
+_HELD_MAX_S = 2 * STUCK_S
 _TAKEN_WEIGHT = 0.1  # how fast the estimate of picks found taken follows the latest picks
 
 _Claimable = tuple[Record, str, str]  # record, its etag, the ticket's etag
@@ -110,6 +114,9 @@ class Claimer:
         # work to the other lanes' owners (a worker's slot does, and polls again)
         self._eager = payloads
         self._held = -math.inf  # when a pass last left work to the other lanes' owners
+        # since when every pass has left work so (None: the last one did not): past
+        # _HELD_MAX_S this process helps anyway, whatever kept the lanes from adoption
+        self._held_since: float | None = None
         self._ticks = ticks  # elapsed time, never stepped, counting time suspended
         self._lock = threading.Lock()
         self._listing_lock = threading.Lock()  # one LIST in flight per worker
@@ -232,8 +239,16 @@ class Claimer:
             self._passes.append(began)
         try:
             got = self._pass(now, began, lease_s, stopping)
-            if got is None:
+            with self._lock:
+                if got is _RESTING:  # what is listed is left to the other lanes' owners
+                    self._held = self._ticks()
+                    if self._held_since is None:
+                        self._held_since = self._held
+                else:
+                    self._held_since = None
+            if got is None or got is _RESTING:
                 self.ops.hurry()  # nothing to claim: this process's finished tickets go now
+                return None
             return got
         finally:
             with self._lock:
@@ -245,7 +260,7 @@ class Claimer:
         began: float,
         lease_s: float | None,
         stopping: Callable[[], bool] | None,
-    ) -> Claimed | None:
+    ) -> Claimed | _Resting | None:
         lists = 0
         while True:
             if stopping is not None and stopping():
@@ -253,9 +268,7 @@ class Claimer:
             now = max(now, self.ops.store.now())
             info = self._next_candidate(now)
             if info is _RESTING:
-                with self._lock:
-                    self._held = self._ticks()
-                return None  # what is listed is left to the other lanes' owners for now
+                return info
             if info is None:
                 if lists >= _LISTS_PER_CLAIM:
                     return None  # out of listings for this pass: not a pass over everything
@@ -358,7 +371,11 @@ class Claimer:
                     self._listing = []  # help other lanes only from a fresh listing
                     return None
                 if mine is None:
-                    mine = self._lanes.help(listed, eager=self._eager)
+                    held = self._held_since
+                    eager = self._eager or (
+                        held is not None and self._ticks() - held >= _HELD_MAX_S
+                    )
+                    mine = self._lanes.help(listed, eager=eager)
                     if mine is None:
                         return _RESTING
                 pick = head[mine]

@@ -20,9 +20,10 @@ differ by a worker (one started a moment ago) disagree about few tickets. A proc
 2. with none of those in a listing at most ``HELP_WITHIN_S`` old (else it lists again
    first), a random one of the newest quarter of the lane with the most tickets (the lane's
    owner works from the older end, where what it took lingers until its batch delete) —
-   counting only a lane's tickets newer than the newest of it that such a pick found taken
-   or over (its owner took the older ones), leaving out lanes with fewer than ``HELP_MIN``
-   of them, and helping no lane for ``PAUSE_S`` after such a pick.
+   counting, for ``FLOOR_S``, only a lane's tickets newer than the newest of their band that
+   such a pick found taken or over (its owner took the older ones), leaving out lanes with
+   fewer than ``HELP_MIN`` of them, and helping no lane for ``PAUSE_S`` after such a pick
+   (a claimer whose passes found only such work for a while helps anyway).
 
 Lanes apply only while another process is seen claiming from the same queue (a race lost,
 a ticket found taken) within ``CONTENDED_S``: the census counts the namespace's workers, some
@@ -50,6 +51,7 @@ from lakeshore.store.base import ObjectInfo, Store
 
 __all__ = [
     "CONTENDED_S",
+    "FLOOR_S",
     "HELP_MIN",
     "HELP_WITHIN_S",
     "PAUSE_S",
@@ -81,6 +83,7 @@ HELP_MIN = 4
 # after a pick to help was found taken or over, no lane is helped for this long: the fullest
 # lane was tried first, so the others most likely hold what their owners took or ended too
 PAUSE_S = 0.5
+FLOOR_S = 2.0  # how long a lane's tickets up to one found taken are not helped with
 POINTS = 64  # points of each worker on the ring: lanes of about equal size (within ±20 %)
 _RING_MAX = 16_384  # points in all: among thousands of workers, fewer each
 
@@ -112,6 +115,12 @@ def ring(names: list[str]) -> Ring:
     return Ring(tuple(ranked), tuple(p for p, _ in pairs), tuple(lane for _, lane in pairs))
 
 
+def _band(key: str) -> str:
+    """The priority band of a ticket key (``…/_tickets/<band>/<id>``): keys compare in time
+    order only within one."""
+    return key.rsplit("/", 2)[-2] if key.count("/") >= 2 else ""
+
+
 class Lanes:
     """The lanes of one worker process on one queue. Not thread-safe: the caller holds its
     lock around everything but ``survey`` (which sends the request) and :func:`ring`."""
@@ -130,9 +139,9 @@ class Lanes:
         self._since: dict[str, float] = {}  # a lane's oldest listed ticket -> since when
         self._adopted: set[int] = set()  # lanes whose oldest ticket did not move for STUCK_S
         self._wary: dict[int, float] = {}  # lane -> until when its owner is deemed back
-        # lane -> the newest of its tickets a pick to help found taken or over: its owner,
-        # which takes the oldest first, took the older ones too
-        self._floor: dict[int, str] = {}
+        # lane -> the newest of its tickets a pick to help found taken or over (its owner,
+        # which takes the oldest first, took the older ones of that band too), until when
+        self._floor: dict[int, tuple[str, float]] = {}
         self._pause_until = -math.inf  # no lane is helped before then
         self._contended = -math.inf  # when another process was last seen claiming here
 
@@ -248,7 +257,7 @@ class Lanes:
         members: dict[int, list[int]] = {}
         for i, info in enumerate(candidates):
             lane = self.lane(info.key)
-            if info.key > self._floor.get(lane, ""):
+            if not self._below_floor(lane, info.key, now):
                 members.setdefault(lane, []).append(i)
         fullest = max(members.values(), key=len, default=[])
         if len(fullest) < HELP_MIN or now < self._pause_until:
@@ -262,13 +271,24 @@ class Lanes:
         # of the listing until its batch delete: the newest quarter is the safest to help with
         return random.choice(fullest[len(fullest) - max(1, len(fullest) // 4) :])
 
+    def _below_floor(self, lane: int, key: str, now: float) -> bool:
+        floor = self._floor.get(lane)
+        if floor is None or floor[1] <= now:
+            return False
+        return _band(key) == _band(floor[0]) and key <= floor[0]
+
     def missed(self, key: str) -> None:
         """A pick of ``key`` found it taken or over: if it was another lane's, that lane's
-        tickets up to it are not helped with again (see :meth:`help`), and no lane is helped
-        for ``PAUSE_S``."""
+        tickets of its band up to it are not helped with for ``FLOOR_S`` (see :meth:`help`):
+        by then its owner's batch delete has taken the finished ones out of the listings;
+        and no lane is helped for ``PAUSE_S``."""
         lane = self.lane(key)
         if lane != self.index:
-            self._floor[lane] = max(self._floor.get(lane, ""), key)
+            floor = self._floor.get(lane)
+            now = self._ticks()
+            if floor is None or floor[1] <= now or _band(floor[0]) != _band(key) or key > floor[0]:
+                floor = (key, now + FLOOR_S)
+            self._floor[lane] = floor
             self._pause_until = self._ticks() + PAUSE_S
 
     def collided(self, key: str) -> None:

@@ -15,7 +15,15 @@ from lakeshore import codec
 from lakeshore.keys import QueueKeys, worker_key
 from lakeshore.protocol import claims
 from lakeshore.protocol.claims import Claimer
-from lakeshore.protocol.lanes import HELP_MIN, PAUSE_S, RECOUNT_S, STUCK_S, Lanes, ring
+from lakeshore.protocol.lanes import (
+    FLOOR_S,
+    HELP_MIN,
+    PAUSE_S,
+    RECOUNT_S,
+    STUCK_S,
+    Lanes,
+    ring,
+)
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode
@@ -293,3 +301,29 @@ def test_a_pass_that_leaves_short_lanes_to_their_owners_says_the_queue_is_not_dr
     consumer = Claimer(QueueOps(store, keys), "w1", ticks, payloads=True)
     consumer._lanes.contended()
     assert consumer._lanes.help([_ticket(1)], eager=True) == 0  # a consumer takes what there is
+    # whatever keeps that lane from being adopted (here: nothing is ever adopted), a process
+    # whose passes have left work to the others for 10 s takes it itself
+    w1._lanes.observe = lambda listing: None  # type: ignore[method-assign]
+    held_from = ticks.t
+    while (held := w1.claim(store.now())) is None:
+        assert ticks.t - held_from < 2 * STUCK_S + 1, "left to its owner for good"
+        ticks.t += 0.5
+    assert held.record.id in ids and ticks.t - held_from >= 2 * STUCK_S - 2.0
+
+
+def test_a_floor_hides_only_its_own_band_and_only_for_a_while() -> None:
+    ticks = Ticks()
+    lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
+    _number(lanes, ["v", "w"])
+
+    def ticket(band: int, i: int) -> ObjectInfo:
+        return ObjectInfo(f"lakeshore/ns/q/_tickets/{band}/{i:026d}", f"e{i}", 500, 0.0)
+
+    theirs = [t for t in (ticket(5, i) for i in range(80)) if lanes.lane(t.key) != lanes.index]
+    lanes.missed(theirs[-1].key)  # the newest of the lane in band 5 was found taken
+    ticks.t += PAUSE_S
+    assert lanes.help(theirs) is None  # band 5 of that lane: all up to the floor
+    urgent = [t for t in (ticket(4, i) for i in range(80)) if lanes.lane(t.key) != lanes.index]
+    assert lanes.help(urgent) is not None  # another band: keys compare only within one
+    ticks.t += FLOOR_S
+    assert lanes.help(theirs) is not None  # the owner's batch delete is done by now
