@@ -226,7 +226,13 @@ class Lanes:
         heads: dict[int, str] = {}
         for info in listing:
             heads.setdefault(self.lane(info.key), info.key)
-        self._since = {key: self._since.get(key, now) for key in heads.values()}
+        # a head keeps its time while it is listed, head or not: a census that changes moves
+        # it into another lane and back, and its owner has not taken it meanwhile
+        listed = {info.key for info in listing}
+        since = {key: at for key, at in self._since.items() if key in listed}
+        for key in heads.values():
+            since.setdefault(key, now)
+        self._since = since
         self._adopted = {
             lane
             for lane, key in heads.items()
