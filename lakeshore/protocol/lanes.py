@@ -22,7 +22,8 @@ differ by a worker (one started a moment ago) disagree about few tickets. A proc
    owner works from the older end, where what it took lingers until its batch delete) —
    counting, for ``FLOOR_S``, only a lane's tickets newer than the newest of their band that
    such a pick found taken or over (its owner took the older ones), leaving out lanes with
-   fewer than ``HELP_MIN`` of them, and helping no lane for ``PAUSE_S`` after such a pick
+   fewer than ``HELP_MIN`` of them whose oldest has headed the lane for less than
+   ``HELP_WAIT_S``, and helping no lane for ``PAUSE_S`` after such a pick
    (a claimer whose passes found only such work for a while helps anyway).
 
 Lanes apply only while another process is seen claiming from the same queue (a race lost,
@@ -53,6 +54,7 @@ __all__ = [
     "CONTENDED_S",
     "FLOOR_S",
     "HELP_MIN",
+    "HELP_WAIT_S",
     "HELP_WITHIN_S",
     "PAUSE_S",
     "RECOUNT_S",
@@ -80,6 +82,7 @@ HELP_WITHIN_S = 0.25  # another lane is helped from a listing at most this old
 # a lane is helped only with this many tickets listed: in a shorter one, what a helper would
 # take is what its owner takes next (and the tail of a drain is where helpers would race)
 HELP_MIN = 4
+HELP_WAIT_S = 0.25  # unless its oldest ticket has been the lane's head this long
 # after a pick to help was found taken or over, no lane is helped for this long: the fullest
 # lane was tried first, so the others most likely hold what their owners took or ended too
 PAUSE_S = 0.5
@@ -265,8 +268,16 @@ class Lanes:
             lane = self.lane(info.key)
             if not self._below_floor(lane, info.key, now):
                 members.setdefault(lane, []).append(i)
+        # a short lane is left to its owner, unless its oldest ticket has stayed there for
+        # HELP_WAIT_S: an owner at work takes it sooner (a frozen one never does)
+        members = {
+            lane: picks
+            for lane, picks in members.items()
+            if len(picks) >= HELP_MIN
+            or now - self._since.get(candidates[picks[0]].key, now) >= HELP_WAIT_S
+        }
         fullest = max(members.values(), key=len, default=[])
-        if len(fullest) < HELP_MIN or now < self._pause_until:
+        if not fullest or now < self._pause_until:
             if not eager:
                 return None
             if not fullest:  # every one listed is below its lane's floor: they may be back
