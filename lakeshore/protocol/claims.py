@@ -415,11 +415,13 @@ class Claimer:
 
     def _examine(
         self, info: ObjectInfo, now: float, record_first: bool = False
-    ) -> tuple[_Claimable | None, bool]:
+    ) -> tuple[_Claimable | None, bool, bool]:
         """Read the record behind a ticket and settle what needs no claim: drop a stale
         ticket, requeue an expired lease, time out a missed deadline, remember what is not
-        due. Returns the record, its etag and the ticket's etag when it is claimable now,
-        and whether an expired lease was ended."""
+        due. Returns the record, its etag and the ticket's etag when it is claimable now;
+        whether an expired lease was ended; and whether another process holds it or it is
+        over (what tells of its lane's owner at work: a retry backing off, a lease this
+        process ended or a record being written does not)."""
         moved = False
         inv = QueueKeys.id_of(info.key)
         try:
@@ -435,16 +437,16 @@ class Claimer:
                     misses = self._misses[info.key] = self._misses.get(info.key, 0) + 1
                 wait = min(0.005 * 2 ** min(misses, 12), 5.0)
                 self._remember(info, min(now + wait, info.last_modified + ORPHAN_GRACE_S))
-            return None, moved
+            return None, moved, False
         except NewerRecord:
             self._remember(info, now + ORPHAN_GRACE_S)  # for a newer lakeshore's workers
-            return None, moved
+            return None, moved, False
         except RecordError as e:
             if self.ops.fail_corrupt(inv, e, now):
                 self._drop(info)  # the record is failed now: its ticket is stale
-            return None, moved
+            return None, moved, False
         if got is None:
-            return None, moved
+            return None, moved, False
         rec, etag, ticket_etag = got
         if self._misses:
             with self._lock:
@@ -453,11 +455,11 @@ class Claimer:
             # a tombstone (a submit fenced out): it stays, so the late submit cannot land;
             # gc removes it with the finished invocations
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), math.inf)
-            return None, moved
+            return None, moved, False
         life = QueueKeys.reruns_of(info.key)
         if life is None or rec.reruns > life:
             self._drop(info)  # a ticket of an earlier life (or not one we write)
-            return None, moved
+            return None, moved, False
         if rec.reruns < life:
             # a rerun between its ticket and its record write, or a ticket nobody should
             # have written: look again once it is older than a rerun takes
@@ -465,7 +467,7 @@ class Claimer:
                 self._remember(info, info.last_modified + _RERUN_GRACE_S)
             else:  # unless a rerun rewrote it since it was read (its record may be queued now)
                 self._drop(info, if_match=ticket_etag)
-            return None, moved
+            return None, moved, False
         why = None if rec.terminal else lifecycle.implausible(rec, now)
         if why is not None:
             # a time no honest writer puts there: waiting for it would park the ticket at
@@ -475,28 +477,29 @@ class Claimer:
                 self.ops.cas(refused, etag)
             except Conflict:
                 self._lost_create(info.key, etag)
-                return None, moved
+                return None, moved, False
             log.warning("claim on %s: failed %s: %s", self.ops.keys.queue, inv, inert(why))
             self.ops.free_slot(refused)
             self._drop(info)
-            return None, moved
+            return None, moved, False
         if rec.state == "running":
             expires = rec.lease.expires_at if rec.lease is not None else now
             if expires >= now:
                 self._remember(info, expires)  # its worker holds it: look again at expiry
-                if rec.lease is not None and rec.lease.worker != self.worker:
+                other = rec.lease is not None and rec.lease.worker != self.worker
+                if other:
                     # taken by another process since we listed it: spread out as after a
                     # lost race, or this process keeps walking just behind the other
                     self._collided(True, info.key, raced=False)
                     self._seen_another()
-                return None, moved
+                return None, moved, other
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
                 ticket_etag = self.ops.put_marker(nxt)  # before the record says queued
             try:
                 etag = self.ops.cas(nxt, etag)
             except Conflict:
-                return None, moved  # the holder renewed or someone else reaped
+                return None, moved, True  # the holder renewed or someone else reaped
             self.ops.free_slot(nxt)
             rec, moved = nxt, True
         if rec.terminal:  # in this ticket's life: it is over (a rerun writes its own ticket)
@@ -505,22 +508,22 @@ class Claimer:
             if not moved and rec.state in _TIDIED and now - _TIDY_GRACE_S < over <= now + _SLACK_S:
                 # a worker ended it just now: its batch delete is on the way
                 self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), over + _TIDY_GRACE_S)
-                return None, moved
+                return None, moved, True
             # its holder may have died between the terminal write and its tidying: the
             # admission slot goes first (producers no longer repair slots), then the ticket
             self.ops.free_slot(rec)
             self._drop(info)
-            return None, moved
+            return None, moved, not moved
         if lifecycle.past_deadline(rec, now):
             ended = lifecycle.time_out(rec, now)
             try:
                 self.ops.cas(ended, etag)
             except Conflict:
                 self._lost_create(info.key, etag)
-                return None, moved
+                return None, moved, False
             self.ops.free_slot(ended)
             self._drop(info)
-            return None, moved
+            return None, moved, False
         if rec.not_before > now:
             # backing off before a retry; the ticket stays
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), rec.not_before)
@@ -530,12 +533,12 @@ class Claimer:
                     if rec.not_before > self._retry_due:
                         self._retry_due, self._retry_read = rec.not_before, self._ticks()
                         self._retry_wait = rec.not_before - now
-            return None, moved
+            return None, moved, False
         if rec.is_payload != self.payloads:
             # the other side's (a queue both use): look again only if the ticket changes
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + _OTHER_SIDE_S)
-            return None, moved
-        return (rec, etag, ticket_etag), moved
+            return None, moved, False
+        return (rec, etag, ticket_etag), moved, False
 
     def _read_listed(
         self, info: ObjectInfo, inv: str, record_first: bool = False
@@ -615,11 +618,13 @@ class Claimer:
         now: float,
         lease_s: float | None = None,
         stopping: Callable[[], bool] | None = None,
+        again: bool = False,
     ) -> Claimed | None:
         began = self._ticks()
-        seen, _ = self._examine(info, now)
+        seen, _, taken = self._examine(info, now)
         if seen is None:
-            self._taken_or_over(info.key)
+            if taken:
+                self._taken_or_over(info.key)
             return None
         if stopping is not None and stopping():
             return None
@@ -635,15 +640,18 @@ class Claimer:
         try:
             new_etag = self.ops.cas(running, etag)
         except Conflict:
-            # a record that changed since it was read: a race with a claimer at work now;
-            # a record that existed already: taken at any time since the listing
-            self._collided(True, info.key, raced=not unclaimed(etag))
-            if not unclaimed(etag):
-                self._seen_another()
-            self._taken_or_over(info.key)
-            if unclaimed(etag):  # its record exists: the next look reads that instead
+            if unclaimed(etag):
+                # its record exists: created by a claim at any time since the ticket was
+                # written, by a worker at work now or one long gone. The record tells which:
+                # it is read at once (no race is lost yet, no lane's owner seen at work)
                 self._lost_create(info.key, etag)
-                return None
+                if again:
+                    return None
+                return self._try_claim(info, now, lease_s, stopping, again=True)
+            # a record that changed since it was read: a race with a claimer at work now
+            self._collided(True, info.key)
+            self._seen_another()
+            self._taken_or_over(info.key)
             # someone else claimed it (or cancelled it): look again when a lease would end
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + running.lease_s)
             return None

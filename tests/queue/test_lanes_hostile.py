@@ -19,7 +19,7 @@ from lakeshore.model import lifecycle
 from lakeshore.model.record import Blob
 from lakeshore.protocol import claims
 from lakeshore.protocol.claims import Claimer
-from lakeshore.protocol.lanes import STUCK_S, Lanes, ring
+from lakeshore.protocol.lanes import HELP_WAIT_S, STUCK_S, Lanes, ring
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import ObjectInfo
 from lakeshore.store.local import LocalStore
@@ -234,3 +234,39 @@ def test_the_lane_of_an_owner_busy_with_long_bodies_is_adopted_within_seconds(
         clock.t += 1.0
     # b's running tickets at the head of its lane are skipped, not taken for its return
     assert target in got
+
+
+def test_a_frozen_owners_invocation_is_taken_once_its_lease_and_backoff_end(
+    clock: Clock,
+) -> None:
+    store = MemoryStore()
+    store._clock = clock  # type: ignore[assignment]
+    q = make_plane(store, lease_s=2.0, retry_backoff_s=1.0)
+    inv = q.udf(jobs.add_one).submit(1)
+    keys = QueueKeys(q.ns, "default")
+    ticket = keys.ticket_of_id(inv) or ""
+
+    def theirs(name: str) -> bool:
+        lanes = Lanes(keys, "b", clock)
+        lanes.number(ring([name, "b"]))
+        return lanes.lane(ticket) != lanes.index
+
+    frozen = next(n for n in (f"z{i}" for i in range(64)) if theirs(n))  # the ticket's owner
+    _alive(store, q.ns, frozen, "b")
+    held = Claimer(q.ops("default"), frozen, ticks=clock).claim(store.now())
+    assert held is not None and held.record.id == inv  # then its node freezes
+    b = Claimer(q.ops("default"), "b", ticks=clock)
+    b._lanes.contended()  # another process claims here: lanes apply
+    clock.t = held.record.lease.expires_at + 0.01  # type: ignore[union-attr]
+    expired = clock.t
+    got, at = None, clock.t
+    while got is None and clock.t < expired + 30:
+        at = clock.t
+        got = b.claim(store.now())  # a slot polling every 50 ms
+        clock.t += 0.05
+    assert got is not None and got.record.id == inv and got.record.attempt == 2
+    # its full ticket's record exists (a create that loses), and this process requeues it:
+    # neither is its owner at work, so no floor (FLOOR_S, 2 s) holds its lane back. What it
+    # waits: the retry's backoff (1 s), and twice HELP_WAIT_S for a short lane, from the
+    # first listing and when it is listed again after its backoff; a few polls
+    assert at - expired <= 1.0 + 2 * HELP_WAIT_S + 5 * 0.05, at - expired
