@@ -118,3 +118,50 @@ def test_a_body_whose_fork_server_was_killed_is_killed_and_its_attempt_handed_ba
         t.join(60)
         if first and alive(first):
             os.kill(first, signal.SIGKILL)  # the body this test started
+
+
+# A worker process of its own: which fork server it gets depends on the process, not on the
+# pytest process these tests run in (whose server may already be running).
+_SERVER_OF = """
+import os, sys, threading
+from multiprocessing import forkserver
+import lakeshore as dls
+from tests import jobs
+if sys.argv[2] == "threaded":
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+q = dls.Dispatch(sys.argv[1])
+inv = q.udf(jobs.parent_pid).submit()
+print("written before the worker started")  # stdout is a pipe: this waits in a buffer
+assert dls.run_worker(q, once=True, isolation="process") == 1
+server = forkserver._forkserver._forkserver_pid
+with open(f"/proc/{server}/stat") as f:
+    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+with open(f"/proc/{server}/cmdline", "rb") as f:
+    forked = f.read() == open("/proc/self/cmdline", "rb").read()
+print("server", server, q.result(inv, timeout=30), parent == os.getpid(), forked)
+"""
+
+
+@pytest.mark.skipif("forkserver" not in mp.get_all_start_methods(), reason="spawned here")
+@pytest.mark.parametrize("threads", ["single", "threaded"])
+def test_a_worker_with_one_thread_forks_its_fork_server_from_itself(
+    tmp_path: Path, threads: str
+) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _SERVER_OF, f"file://{tmp_path}/store", threads],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    ).stdout
+    # the worker's unwritten output is written once: not again by each forked process
+    assert out.count("written before the worker started") == 1, out
+    _, server, body_parent, started_by_worker, forked = out.splitlines()[-1].split()
+    assert body_parent == server and started_by_worker == "True"
+    # a fork of the worker where it had no other thread; else the stdlib's own interpreter
+    assert forked == ("True" if threads == "single" else "False")
+    poll(lambda: not alive(int(server)), timeout=30, what="the server ends with its worker")

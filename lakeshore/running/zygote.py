@@ -1,0 +1,98 @@
+"""A fork server that is a fork of the worker, not a new interpreter.
+
+multiprocessing's fork server is a fresh interpreter that imports lakeshore before it can fork
+a body process: 0.2–0.4 s of CPU for every worker process, paid again by each worker a scaler
+starts (sixteen workers on two cores waited seconds for theirs). A worker that has not started
+a thread yet already holds all a body process needs, so its server can be a fork of it, for
+the price of a fork. The stdlib's client side is kept: the server runs the stdlib's
+``forkserver.main`` and is registered where the stdlib looks for a running one, so body
+processes come from it exactly as before, and if it ever dies the stdlib starts its own.
+
+Forking is safe only while the process has one thread (a lock another thread held would stay
+held in the fork), so this is tried only then — counted in the kernel's thread list, which sees
+a native library's threads too — and only against the stdlib server it was written for (the
+signature of ``forkserver.main``); anywhere else the stdlib starts its server as before.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+__all__ = ["start_forked"]
+
+_KNOWN_MAIN = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+
+
+def _single_threaded() -> bool:
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # no procfs: no way to see native threads, so never fork
+        return False
+
+
+def start_forked() -> bool:
+    """Make a fork of this process the fork server of its body processes; False when that
+    is not safe here (the caller lets the stdlib start its own)."""
+    from multiprocessing import connection, forkserver, resource_tracker, util
+
+    server: Any = forkserver._forkserver  # the stdlib's own, which its clients use
+    if server._forkserver_pid is not None:
+        return True  # one is running, forked or not: the stdlib checks it is alive
+    if list(inspect.signature(forkserver.main).parameters) != _KNOWN_MAIN:
+        return False
+    if not _single_threaded():
+        return False
+    resource_tracker.ensure_running()  # a spawned process: children report to it
+    address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        # the worker holds the write end; the server ends at EOF, when the worker is gone
+        alive_r, alive_w = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:  # else each child would write the worker's unflushed text
+                stream.flush()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(alive_r)
+            os.close(alive_w)
+            if not util.is_abstract_socket_namespace(address):
+                os.unlink(address)
+            return False
+        if pid == 0:
+            _serve(listener.fileno(), alive_r, alive_w)
+        os.close(alive_r)
+    with server._lock:
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+    return True
+
+
+def _serve(listener_fd: int, alive_r: int, alive_w: int) -> None:
+    """The forked server's whole life; it never returns to the worker's code."""
+    from multiprocessing import forkserver
+
+    code = 0
+    try:
+        os.close(alive_w)
+        # as lakeshore.running.preload does for an exec'd server: a signal for the worker's
+        # whole process group must not end the one process that sees how its children end
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        forkserver.main(listener_fd, alive_r, [])
+    except SystemExit:
+        pass  # the worker is gone
+    except BaseException:
+        code = 1
+    finally:
+        # never the worker's atexit handlers or buffered output: they are the worker's
+        os._exit(code)
