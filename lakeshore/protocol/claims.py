@@ -395,7 +395,7 @@ class Claimer:
             if lost and raced:
                 self._lanes.collided(key)
             elif lost:
-                self._lanes.contended()
+                self._lanes.contended(key or None)
             if lost:
                 self._spread, self._clean = min(self._spread * 4, _MAX_SPREAD), 0
             else:
@@ -403,14 +403,18 @@ class Claimer:
                 if self._clean % _NARROW_AFTER == 0:
                     self._spread = max(1, self._spread // 2)
 
-    def _seen_another(self) -> None:
-        """Another process claims from this queue for sure (a record it read was claimed or
-        changed since): if the census counted nobody else and may be taken again (at most
-        every ``RECOUNT_S``), list again, taking the census with the listing — the other
-        announced itself after the last one. A create that lost is no such proof: the record
-        may have been there for long. Consumers (``payloads``) have no signs of life to count."""
+    def _seen_another(self, key: str) -> None:
+        """Another process claims from this queue (the ticket ``key`` was claimed since it
+        was listed): if the census counted nobody else, or ``key`` is of this process's own
+        lane (the other counted differently: one of the two counted before the other
+        announced itself), and it may be taken again (at most every ``RECOUNT_S``), list
+        again, taking the census with the listing. Consumers (``payloads``) have no signs of
+        life to count."""
         with self._lock:
-            if not self._eager and self._lanes.count == 1 and self._lanes.census_due():
+            lanes = self._lanes
+            if self._eager or not lanes.census_due():
+                return
+            if lanes.count == 1 or lanes.lane(key) == lanes.index:
                 self._listing = []
 
     def _examine(
@@ -491,7 +495,7 @@ class Claimer:
                     # taken by another process since we listed it: spread out as after a
                     # lost race, or this process keeps walking just behind the other
                     self._collided(True, info.key, raced=False)
-                    self._seen_another()
+                    self._seen_another(info.key)
                 return None, moved, other
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
@@ -641,16 +645,25 @@ class Claimer:
             new_etag = self.ops.cas(running, etag)
         except Conflict:
             if unclaimed(etag):
-                # its record exists: created by a claim at any time since the ticket was
-                # written, by a worker at work now or one long gone. The record tells which:
-                # it is read at once (no race is lost yet, no lane's owner seen at work)
+                # a record that existed already: created by a claim at any time since the
+                # ticket was written, by a process at work now or by one long gone
                 self._lost_create(info.key, etag)
-                if again:
-                    return None
-                return self._try_claim(info, now, lease_s, stopping, again=True)
+                with self._lock:
+                    self._lanes.contended(info.key)
+                    lanes = self._lanes
+                    theirs = lanes.active and lanes.lane(info.key) != lanes.index
+                if theirs and not again:
+                    # whether that lane's owner is at work (its floor) shows in the record,
+                    # not in this create: a frozen owner's expired claim makes it lose too
+                    return self._try_claim(info, now, lease_s, stopping, again=True)
+                self._collided(True, info.key, raced=False)
+                if lanes.active:  # in its own lane: taken lately, most likely
+                    self._seen_another(info.key)
+                self._taken_or_over(info.key)
+                return None
             # a record that changed since it was read: a race with a claimer at work now
             self._collided(True, info.key)
-            self._seen_another()
+            self._seen_another(info.key)
             self._taken_or_over(info.key)
             # someone else claimed it (or cancelled it): look again when a lease would end
             self._remember(ObjectInfo(info.key, ticket_etag, 0, 0.0), now + running.lease_s)

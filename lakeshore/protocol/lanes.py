@@ -154,13 +154,15 @@ class Lanes:
         seen claiming from this queue lately."""
         return self.count > 1 and self._ticks() - self._contended < CONTENDED_S
 
-    def contended(self) -> None:
-        """Another process claims from this queue: a race lost, or a pick found taken. With
-        nobody else in the census (it was taken before the other announced itself), the
-        census is taken again at the next listing, at most every ``RECOUNT_S``."""
+    def contended(self, key: str | None = None) -> None:
+        """Another process claims from this queue: a race lost, or a pick found taken (of
+        the ticket ``key``). With nobody else in the census, or in this process's own lane
+        (a process that counted differently: one of the two counted before the other
+        announced itself, as when many start together), the census is taken again at the
+        next listing, at most every ``RECOUNT_S``."""
         now = self._ticks()
         self._contended = now
-        if self.count == 1:
+        if self.count == 1 or (key is not None and self.lane(key) == self.index):
             self._census_due = min(self._census_due, self._surveyed + RECOUNT_S)
 
     def census_due(self) -> bool:
@@ -311,7 +313,7 @@ class Lanes:
     def collided(self, key: str) -> None:
         """A claim of ``key`` lost a race: its lane's owner is back, so the lane is left to it
         (not adopted) for ``STUCK_S``."""
-        self.contended()
+        self.contended(key)
         lane = self.lane(key)
         if lane != self.index:
             self._wary[lane] = self._ticks() + STUCK_S
