@@ -137,6 +137,25 @@ def test_a_census_that_counted_nobody_else_is_taken_again_soon_once_another_clai
     assert lanes.survey(store, store.now()) is None
 
 
+def test_a_race_lost_in_its_own_lane_has_the_census_taken_again_soon() -> None:
+    store, ticks = MemoryStore(), Ticks()
+    lanes = Lanes(QueueKeys("ns", "q"), "w", ticks)
+    _alive(store, "ns", "v")
+    names = lanes.survey(store, store.now())
+    assert names is not None and sorted(names) == ["v", "w"]
+    _number(lanes, names)
+    listing = [_ticket(i) for i in range(40)]
+    mine = next(t for t in listing if lanes.lane(t.key) == lanes.index)
+    theirs = next(t for t in listing if lanes.lane(t.key) != lanes.index)
+    ticks.t += RECOUNT_S
+    lanes.contended(theirs.key)
+    assert not lanes.census_due()  # another lane's owner at work, as counted
+    lanes.contended(mine.key)
+    # another process took from this one's lane: one of the two counted differently (as
+    # when many start together and each counted before the others announced themselves)
+    assert lanes.census_due()
+
+
 def test_help_leaves_a_lane_with_few_tickets_to_its_owner() -> None:
     lanes = Lanes(QueueKeys("ns", "q"), "w", Ticks())
     _number(lanes, ["v", "w"])
