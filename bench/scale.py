@@ -193,6 +193,14 @@ def shape(
         ideal = n * body_s / (processes * slots)
         out["efficiency"] = ideal / drain_s
         out["steady"] = (hi - lo) * body_s / (processes * slots) / steady_s
+        # where a drain's time goes: up to the first `lo` outcomes, the steady part, the tail
+        # after the `hi`th; each against its ideal on every slot
+        per = body_s / (processes * slots)
+        out["phases_s"] = {
+            "ramp": (finished[lo - 1] - released, lo * per),
+            "steady": (steady_s, (hi - lo) * per),
+            "tail": (finished[-1] - finished[hi - 1], (n - hi) * per),
+        }
     else:
         out["drain_per_s"] = n / drain_s
     return out
@@ -242,6 +250,13 @@ def _show(r: dict[str, Any]) -> None:
     if r["body_s"]:
         perf = (
             f"efficiency {r['efficiency']:.2f} steady {r['steady']:.2f} drain {r['drain_s']:.1f} s"
+        )
+        perf += (
+            " ("
+            + ", ".join(
+                f"{k} {got:.1f} s of {ideal:.1f}" for k, (got, ideal) in r["phases_s"].items()
+            )
+            + ")"
         )
     else:
         perf = f"{r['drain_per_s']:.0f}/s"
