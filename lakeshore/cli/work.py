@@ -33,6 +33,7 @@ from lakeshore.protocol.gc import (
     retention_of,
 )
 from lakeshore.running.bodies import import_failure
+from lakeshore.running.zygote import fork_server
 from lakeshore.text import inert
 from lakeshore.udf import Udf
 from lakeshore.worker import run_worker
@@ -77,6 +78,10 @@ class _InertFormatter(logging.Formatter):
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    if args.isolation != "thread":
+        # now, before the --import modules, the log and the store: body processes get a
+        # fork of this process as their fork server, as clean as a new interpreter
+        fork_server()
     level = getattr(logging, args.log_level.upper(), logging.INFO)
     formatter = _InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     with worker_log(level, formatter, show_progress(args.progress, sys.stderr)):

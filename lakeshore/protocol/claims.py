@@ -407,9 +407,9 @@ class Claimer:
         """Another process claims from this queue (the ticket ``key`` was claimed since it
         was listed): if the census counted nobody else, or ``key`` is of this process's own
         lane (the other counted differently: one of the two counted before the other
-        announced itself), and it may be taken again (at most every ``RECOUNT_S``), list
-        again, taking the census with the listing. Consumers (``payloads``) have no signs of
-        life to count."""
+        announced itself), and the census is due (see :meth:`Lanes.contended`), list again,
+        taking the census with the listing. Consumers (``payloads``) have no signs of life
+        to count."""
         with self._lock:
             lanes = self._lanes
             if self._eager or not lanes.census_due():
@@ -490,13 +490,13 @@ class Claimer:
             expires = rec.lease.expires_at if rec.lease is not None else now
             if expires >= now:
                 self._remember(info, expires)  # its worker holds it: look again at expiry
-                other = rec.lease is not None and rec.lease.worker != self.worker
-                if other:
+                holder = rec.lease.worker if rec.lease is not None else self.worker
+                if holder != self.worker:
                     # taken by another process since we listed it: spread out as after a
                     # lost race, or this process keeps walking just behind the other
                     self._collided(True, info.key, raced=False)
                     self._seen_another(info.key)
-                return None, moved, other
+                return None, moved, holder != self.worker
             nxt = lifecycle.expire(rec, now)
             if nxt.state == "queued":
                 ticket_etag = self.ops.put_marker(nxt)  # before the record says queued

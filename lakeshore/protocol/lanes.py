@@ -147,6 +147,8 @@ class Lanes:
         self._floor: dict[int, tuple[str, float]] = {}
         self._pause_until = -math.inf  # no lane is helped before then
         self._contended = -math.inf  # when another process was last seen claiming here
+        self._recount_every = RECOUNT_S  # wait after a miss in its own lane (see contended)
+        self._recounting = False  # the next census is for such a miss
 
     @property
     def active(self) -> bool:
@@ -156,14 +158,19 @@ class Lanes:
 
     def contended(self, key: str | None = None) -> None:
         """Another process claims from this queue: a race lost, or a pick found taken (of
-        the ticket ``key``). With nobody else in the census, or in this process's own lane
-        (a process that counted differently: one of the two counted before the other
-        announced itself, as when many start together), the census is taken again at the
-        next listing, at most every ``RECOUNT_S``."""
+        the ticket ``key``). With nobody else in the census, the census is taken again at
+        the next listing, at most every ``RECOUNT_S``. In this process's own lane (a process
+        that counted differently: one of the two counted before the other announced itself,
+        as when many start together; or a helper, an adopter), likewise, but each census
+        that finds nothing new doubles that wait, up to ``CENSUS_MAX_S``: helpers at work
+        do not have the census taken every 0.25 s."""
         now = self._ticks()
         self._contended = now
-        if self.count == 1 or (key is not None and self.lane(key) == self.index):
+        if self.count == 1:
             self._census_due = min(self._census_due, self._surveyed + RECOUNT_S)
+        elif key is not None and self.lane(key) == self.index:
+            self._census_due = min(self._census_due, self._surveyed + self._recount_every)
+            self._recounting = True
 
     def census_due(self) -> bool:
         """Whether the next :meth:`survey` takes a census."""
@@ -207,8 +214,12 @@ class Lanes:
             self._floor.clear()
             self._census_every = 1.0  # workers come in waves: look again soon
             self._counted = True
+            self._recount_every = RECOUNT_S
         else:
             self._census_every = min(self._census_every * 2, CENSUS_MAX_S)
+            if self._recounting:  # taken for a miss in its own lane, and nothing new
+                self._recount_every = min(self._recount_every * 2, CENSUS_MAX_S)
+        self._recounting = False
         self._census_due = self._ticks() + self._census_every
 
     def lane(self, key: str) -> int:

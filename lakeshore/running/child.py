@@ -71,7 +71,6 @@ from lakeshore.running.call import (
     unpickle,
 )
 from lakeshore.running.logs import Sink, capture
-from lakeshore.running.zygote import start_forked
 
 __all__ = [
     "BodyCall",
@@ -299,12 +298,6 @@ def warm_up() -> None:
     slots do not wait for it (best effort: the first child starts it otherwise)."""
     if "forkserver" not in mp.get_all_start_methods():
         return
-    _context()
-    try:
-        if start_forked():  # no other thread here yet: the server can be a fork of this one
-            return
-    except Exception as e:  # the stdlib's own server, started below, is as good, only slower
-        logging.getLogger("lakeshore.worker").debug("fork server not forked: %s", e)
 
     def start() -> None:
         try:

@@ -1,29 +1,35 @@
-"""A fork server that is a fork of the worker, not a new interpreter.
+"""A fork server that is a fork of the command line's worker, not a new interpreter.
 
 multiprocessing's fork server is a fresh interpreter that imports lakeshore before it can fork
 a body process: 0.2–0.4 s of CPU for every worker process, paid again by each worker a scaler
-starts (sixteen workers on two cores waited seconds for theirs). A worker that has not started
-a thread yet already holds all a body process needs, so its server can be a fork of it, for
-the price of a fork. The stdlib's client side is kept: the server runs the stdlib's
-``forkserver.main`` and is registered where the stdlib looks for a running one, so body
-processes come from it exactly as before, and if it ever dies the stdlib starts its own.
+starts (sixteen workers on two cores waited seconds for theirs). ``lakeshore worker`` holds
+lakeshore already when it starts, so :func:`fork_server` makes its server a fork of it there,
+for the price of a fork: before the ``--import`` modules, the log and the store, so that the
+server, and every body process it forks, holds nothing of the worker's but lakeshore's modules
+(no open file, socket or connection, no logging handler, no user module's state: a body
+imports its module itself, as it would under a new interpreter). The stdlib's client side is
+kept: the server runs the stdlib's ``forkserver.main`` and is registered where the stdlib looks
+for a running one, so body processes come from it exactly as before, and if it dies the stdlib
+starts its own.
 
 Forking is safe only while the process has one thread (a lock another thread held would stay
 held in the fork), so this is tried only then — counted in the kernel's thread list, which sees
 a native library's threads too — and only against the stdlib server it was written for (the
-signature of ``forkserver.main``); anywhere else the stdlib starts its server as before.
+signature of ``forkserver.main``). Anywhere else, and for ``run_worker`` called from Python (a
+process whose state this module cannot vouch for), the stdlib starts its server as before.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import signal
 import socket
 import sys
 from typing import Any
 
-__all__ = ["start_forked"]
+__all__ = ["fork_server"]
 
 _KNOWN_MAIN = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
 
@@ -35,11 +41,23 @@ def _single_threaded() -> bool:
         return False
 
 
-def start_forked() -> bool:
-    """Make a fork of this process the fork server of its body processes; False when that
-    is not safe here (the caller lets the stdlib start its own)."""
+def fork_server() -> bool:
+    """Make a fork of this process the fork server of its body processes, if it is safe here
+    (best effort: False leaves it to the stdlib). Call it only where the process holds
+    nothing a body process must not inherit."""
+    try:
+        return _fork_server()
+    except Exception as e:  # the stdlib's own server is as good, only slower to start
+        logging.getLogger("lakeshore.worker").debug("fork server not forked: %s", e)
+        return False
+
+
+def _fork_server() -> bool:
+    import multiprocessing as mp
     from multiprocessing import connection, forkserver, resource_tracker, util
 
+    if "forkserver" not in mp.get_all_start_methods():
+        return False
     server: Any = forkserver._forkserver  # the stdlib's own, which its clients use
     if server._forkserver_pid is not None:
         return True  # one is running, forked or not: the stdlib checks it is alive

@@ -38,7 +38,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     (
         "running bodies",
-        {"run", "running", "running.call", "running.child", "running.preload", "running.bodies"},
+        {"run", "running", "running.call", "running.child", "running.preload", "running.bodies"}
+        | {"running.zygote"},
     ),
     (
         "the plane and what takes it",
@@ -68,6 +69,10 @@ OWNERS = {
 
 # private names of other objects the code may touch: the interpreter's and fsspec's
 PRIVATE_OK = {"os._exit", "self._fs._strip_protocol", "outer._root"}
+# running/zygote.py registers its server where the stdlib's fork server client looks (only
+# against the stdlib it was written for: it checks forkserver.main's signature first)
+PRIVATE_OK |= {"forkserver._forkserver", "server._forkserver_pid", "server._lock"}
+PRIVATE_OK |= {"server._forkserver_address", "server._forkserver_alive_fd"}
 
 
 def _name(path: Path) -> str:
