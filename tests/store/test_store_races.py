@@ -25,6 +25,15 @@ def atomic_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
 
 THREADS = 8
 ROUNDS = 40
+# On SeaweedFS each loser of a conditional write answers after whole seconds (1-4 s, see
+# docs/benchmarks.md): 40 rounds took 57-77 s a test. A store that is not atomic lets several
+# writers win in every round where they overlap (seaweedfs#8800: all of them), which these
+# rounds of 8 threads show as surely as 40.
+S3_ROUNDS = 8
+
+
+def _rounds(s: Store) -> int:
+    return S3_ROUNDS if s.url.startswith("s3://") else ROUNDS
 
 
 def _line(what: str, url: str, rounds: int, who: str, winners: list[int]) -> str:
@@ -42,26 +51,26 @@ def _won(fn: object) -> bool:
 
 
 def test_thread_race_create_only(atomic_store: Store, report: list[str]) -> None:
-    s = atomic_store
+    s, rounds = atomic_store, _rounds(atomic_store)
     winners = race(
-        THREADS, ROUNDS, lambda r, t: _won(lambda: s.put(f"c/{r}", str(t).encode(), CREATE))
+        THREADS, rounds, lambda r, t: _won(lambda: s.put(f"c/{r}", str(t).encode(), CREATE))
     )
-    report.append(_line("race create-only", s.url, ROUNDS, f"{THREADS} threads", winners))
-    assert winners == [1] * ROUNDS
-    for r in range(ROUNDS):  # the object holds the winner's bytes, intact
+    report.append(_line("race create-only", s.url, rounds, f"{THREADS} threads", winners))
+    assert winners == [1] * rounds
+    for r in range(rounds):  # the object holds the winner's bytes, intact
         assert s.get(f"c/{r}")[0].decode().isdigit()
 
 
 def test_thread_race_if_match(atomic_store: Store, report: list[str]) -> None:
-    s = atomic_store
-    etags = [s.put(f"m/{r}", b"start") for r in range(ROUNDS)]
+    s, rounds = atomic_store, _rounds(atomic_store)
+    etags = [s.put(f"m/{r}", b"start") for r in range(rounds)]
     winners = race(
         THREADS,
-        ROUNDS,
+        rounds,
         lambda r, t: _won(lambda: s.put(f"m/{r}", str(t).encode(), if_match(etags[r]))),
     )
-    report.append(_line("race if-match", s.url, ROUNDS, f"{THREADS} threads", winners))
-    assert winners == [1] * ROUNDS
+    report.append(_line("race if-match", s.url, rounds, f"{THREADS} threads", winners))
+    assert winners == [1] * rounds
 
 
 def _increment(s: Store, key: str, times: int) -> int:
