@@ -246,16 +246,23 @@ def test_a_frozen_owners_invocation_is_taken_once_its_lease_and_backoff_end(
     keys = QueueKeys(q.ns, "default")
     ticket = keys.ticket_of_id(inv) or ""
 
-    def theirs(name: str) -> bool:
-        lanes = Lanes(keys, "b", clock)
-        lanes.number(ring([name, "b"]))
+    def theirs(frozen: str, taker: str) -> bool:
+        lanes = Lanes(keys, taker, clock)
+        lanes.number(ring([frozen, taker]))
         return lanes.lane(ticket) != lanes.index
 
-    frozen = next(n for n in (f"z{i}" for i in range(64)) if theirs(n))  # the ticket's owner
-    _alive(store, q.ns, frozen, "b")
+    # the ticket in the frozen worker's lane (both names searched: with one fixed, a ticket
+    # just past one of its points on the ring stays its own for nearly every other name)
+    frozen, taker = next(
+        (frozen, taker)
+        for taker in (f"b{i}" for i in range(32))
+        for frozen in (f"z{i}" for i in range(32))
+        if theirs(frozen, taker)
+    )
+    _alive(store, q.ns, frozen, taker)
     held = Claimer(q.ops("default"), frozen, ticks=clock).claim(store.now())
     assert held is not None and held.record.id == inv  # then its node freezes
-    b = Claimer(q.ops("default"), "b", ticks=clock)
+    b = Claimer(q.ops("default"), taker, ticks=clock)
     b._lanes.contended()  # another process claims here: lanes apply
     clock.t = held.record.lease.expires_at + 0.01  # type: ignore[union-attr]
     expired = clock.t
