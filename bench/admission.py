@@ -78,7 +78,7 @@ def main() -> None:
     backends = {"local": lambda: LocalStore(tempfile.mkdtemp(prefix="lakeshore-bench-"))}
     from bench.seaweed_env import seaweed_server
     from lakeshore.store.s3 import S3Store
-    from tests.conftest import FAKE_CREDS
+    from tests.tiers import FAKE_CREDS
 
     with seaweed_server() as server:
         if server is not None:

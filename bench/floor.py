@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.seaweed_env import BUCKET
 from lakeshore.keys import new_id
-from tests.conftest import FAKE_CREDS
+from tests.tiers import FAKE_CREDS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = 1000  # keys per LIST page: S3's maximum

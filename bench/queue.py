@@ -67,7 +67,7 @@ from lakeshore.model.record import Blob, Record
 from lakeshore.protocol.claims import Claimer
 from lakeshore.store import LocalStore, MemoryStore, Store
 from lakeshore.store.base import CREATE
-from tests.conftest import FAKE_CREDS
+from tests.tiers import FAKE_CREDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

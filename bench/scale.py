@@ -46,7 +46,7 @@ import lakeshore as dls
 from bench.bodies import nap, noop
 from bench.seaweed_env import BUCKET, seaweed_server
 from lakeshore.keys import new_id
-from tests.conftest import FAKE_CREDS
+from tests.tiers import FAKE_CREDS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tests.conftest import FAKE_CREDS, _create_bucket
 from tests.seaweed import Seaweed, find_weed, start_seaweed
+from tests.tiers import FAKE_CREDS, _create_bucket
 
 BUCKET = "lakeshore-test"
 

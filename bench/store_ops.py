@@ -101,7 +101,7 @@ def bench_s3(n: int) -> list[dict[str, Any]]:
 
     from bench.seaweed_env import BUCKET, seaweed_server
     from lakeshore.store.s3 import S3Store
-    from tests.conftest import FAKE_CREDS
+    from tests.tiers import FAKE_CREDS
 
     with seaweed_server() as server:
         if server is None:

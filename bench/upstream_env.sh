@@ -24,6 +24,13 @@ from importlib.metadata import version
 sys.exit(version(sys.argv[1]) != sys.argv[2])' "$NAME" "$VERSION" 2>/dev/null
 }
 
+# One maker at a time (the suite's processes, a benchmark): a second one waits, then finds
+# the venv ready instead of removing it under the first one's feet.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$ROOT/.bench-upstream.lock"
+  flock 9
+fi
+
 if ! installed; then
   py=""
   for cand in "${PYTHON:-}" python3.11 python3; do

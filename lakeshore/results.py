@@ -12,7 +12,7 @@ from typing import Any
 
 from lakeshore import codec
 from lakeshore.errors import Failed, JobError, Killed, NotFinished, NotFound, TimedOut
-from lakeshore.model.record import Blob, Record
+from lakeshore.model.record import Blob, Record, State
 from lakeshore.plane import Plane
 from lakeshore.protocol import polling
 from lakeshore.protocol.steps import QueueOps, unclaimed
@@ -32,7 +32,7 @@ def result(plane: Plane, inv: str, timeout: float | None = None) -> Any:
             ``timeout`` seconds. NotFound: no such invocation.
     """
     ops, rec = wait(plane, inv, timeout)
-    if rec.state != "succeeded":
+    if rec.state != State.SUCCEEDED:
         raise job_error(rec)
     if rec.result is None and rec.journal is not None:
         # a streaming body: its result is what it yielded, read from the journal

@@ -36,7 +36,7 @@ from lakeshore.errors import (
     StoreError,
 )
 from lakeshore.keys import DEFAULT_QUEUE, band, check_id, new_id
-from lakeshore.model.record import MAX_COUNT, Blob, Record, check_fields, check_key_arg
+from lakeshore.model.record import MAX_COUNT, Blob, Record, State, check_fields, check_key_arg
 from lakeshore.protocol import polling
 from lakeshore.protocol.admission import admit, give_back_rate
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, abandoned
@@ -437,7 +437,7 @@ def _publish_admitted(
     except BaseException:
         _undo_admission(prep.ops, inv, draft, token)
         raise
-    prep.ops.free_slot(dataclasses.replace(draft, id=inv, state="killed"))
+    prep.ops.free_slot(dataclasses.replace(draft, id=inv, state=State.KILLED))
     give_back_rate(prep.ops, token)
     return False
 
@@ -452,7 +452,7 @@ def _undo_admission(ops: QueueOps, inv: str, draft: Record, token: tuple[str, st
         pass
     except LakeshoreError:
         return  # cannot tell: keep the slot (a leak is repaired later; excess never is)
-    ops.free_slot(dataclasses.replace(draft, id=inv, state="killed"))
+    ops.free_slot(dataclasses.replace(draft, id=inv, state=State.KILLED))
     give_back_rate(ops, token)
 
 

@@ -45,9 +45,9 @@ from lakeshore.offload import aiterate, offload
 from lakeshore.protocol import census, polling
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import Claimed, QueueOps
-from lakeshore.running.attempt import Attempt, Heartbeats, conclude, fatal
+from lakeshore.running.attempt import Attempt, Halt, Heartbeats, conclude, fatal
 from lakeshore.running.bodies import Declared
-from lakeshore.running.call import Outcome, error_of
+from lakeshore.running.call import Outcome, Verdict, error_of
 from lakeshore.streams.journal import Frame, JournalWriter
 from lakeshore.submit import submit_call
 from lakeshore.text import inert
@@ -130,7 +130,7 @@ class Job:
         with self._lock:
             self._check_open(op)
             if self._att.lease_left() <= 0:
-                self._att.halt("lost")
+                self._att.halt(Halt.LOST)
             if not self._att.fence():
                 raise self._fenced(op, "lost its lease")
             return self._att.lease_left()
@@ -180,7 +180,7 @@ class Job:
                 "write large outputs with dls.run.write and ack with their keys",
             )
         posted_only = result is None and self._journal is not None
-        self._end(op, Outcome("ok", value=None if posted_only else data), ("succeeded",))
+        self._end(op, Outcome(Verdict.OK, value=None if posted_only else data), ("succeeded",))
 
     def nack(self, error: BaseException | str = "nacked", retry: bool = True) -> str:
         """The job failed with ``error`` (an exception, traceback included, or a message).
@@ -197,9 +197,8 @@ class Job:
             err = error_of(error)
         else:
             err = {"type": "Nacked", "message": str(error), "traceback": ""}
-        if not retry:
-            err["fatal"] = "1"
-        self._end(f"nack {self.id}", Outcome("error", error=err), ("queued", "failed"))
+        outcome = Outcome(Verdict.ERROR, error=err, final=not retry)
+        self._end(f"nack {self.id}", outcome, ("queued", "failed"))
         return self._ended
 
     def release(self) -> None:
@@ -210,7 +209,7 @@ class Job:
             InvalidArgument: the job was already ended.
             StoreError: the store failed while ending the job, as for :meth:`ack`.
         """
-        self._end(f"release {self.id}", Outcome("stopped"), ("queued",), release=True)
+        self._end(f"release {self.id}", Outcome(Verdict.STOPPED), ("queued",), release=True)
 
     def _end(
         self, op: str, outcome: Outcome, applied: tuple[str, ...], release: bool = False
@@ -219,10 +218,10 @@ class Job:
             self._check_open(op)
             self._stop_beating()
             if self._att.lease_left() <= 0 and not self._att.stop.is_set():
-                self._att.halt("lost")  # past its lease: someone may be claiming it now
+                self._att.halt(Halt.LOST)  # past its lease: someone may be claiming it now
             if release:
-                self._att.halt("released")  # (no-op once lost or cancelled)
-            lost = self._att.stop.is_set() and self._att.why != "released"
+                self._att.halt(Halt.RELEASED)  # (no-op once lost or cancelled)
+            lost = self._att.stop.is_set() and self._att.why is not Halt.RELEASED
             try:
                 state, _ = conclude(self._dispatch, self._att, outcome, self._writer())
             except BaseException:
@@ -571,7 +570,7 @@ class WorkQueue:
             try:
                 payload = self._payload_of(rec)
             except StoreUnavailable as e:  # may work next time: an ordinary failed attempt
-                self._give_up(held, Outcome("error", error=error_of(e)))
+                self._give_up(held, Outcome(Verdict.ERROR, error=error_of(e)))
                 continue
             except LakeshoreError as e:  # would fail every time: fail it for good
                 log.warning("claim from %s: failing %s: %s", self.name, rec.id, inert(str(e)))

@@ -52,7 +52,7 @@ from lakeshore.protocol.admission import repair_slots, sweep_rate
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
-from lakeshore.running.attempt import Attempt, Slot, run_attempt
+from lakeshore.running.attempt import Attempt, Halt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
@@ -356,7 +356,7 @@ def _watch_leases(state: _State) -> None:
                 log.warning(
                     "lease of %s not renewed in time: stopping its body", att.held.record.id
                 )
-                att.halt("lost")
+                att.halt(Halt.LOST)
         except LakeshoreError as e:  # the clock could not be read: the heartbeat decides
             log.debug("lease check of %s failed: %s", att.held.record.id, e)
 
@@ -397,7 +397,7 @@ def _release_all(state: _State) -> None:
     with state.lock:
         running = list(state.running)
     for att in running:
-        att.halt("released")
+        att.halt(Halt.RELEASED)
 
 
 def _install_signals(state: _State) -> Any:

@@ -25,26 +25,32 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections import Counter
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 from ulid import ULID
 
-from lakeshore.errors import LakeshoreError
-from lakeshore.store import LocalStore, MemoryStore, Store, open_store
+from lakeshore.store import Store
 from tests.seaweed import Seaweed, find_weed, start_seaweed
 from tests.slurm import SlurmCluster, find_slurm, start_slurm
-
-TEST_BUCKET = "lakeshore-test"
-# Any credentials do: the SeaweedFS gateway runs with authentication off, moto accepts all.
-FAKE_CREDS = {"aws_access_key_id": "lakeshore-test", "aws_secret_access_key": "lakeshore-test"}
+from tests.tiers import (
+    ALL_TIERS,
+    ATOMIC_TIERS,
+    FAKE_CREDS,
+    S3URL_ENV,
+    TEST_BUCKET,
+    make_plane,
+    make_tier_store,
+    s3url,
+    seaweed_store,
+    tier_store,
+)
 
 _report_key = pytest.StashKey[list[str]]()
 _seaweed_key = pytest.StashKey[dict[str, Any]]()
@@ -52,13 +58,6 @@ _slurm_key = pytest.StashKey[dict[str, Any]]()
 _browser_key = pytest.StashKey[dict[str, Any]]()
 CHROMIUM = "/usr/bin/chromium"  # Debian's package, installed by scripts/test
 _s3url_key = pytest.StashKey[Counter[str]]()
-
-S3URL_ENV = "LAKESHORE_TEST_S3_URL"
-
-
-def _s3url() -> str | None:
-    """The optional tier's store URL, if the environment names one."""
-    return os.environ.get(S3URL_ENV, "").strip() or None
 
 
 def _require_seaweed() -> bool:
@@ -80,11 +79,57 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_browser_key] = {"tests": 0}
     config.stash[_s3url_key] = Counter()
     config.addinivalue_line("markers", f"s3url: runs on the store that ${S3URL_ENV} names")
-    url = _s3url()
+    url = s3url()
     if url and urlsplit(url).scheme != "s3":
         raise pytest.UsageError(
             f"{S3URL_ENV}={url!r}: expected s3://bucket/prefix[?endpoint_url=…]"
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (scripts/test runs the suite in several processes), every test of
+    # the SLURM tier goes to one process, so that one cluster serves them all.
+    for item in items:
+        if item.get_closest_marker("slurm") or "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+_TIER_KEYS = {"seaweed": _seaweed_key, "slurm": _slurm_key, "browser": _browser_key}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its tier counts and figures to the controlling process."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is None:
+        return
+    stash = session.config.stash
+    out["lakeshore"] = {
+        **{name: dict(stash[key]) for name, key in _TIER_KEYS.items()},
+        "s3url": dict(stash[_s3url_key]),
+        "report": list(stash[_report_key]),
+    }
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controlling process adds up what each xdist worker counted."""
+    part = getattr(node, "workeroutput", {}).get("lakeshore")
+    if not part:
+        return
+    stash = node.config.stash
+    for name, key in _TIER_KEYS.items():
+        merge_tier_info(stash[key], part[name])
+    stash[_s3url_key].update(part["s3url"])
+    stash[_report_key].extend(part["report"])
+
+
+def merge_tier_info(into: dict[str, Any], part: dict[str, Any]) -> None:
+    """Tests and servers add up; the first process to say anything else is the one shown."""
+    for k, v in part.items():
+        if k in ("tests", "servers"):
+            into[k] = into.get(k, 0) + v
+        else:
+            into.setdefault(k, v)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -92,9 +137,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     tr = terminalreporter
     tr.section("lakeshore tiers and figures")
     if "endpoint" in info:
+        where = (
+            f"at {info['endpoint']}"
+            if info.get("servers", 1) == 1
+            else f"({info['servers']} servers, one per test process)"
+        )
         tr.write_line(
             f"SeaweedFS tier: RAN — {info['tests']} tests against `weed mini` "
-            f"({info['version']}) at {info['endpoint']}, started by this session"
+            f"({info['version']}) {where}, started by this session"
         )
     elif "skipped" in info:
         tr.write_line(f"SeaweedFS tier: SKIPPED — {info['skipped']}")
@@ -134,7 +184,7 @@ def _browser_summary(info: dict[str, Any]) -> str:
 
 
 def _s3url_summary(outcomes: Counter[str]) -> str:
-    url = _s3url()
+    url = s3url()
     if url is None:
         return f"{S3URL_ENV} tier: not run — the variable is unset"
     ran = sum(n for what, n in outcomes.items() if what != "skipped")
@@ -232,7 +282,7 @@ def seaweed(pytestconfig: pytest.Config) -> Iterator[Seaweed]:
             pytest.fail(f"SeaweedFS tier is required in CI but {reason}")
         pytest.skip(reason)
     server = start_seaweed(weed)
-    info.update(endpoint=server.endpoint, version=server.version)
+    info.update(endpoint=server.endpoint, version=server.version, servers=1)
     try:
         _create_bucket(server.endpoint)
         yield server
@@ -297,16 +347,6 @@ def _create_bucket(endpoint: str, timeout: float = 60.0) -> None:
         time.sleep(0.25)  # the filer behind the gateway may still be starting
 
 
-def seaweed_store(server: Seaweed, **options: Any) -> Store:
-    """A fresh, empty S3Store on the session's SeaweedFS (unique prefix per call)."""
-    from lakeshore.store.s3 import S3Store
-
-    options.setdefault("read_timeout", 30.0)  # contended losers can wait seconds
-    return S3Store(
-        TEST_BUCKET, f"t/{ULID()}", endpoint_url=server.endpoint, **FAKE_CREDS, **options
-    )
-
-
 @pytest.fixture
 def moto_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     from moto import mock_aws
@@ -324,73 +364,16 @@ def moto_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
         yield S3Store(TEST_BUCKET, f"t/{ULID()}", region="us-east-1", **FAKE_CREDS)
 
 
-def _make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    if kind == "memory":
-        return MemoryStore()
-    if kind == "local":
-        return LocalStore(tmp_path / "store")
-    if kind == "moto":
-        store: Store = request.getfixturevalue("moto_store")
-        return store
-    if kind == "seaweedfs-boto3":
-        return seaweed_store(request.getfixturevalue("seaweed"), transport="boto3")
-    # the default client: obstore for GET, PUT and LIST, or what $LAKESHORE_S3_CLIENT names
-    # (the whole tier then runs on that client)
-    return seaweed_store(request.getfixturevalue("seaweed"))
-
-
-def _s3url_for_test() -> str:
-    """The optional tier's URL with a fresh prefix below its own, so tests never meet."""
-    parts = urlsplit(_s3url() or "")
-    path = f"{parts.path.rstrip('/')}/t/{ULID()}"
-    return urlunsplit(parts._replace(path=path))
-
-
-def _empty(url: str) -> None:
-    # Best effort, with a store of its own (the test may have closed its store): the tier
-    # may be a bucket someone pays for, so leave nothing behind.
-    with contextlib.suppress(LakeshoreError), open_store(url) as s:
-        for info in list(s.list()):
-            s.delete(info.key)
-
-
-_ALL = [
-    "memory",
-    "local",
-    "moto",
-    pytest.param("seaweedfs", marks=pytest.mark.seaweedfs),
-    # only when the variable is set: an unset optional tier adds no skipped tests
-    *([pytest.param("s3url", marks=pytest.mark.s3url)] if _s3url() else []),
-]
-_ATOMIC = ["memory", "local", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
-BOTO3_TIER = pytest.param("seaweedfs-boto3", marks=pytest.mark.seaweedfs)
-ALL_TIERS = _ALL
-ATOMIC_TIERS = _ATOMIC
-
-
-@pytest.fixture(params=_ALL)
+@pytest.fixture(params=ALL_TIERS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Every tier."""
     yield from tier_store(request, tmp_path)
 
 
-def tier_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The body of the ``store`` fixture, for modules that add tiers (``BOTO3_TIER``)."""
-    if request.param == "s3url":
-        url = _s3url_for_test()
-        with open_store(url) as s:
-            yield s
-        _empty(url)
-        return
-    s = _make(request.param, request, tmp_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture(params=_ATOMIC)
+@pytest.fixture(params=ATOMIC_TIERS)
 def atomic_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """The tiers whose conditional writes are atomic under races."""
-    s = _make(request.param, request, tmp_path)
+    s = make_tier_store(request.param, request, tmp_path)
     yield s
     s.close()
 
@@ -401,34 +384,6 @@ def seaweed_s3(seaweed: Seaweed, request: pytest.FixtureRequest) -> Iterator[Sto
     s = seaweed_store(seaweed)
     yield s
     s.close()
-
-
-def date_clock_lease(store: Store, lease_s: float) -> float:
-    """``lease_s``, or 3 s on an S3 store: its clock comes from one-second ``Date`` headers
-    and sharpens in steps that a shorter lease cannot absorb (see ``run_worker``'s warning)."""
-    from lakeshore.store.s3 import S3Store
-
-    return max(lease_s, 3.0) if isinstance(store, S3Store) else lease_s
-
-
-def make_plane(store: Store, **options: Any) -> Any:
-    """A Dispatch on ``store`` with test-friendly timings (short backoff and lease)."""
-    import lakeshore as dls
-
-    options.setdefault("retry_backoff_s", 0.05)
-    options.setdefault("lease_s", 3.0)
-    return dls.Dispatch(store.url, store=store, **options)
-
-
-def record_key(ops: Any, inv: str) -> str:
-    """Where the record of ``inv`` lives now, for tests that read or rewrite it by hand:
-    ``<id>/record`` once anything has moved the invocation (a claim, a cancel, a timeout),
-    before that its ticket, which holds the record as submitted. ``ops`` is a ``QueueOps``."""
-    key = ops.keys.record(inv)
-    if any(info.key == key for info in ops.store.list(key)):
-        return str(key)
-    ticket = ops.keys.ticket_of_id(inv)
-    return str(key if ticket is None else ticket)
 
 
 @pytest.fixture
@@ -455,3 +410,12 @@ def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     u = f"file://{tmp_path}/plane"
     monkeypatch.setenv("LAKESHORE_URL", u)
     return u
+
+
+@pytest.fixture
+def principals(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """The roles of docs/iam/ on one moto bucket, each behind its policy (``tests/roles.py``)."""
+    from tests.roles import principals_on_moto
+
+    with principals_on_moto(monkeypatch) as out:
+        yield out

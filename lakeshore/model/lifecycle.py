@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from lakeshore.errors import IllegalTransition
-from lakeshore.model.record import MAX_HISTORY, Lease, Record, Turn
+from lakeshore.model.record import MAX_HISTORY, Lease, Record, State, Turn
 
 __all__ = [
     "CLOCK_SLACK_S",
@@ -65,14 +65,14 @@ def _ended(rec: Record, now: float, outcome: str) -> tuple[Turn, ...]:
     """The history with the running attempt's entry closed (unchanged for a record that
     runs no attempt, or whose entry is missing: written before the history existed)."""
     last = rec.history[-1] if rec.history else None
-    if rec.state != "running" or last is None or last.attempt != rec.attempt or last.outcome:
+    if rec.state != State.RUNNING or last is None or last.attempt != rec.attempt or last.outcome:
         return rec.history
     return (*rec.history[:-1], Turn(last.attempt, last.worker, last.started_at, now, outcome))
 
 
 def holds(rec: Record, token: str) -> bool:
     """True when ``token`` is the lease of the record's current running attempt."""
-    return rec.state == "running" and rec.lease is not None and rec.lease.token == token
+    return rec.state == State.RUNNING and rec.lease is not None and rec.lease.token == token
 
 
 def backoff_s(rec: Record) -> float:
@@ -84,18 +84,18 @@ def backoff_s(rec: Record) -> float:
 
 
 def past_deadline(rec: Record, now: float) -> bool:
-    return rec.state == "queued" and rec.deadline_at is not None and now > rec.deadline_at
+    return rec.state == State.QUEUED and rec.deadline_at is not None and now > rec.deadline_at
 
 
 def claim(rec: Record, worker: str, token: str, now: float, lease_s: float | None = None) -> Record:
     """queued -> running: the next attempt, leased to ``worker`` until ``now + lease_s``
     (the worker's lease length when it sets one, else the invocation's; the record keeps
     the one in force, which heartbeats use)."""
-    if rec.state != "queued" or rec.not_before > now or past_deadline(rec, now):
+    if rec.state != State.QUEUED or rec.not_before > now or past_deadline(rec, now):
         raise _illegal(rec, "claim")
     lease_s = lease_s or rec.lease_s
     return rec.next_write(
-        state="running",
+        state=State.RUNNING,
         attempt=rec.attempt + 1,
         lease_s=lease_s,
         lease=Lease(worker, token, now + lease_s),
@@ -120,7 +120,7 @@ def succeed(
     if not holds(rec, token):
         raise _illegal(rec, "complete")
     return rec.next_write(
-        state="succeeded",
+        state=State.SUCCEEDED,
         result=result,
         error=None,
         finished_at=now,
@@ -142,14 +142,14 @@ def fail(
     failure is retryable; else running -> failed. ``token=None`` is the reaper's form: the
     lease must have expired instead."""
     if token is None:
-        if rec.state != "running" or rec.lease is None or rec.lease.expires_at >= now:
+        if rec.state != State.RUNNING or rec.lease is None or rec.lease.expires_at >= now:
             raise _illegal(rec, "expire")
     elif not holds(rec, token):
         raise _illegal(rec, "fail")
     lost = "expired" if token is None else None
     if retry and rec.attempt - rec.released < rec.max_attempts:
         return rec.next_write(
-            state="queued",
+            state=State.QUEUED,
             lease=None,
             error=error,
             not_before=now + backoff_s(rec),
@@ -157,7 +157,7 @@ def fail(
             history=_ended(rec, now, lost or "retried"),
         )
     return rec.next_write(
-        state="failed",
+        state=State.FAILED,
         lease=None,
         error=error,
         finished_at=now,
@@ -172,7 +172,7 @@ def release(rec: Record, token: str, now: float) -> Record:
     if not holds(rec, token):
         raise _illegal(rec, "release")
     return rec.next_write(
-        state="queued",
+        state=State.QUEUED,
         lease=None,
         not_before=now,
         released=rec.released + 1,
@@ -187,7 +187,7 @@ def rerun(rec: Record, now: float) -> Record:
     if not rec.terminal:
         raise _illegal(rec, "retry")
     return rec.next_write(
-        state="queued",
+        state=State.QUEUED,
         reruns=rec.reruns + 1,
         max_attempts=max(rec.max_attempts, rec.attempt - rec.released + 1),
         not_before=now,
@@ -215,7 +215,7 @@ def cancel(rec: Record, now: float, reason: str = "cancelled") -> Record:
     """queued | running -> killed. The running worker notices at its next heartbeat."""
     if rec.terminal:
         raise _illegal(rec, "cancel")
-    return _stopped(rec, now, "killed", {"type": "Killed", "message": reason, "traceback": ""})
+    return _stopped(rec, now, State.KILLED, {"type": "Killed", "message": reason, "traceback": ""})
 
 
 def time_out(rec: Record, now: float, token: str | None = None) -> Record:
@@ -231,7 +231,9 @@ def time_out(rec: Record, now: float, token: str | None = None) -> Record:
         )
     else:
         raise _illegal(rec, "timeout")
-    return _stopped(rec, now, "timeout", {"type": "Timeout", "message": message, "traceback": ""})
+    return _stopped(
+        rec, now, State.TIMEOUT, {"type": "Timeout", "message": message, "traceback": ""}
+    )
 
 
 def implausible(rec: Record, now: float) -> str | None:
@@ -277,10 +279,10 @@ def refuse(rec: Record, now: float, why: str) -> Record:
         "message": f"{why}: no worker will wait for it; submit it again if it was meant",
         "traceback": "",
     }
-    return _stopped(rec, now, "failed", error)
+    return _stopped(rec, now, State.FAILED, error)
 
 
-def _stopped(rec: Record, now: float, state: str, error: dict[str, Any]) -> Record:
+def _stopped(rec: Record, now: float, state: State, error: dict[str, Any]) -> Record:
     """``rec`` ended by someone other than its body (a cancel, a timeout, a refusal)."""
     return rec.next_write(
         state=state,

@@ -19,6 +19,7 @@ import operator
 import random
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, NamedTuple
 
 from lakeshore.codec import pack_plain, unpack_plain
@@ -39,6 +40,7 @@ __all__ = [
     "Blob",
     "Lease",
     "Record",
+    "State",
     "Turn",
     "check_fields",
     "check_key_arg",
@@ -47,9 +49,28 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-LIVE = ("queued", "running")
-TERMINAL = ("succeeded", "failed", "killed", "timeout")
+
+
+class State(StrEnum):
+    """An invocation's state. A ``str``: stored as its value, so records read and write the
+    bytes they always did, and ``rec.state == "queued"`` holds."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    TIMEOUT = "timeout"
+
+    def __repr__(self) -> str:
+        # as the string it replaced: a dict of states prints as it always did
+        return repr(self.value)
+
+
+LIVE = (State.QUEUED, State.RUNNING)
+TERMINAL = (State.SUCCEEDED, State.FAILED, State.KILLED, State.TIMEOUT)
 STATES = LIVE + TERMINAL
+_STATE_OF = {s.value: s for s in State}
 # The ``fn`` of a payload invocation (a work queue's: no function, a consumer acks it). A
 # function's ref always has a colon, so no function can be named this.
 PAYLOAD_FN = "payload"
@@ -247,7 +268,7 @@ class Record:
     queue: str
     fn: str  # "module:qualname"
     args: Blob
-    state: str = "queued"
+    state: State = State.QUEUED
     fn_pickle: bytes | None = None  # only when submitter and worker both opted in
     key: str | None = None
     input_hash: str = ""
@@ -573,8 +594,11 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
                 _of_type(full, name, expected, optional=True)
             if len(v) * 4 > cap:  # possibly over: _capped measures it exactly
                 _capped(v, name)
-    if type(full["state"]) is not str or full["state"] not in STATES:
+    state = full["state"]  # a str read from the store, or the default
+    state = _STATE_OF.get(state) if type(state) is str or type(state) is State else None
+    if state is None:
         raise _Bad("state", f"must be one of {', '.join(STATES)}, got {_show(full['state'])}")
+    full["state"] = state
     for name, low, high in _INTS:
         v = full[name]
         if type(v) is not int or v < low or v > high:

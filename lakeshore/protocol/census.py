@@ -35,7 +35,7 @@ from ulid import ULID
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, NotFound, RecordError
 from lakeshore.keys import QueueKeys, is_name, past_folder, workers_prefix
-from lakeshore.model.record import LIVE, Record
+from lakeshore.model.record import LIVE, Record, State
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import ObjectInfo, Store
 
@@ -263,9 +263,9 @@ def queue_status(ops: QueueOps, now: float, recent: int = 100) -> QueueStatus:
     oldest = None
     if len(live) <= EXACT_UP_TO:
         for r in records(ops, live):
-            if r.state == "running":
+            if r.state == State.RUNNING:
                 st.running += 1
-            elif r.state == "queued":
+            elif r.state == State.QUEUED:
                 st.queued += 1
                 oldest = r.id if oldest is None or r.id < oldest else oldest
     else:

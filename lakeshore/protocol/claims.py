@@ -36,7 +36,7 @@ from lakeshore.errors import (
 )
 from lakeshore.keys import QueueKeys
 from lakeshore.model import lifecycle
-from lakeshore.model.record import Record, write_id
+from lakeshore.model.record import Record, State, write_id
 from lakeshore.protocol.lanes import HELP_WITHIN_S, STUCK_S, Lanes, ring
 from lakeshore.protocol.steps import (
     CLAIM_FENCE_S,
@@ -74,7 +74,10 @@ _OTHER_SIDE_S = 300.0  # a payload seen by a function worker (or the reverse): p
 # due within a second or so; a delete from every process that lists it meanwhile would cost
 # a request each. After this, whoever meets the ticket deletes it (its holder may have died)
 _TIDY_GRACE_S = 10.0
-_TIDIED = ("succeeded", "failed")  # the outcomes whose worker deletes the ticket (a cancel's
+_TIDIED = (
+    State.SUCCEEDED,
+    State.FAILED,
+)  # the outcomes whose worker deletes the ticket (a cancel's
 # producer does not: a claimer drops that ticket when it meets it)
 # a process whose passes have left listed work to other lanes' owners for this long helps
 # anyway: liveness must not hang on adoption (a lane's head can look new in every listing
@@ -486,7 +489,7 @@ class Claimer:
             self.ops.free_slot(refused)
             self._drop(info)
             return None, moved, False
-        if rec.state == "running":
+        if rec.state == State.RUNNING:
             expires = rec.lease.expires_at if rec.lease is not None else now
             if expires >= now:
                 self._remember(info, expires)  # its worker holds it: look again at expiry
@@ -498,7 +501,7 @@ class Claimer:
                     self._seen_another(info.key)
                 return None, moved, holder != self.worker
             nxt = lifecycle.expire(rec, now)
-            if nxt.state == "queued":
+            if nxt.state == State.QUEUED:
                 ticket_etag = self.ops.put_marker(nxt)  # before the record says queued
             try:
                 etag = self.ops.cas(nxt, etag)

@@ -70,7 +70,7 @@ from lakeshore.errors import (
 )
 from lakeshore.keys import QueueKeys
 from lakeshore.model import lifecycle
-from lakeshore.model.record import MAX_INLINE_BYTES, Blob, Record
+from lakeshore.model.record import MAX_INLINE_BYTES, Blob, Record, State
 from lakeshore.protocol.tidy import Tidier
 from lakeshore.store.base import CREATE, OVERWRITE, ObjectInfo, Store, if_match
 
@@ -137,7 +137,7 @@ def unclaimed(etag: str) -> bool:
 def abandoned(rec: Record) -> bool:
     """True for a tombstone written by :meth:`QueueOps.fence`."""
     error = rec.error
-    return rec.state == "failed" and isinstance(error, dict) and error.get("type") == ABANDONED
+    return rec.state == State.FAILED and isinstance(error, dict) and error.get("type") == ABANDONED
 
 
 class Memory(Protocol):
@@ -441,7 +441,7 @@ class QueueOps:
             queue=self.keys.queue,
             fn="?",
             args=Blob(inline=b""),
-            state="failed",
+            state=State.FAILED,
             error={
                 "type": ABANDONED,
                 "message": f"the submit of {inv} never wrote its ticket: {why}; nothing ran",
@@ -564,7 +564,7 @@ class QueueOps:
             Conflict: the attempt was fenced out (the result is then dropped).
             StoreUnavailable: the store failed and ``retry_while`` said to stop.
         """
-        if final.state == "queued" and held.by is not None:
+        if final.state == State.QUEUED and held.by is not None:
             held.by.forget(self.ticket_key(final))
         etag = self._write_outcome(held, final, retry_while, pause)
         if not final.terminal:
@@ -591,7 +591,7 @@ class QueueOps:
         delay, failed = _OUTCOME_PAUSE_S, False
         while True:
             try:
-                if final.state == "queued":
+                if final.state == State.QUEUED:
                     self.put_marker(final)
                 return self.cas(final, held.etag)
             except StoreUnavailable:
@@ -636,7 +636,7 @@ def corrupt_stub(
         queue=keys.queue,
         fn="?",
         args=Blob(inline=b""),
-        state="failed",
+        state=State.FAILED,
         error={"type": "CorruptRecord", "message": str(err), "traceback": ""},
         submitted_at=submitted_at,
         finished_at=finished_at,
@@ -677,8 +677,8 @@ def decode_ticket(data: bytes, keys: QueueKeys, ticket: str) -> Record:
             f"the ticket's record has priority {rec.priority}, not that of its band",
             "the object was copied or written by hand; delete it",
         )
-    stone = rec.state == "failed" and (rec.error or {}).get("type") == ABANDONED
-    if (rec.state != "queued" and not stone) or rec.lease is not None or rec.attempt:
+    stone = rec.state == State.FAILED and (rec.error or {}).get("type") == ABANDONED
+    if (rec.state != State.QUEUED and not stone) or rec.lease is not None or rec.attempt:
         raise RecordError(
             f"read {ticket}",
             f"a ticket holds a record as submitted (or a tombstone), not one in state "

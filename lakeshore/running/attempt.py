@@ -28,7 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol, assert_never
 
 from lakeshore import codec
 from lakeshore.errors import (
@@ -44,10 +45,10 @@ from lakeshore.errors import (
     UnknownFunction,
 )
 from lakeshore.model import lifecycle
-from lakeshore.model.record import Record, clip_error
+from lakeshore.model.record import Record, State, clip_error
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
-from lakeshore.running.call import Outcome, RunSpec, error_of, run_inline, unpickle
+from lakeshore.running.call import Outcome, RunSpec, Verdict, error_of, run_inline, unpickle
 from lakeshore.running.child import BodyCall, ChildProcess, Hooks, child_can_import
 from lakeshore.running.logs import log_writer, text_sink
 from lakeshore.streams.journal import END, ERROR, JournalWriter
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ABANDON_AFTER_S",
     "Attempt",
+    "Halt",
     "Heartbeats",
     "Running",
     "Slot",
@@ -161,6 +163,16 @@ class Slot:
             self.child = None
 
 
+class Halt(StrEnum):
+    """Why the worker stopped an attempt's body (``Attempt.why``); ``NONE`` while it has not."""
+
+    NONE = ""
+    KILLED = "killed"  # the invocation was cancelled
+    LOST = "lost"  # the lease could not be confirmed in time
+    TIMEOUT = "timeout"  # the body ran past its timeout_s
+    RELEASED = "released"  # the worker is stopping: hand the invocation back
+
+
 class Attempt:
     """One running attempt: the held record (guarded), its stop flag and why it stopped.
 
@@ -177,7 +189,7 @@ class Attempt:
         self.strict = strict
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.why = ""  # "killed" | "lost" | "timeout" | "released"
+        self.why = Halt.NONE
         self.final = ""
         self.interrupted = False  # ended by a signal meant for the whole worker
         # The hand-off of a body run in the slot's thread: which of that thread and the
@@ -188,7 +200,7 @@ class Attempt:
         # what follows the body (run_attempt sets it): heartbeats off, outcome written
         self.ending: Callable[[Outcome], Attempt] | None = None
 
-    def halt(self, why: str) -> None:
+    def halt(self, why: Halt) -> None:
         if not self.stop.is_set():
             self.why = why
             self.stop.set()
@@ -235,7 +247,7 @@ class Attempt:
             LakeshoreError: the outcome could not be written (the lease will expire).
         """
         assert self.ending is not None and self._inline == _ABANDONED
-        return self.ending(Outcome("stopped"))
+        return self.ending(Outcome(Verdict.STOPPED))
 
     def beat(self) -> float | None:
         """One heartbeat; returns when the next one is due (``time.monotonic``), or None
@@ -245,7 +257,7 @@ class Attempt:
             sent = time.monotonic()
             if self.strict and self.lease_left() <= 0:
                 # woken after a pause past the lease (a stopped process, a sleeping laptop)
-                self.halt("lost")
+                self.halt(Halt.LOST)
                 return None
             try:
                 self.held = self.ops.heartbeat(self.held, self.ops.store.now())
@@ -257,7 +269,7 @@ class Attempt:
             if not self.stop.is_set() and self.lease_left() < fence_margin(rec.lease_s):
                 # self-fence while the lease still holds: once it runs out, another worker
                 # may take the invocation over, and this body must have stopped by then
-                self.halt("lost")
+                self.halt(Halt.LOST)
         if self.stop.is_set():
             return None
         return time.monotonic() + rec.lease_s / 6  # failed: try again sooner
@@ -276,12 +288,12 @@ class Attempt:
         try:
             rec, etag = self.ops.read(self.held.record.id)
         except (NotFound, RecordError, StoreError):
-            self.halt("lost")
+            self.halt(Halt.LOST)
             return
-        if rec.state == "killed":
-            self.halt("killed")
+        if rec.state == State.KILLED:
+            self.halt(Halt.KILLED)
         elif not lifecycle.holds(rec, self.held.token):
-            self.halt("lost")
+            self.halt(Halt.LOST)
         else:  # our own write landed although the answer was lost: carry on from it
             self.held = dataclasses.replace(self.held, record=rec, etag=etag)
 
@@ -299,7 +311,7 @@ class Attempt:
         with self.lock:
             for _ in range(2):  # a second try only after our own lost-answer write
                 if self.strict and self.lease_left() <= 0:
-                    self.halt("lost")  # ran out: the job is the next claimer's
+                    self.halt(Halt.LOST)  # ran out: the job is the next claimer's
                 if self.stop.is_set():
                     return False
                 try:
@@ -310,7 +322,7 @@ class Attempt:
                 except IllegalTransition:
                     break
                 return True
-            self.halt("lost")
+            self.halt(Halt.LOST)
             return False
 
 
@@ -346,11 +358,11 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
         # body starts, and do not start it unless the renewal shows the lease is still ours.
         att.beat()
         if not att.stop.is_set() and att.lease_left() < rec.lease_s * 2 / 3:
-            att.halt("released")  # not renewed: hand it back rather than start it short
+            att.halt(Halt.RELEASED)  # not renewed: hand it back rather than start it short
     slot.heartbeats.attach(att)
     timer = None
     if rec.timeout_s is not None:
-        timer = threading.Timer(rec.timeout_s, att.halt, args=("timeout",))
+        timer = threading.Timer(rec.timeout_s, att.halt, args=(Halt.TIMEOUT,))
         timer.daemon = True
     journal = JournalWriter(
         ops.store, lambda seq: ops.keys.journal(rec.id, rec.attempt, seq), rec.attempt
@@ -360,7 +372,7 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     running.add(att)
     try:
         if att.stop.is_set():  # the renewal above found the lease gone (or a cancel)
-            outcome = Outcome("stopped")
+            outcome = Outcome(Verdict.STOPPED)
         else:  # the body's time starts when the body does (not while a child loads its model)
             to_log = text_sink(logs)
 
@@ -372,8 +384,8 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
     except Abandoned:
         raise  # concluded by the thread that took the slot over
     except BaseException:
-        att.halt("released")
-        ending(Outcome("stopped"))
+        att.halt(Halt.RELEASED)
+        ending(Outcome(Verdict.STOPPED))
         raise
     return ending(outcome)
 
@@ -420,9 +432,8 @@ def _end(
 
 def fatal(e: LakeshoreError) -> Outcome:
     """An error that would repeat on every attempt: not retried."""
-    return Outcome(
-        "error", error={"type": type(e).__name__, "message": str(e), "traceback": "", "fatal": "1"}
-    )
+    error = {"type": type(e).__name__, "message": str(e), "traceback": ""}
+    return Outcome(Verdict.ERROR, error=error, final=True)
 
 
 def _execute(
@@ -446,7 +457,7 @@ def _execute(
         args, kwargs = codec.decode_call(payload, f"arguments of {rec.id}")
         target = _load(rec, slot.plane, slot.allow)
     except StoreUnavailable as e:  # may work next time
-        return Outcome("error", error=error_of(e))
+        return Outcome(Verdict.ERROR, error=error_of(e))
     except LakeshoreError as e:  # missing, tampered or undecodable input; unknown function
         return fatal(e)
     fn = target.fn if isinstance(target, Declared) else target
@@ -526,58 +537,85 @@ def conclude(
     before the record's terminal CAS, so a reader that sees the terminal record finds the
     whole journal. A retried attempt gets no END/ERROR: readers move on to the next attempt.
     """
-    ops = att.ops
-    handed_back = outcome.verdict == "release"  # the worker lost sight of the body
-    if handed_back:
-        outcome = Outcome("stopped")
     with att.lock:
-        held = att.held
-        rec, token = held.record, held.token
-        now = ops.store.now()
-        streamed = journal.frames > 0 or (outcome.verdict == "ok" and outcome.value is None)
-        if outcome.verdict == "stopped" and att.why in ("released", ""):
+        now = att.ops.store.now()
+        match outcome.verdict:
+            case Verdict.STOPPED | Verdict.RELEASE:
+                return _stopped(plane, att, outcome.verdict, journal, now)
+            case Verdict.OK | Verdict.ERROR:
+                if att.why in (Halt.KILLED, Halt.LOST):  # what the body said comes too late
+                    _quietly(journal.close)
+                    return _halted(att, now), ""
+                return _reported(plane, att, outcome, journal, now)
+            case unknown:
+                assert_never(unknown)
+
+
+def _stopped(
+    plane: Plane, att: Attempt, verdict: Verdict, journal: JournalWriter, now: float
+) -> tuple[str, str]:
+    """The body said nothing: the worker stopped it (``att.why`` says why), or lost sight of
+    it through no fault of the body's (``RELEASE``)."""
+    held = att.held
+    match att.why:
+        case Halt.NONE | Halt.RELEASED:
             # released at the end of a shutdown's grace, or interrupted by a signal meant
             # for the whole worker: handed back, the attempt not counted
-            att.interrupted = att.why == "" and not handed_back
+            att.interrupted = att.why is Halt.NONE and verdict is Verdict.STOPPED
             _quietly(journal.close)
+            release = lifecycle.release(held.record, held.token, now)
             try:
-                ops.finish(held, lifecycle.release(rec, token, now), retry_while=_lease_holds(att))
+                att.ops.finish(held, release, retry_while=_lease_holds(att))
             except (Conflict, IllegalTransition):
                 return "fenced (record changed while releasing)", ""
             return "released (queued again, attempt not counted)", ""
-        if outcome.verdict == "stopped" or att.why in ("killed", "lost"):
+        case Halt.KILLED | Halt.LOST:
             _quietly(journal.close)
-            if att.why == "killed":
-                ops.drop_own_ticket(held)  # the record is terminal (cancelled): ticket is stale
-                return "killed", ""
-            if att.why == "lost":
-                return _after_lost(ops, held, now), ""
-            if att.why != "timeout":
-                return "fenced (lease lost; result dropped)", ""
-        if att.why == "timeout":
-            _quietly(journal.close)
-            final = _with_journal(lifecycle.time_out(rec, now, token), journal, ended=False)
-        elif outcome.verdict == "ok":
-            final = _succeeded(plane, ops, rec, token, now, outcome, journal, streamed)
+            return _halted(att, now), ""
+        case Halt.TIMEOUT:
+            return _reported(plane, att, Outcome(verdict), journal, now)
+        case unknown:
+            assert_never(unknown)
+
+
+def _halted(att: Attempt, now: float) -> str:
+    """The attempt was cancelled (its ticket is stale), or its lease could not be confirmed."""
+    if att.why is Halt.KILLED:
+        att.ops.drop_own_ticket(att.held)  # the record is terminal (cancelled)
+        return "killed"
+    return _after_lost(att.ops, att.held, now)
+
+
+def _reported(
+    plane: Plane, att: Attempt, outcome: Outcome, journal: JournalWriter, now: float
+) -> tuple[str, str]:
+    """Write what the body reported (or, past ``timeout_s``, the timeout) with ``if_match``."""
+    ops, held = att.ops, att.held
+    rec, token = held.record, held.token
+    if att.why is Halt.TIMEOUT:
+        _quietly(journal.close)
+        final = _with_journal(lifecycle.time_out(rec, now, token), journal, ended=False)
+    elif outcome.verdict is Verdict.OK:
+        streamed = journal.frames > 0 or outcome.value is None
+        final = _succeeded(plane, ops, rec, token, now, outcome, journal, streamed)
+    else:
+        err = dict(outcome.error or {})
+        final = lifecycle.fail(rec, token, err, now, retry=not outcome.final)
+        ended = False
+        if final.state is State.FAILED and journal.frames:
+            # Only a stream gets an ERROR frame, and only when no retry follows.
+            # The error as the record holds it (clipped): the raw text may be larger
+            # than any segment a reader fetches.
+            frame = codec.encode(clip_error(err), "error")
+            ended = _quietly(journal.close, ERROR, frame)
         else:
-            err = dict(outcome.error or {})
-            fatal = err.pop("fatal", None) is not None
-            final = lifecycle.fail(rec, token, err, now, retry=not fatal)
-            ended = False
-            if final.state == "failed" and journal.frames:
-                # Only a stream gets an ERROR frame, and only when no retry follows.
-                # The error as the record holds it (clipped): the raw text may be larger
-                # than any segment a reader fetches.
-                frame = codec.encode(clip_error(err), "error")
-                ended = _quietly(journal.close, ERROR, frame)
-            else:
-                _quietly(journal.close)
-            final = _with_journal(final, journal, ended)
-        try:
-            ops.finish(held, final, tidy_later=True, retry_while=_lease_holds(att))
-        except Conflict:
-            return "fenced (record changed; result dropped)", ""
-        return final.state, _why(final, now)
+            _quietly(journal.close)
+        final = _with_journal(final, journal, ended)
+    try:
+        ops.finish(held, final, tidy_later=True, retry_while=_lease_holds(att))
+    except Conflict:
+        return "fenced (record changed; result dropped)", ""
+    return final.state, _why(final, now)
 
 
 def _lease_holds(att: Attempt) -> Callable[[], bool]:
@@ -607,7 +645,7 @@ def _why(rec: Record, now: float) -> str:
     if rec.state not in ("queued", "failed") or not rec.error:
         return ""
     retry = ""
-    if rec.state == "queued":
+    if rec.state == State.QUEUED:
         used = rec.attempt - rec.released
         due = max(0.0, rec.not_before - now)
         retry = f" (retry in {due:.1f}s; {used} of {rec.max_attempts} attempts used)"
@@ -629,7 +667,7 @@ def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
         current, etag = ops.read(held.record.id)
     except LakeshoreError:
         return fenced
-    if current.state == "killed":
+    if current.state == State.KILLED:
         ops.drop_own_ticket(held)
         return "killed"
     if not lifecycle.holds(current, held.token):

@@ -32,6 +32,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from lakeshore import codec
@@ -44,27 +45,39 @@ from lakeshore.streams.journal import check_frame
 __all__ = [
     "Outcome",
     "RunSpec",
+    "Verdict",
     "call_body",
     "error_of",
-    "fatal_error",
     "result_bytes",
     "run_inline",
     "unpickle",
+    "unsendable_error",
 ]
 
 POLL_S = 0.02  # how often an async body's watcher looks at the stop flag
 
 
+class Verdict(StrEnum):
+    """How an attempt's body ended, as the worker saw it."""
+
+    OK = "ok"  # returned (``Outcome.value``; None for a streaming body)
+    ERROR = "error"  # raised (``Outcome.error``)
+    STOPPED = "stopped"  # the stop event fired first: nothing to report
+    # the worker lost sight of the body through no fault of the body's (its process was
+    # killed with the fork server): handed back, the attempt not counted
+    RELEASE = "release"
+
+
 @dataclass
 class Outcome:
-    """How an attempt ended, its ``verdict``: ``ok`` (with ``value``, None for a streaming
-    body), ``error`` (with ``error``), ``stopped`` (the stop event fired first; nothing to
-    report) or ``release`` (the worker lost sight of the body, through no fault of the
-    body's: killed, it is handed back, the attempt not counted)."""
+    """How an attempt ended: its :class:`Verdict`, and the value or the error. ``final``: an
+    error that would repeat on every attempt (an unsendable value, a body the worker cannot
+    load, a nack without retry), so the invocation fails at once."""
 
-    verdict: str
+    verdict: Verdict
     value: bytes | None = None
     error: dict[str, str] | None = None
+    final: bool = False
 
 
 def error_of(e: BaseException) -> dict[str, str]:
@@ -92,9 +105,9 @@ def result_bytes(kind: str, value: Any) -> bytes | None:
         raise Unsendable(e.op, e.what, e.todo, error_type="UnsendableValue") from None
 
 
-def fatal_error(e: Unsendable) -> dict[str, str]:
-    """The invocation's error for ``e``: named by its cause, and final (no retry)."""
-    return {**error_of(e), "type": e.details.get("error_type", "UnsendableValue"), "fatal": "1"}
+def unsendable_error(e: Unsendable) -> dict[str, str]:
+    """The invocation's error for ``e``, named by its cause (it is final: no retry)."""
+    return {**error_of(e), "type": e.details.get("error_type", "UnsendableValue")}
 
 
 Emit = Callable[[bytes], None]  # takes an encoded frame
@@ -246,13 +259,13 @@ def run_inline(
                 if prelude is not None:
                     prelude()
                 data = call_body(fn, kind, args, kwargs, stop, emit, spec, fence=fence)
-            box.append(Outcome("ok", value=data))
+            box.append(Outcome(Verdict.OK, value=data))
         except Stopped:
-            box.append(Outcome("stopped"))
+            box.append(Outcome(Verdict.STOPPED))
         except Unsendable as e:
-            box.append(Outcome("error", error=fatal_error(e)))
+            box.append(Outcome(Verdict.ERROR, error=unsendable_error(e), final=True))
         except BaseException as e:
-            box.append(Outcome("error", error=error_of(e)))
+            box.append(Outcome(Verdict.ERROR, error=error_of(e)))
 
     contextvars.Context().run(body)
     return box[0]

@@ -30,6 +30,7 @@ with a conditional write of the record (:meth:`lakeshore.running.attempt.Attempt
 
 Messages, child to parent: ``("ready",)``, ``("start_failed", error)``, ``("frame", bytes)``,
 ``("log", text)``, ``("fence",)``, ``("ok", bytes | None)``, ``("error", error)``,
+``("final", error)`` (an error no retry would mend),
 ``("stopped",)``. Parent to child: ``("call", BodyCall)``, ``("fence", answer, ...)``,
 ``("stop",)``.
 """
@@ -65,10 +66,11 @@ from lakeshore.running.call import (
     POLL_S,
     Outcome,
     RunSpec,
+    Verdict,
     call_body,
     error_of,
-    fatal_error,
     unpickle,
+    unsendable_error,
 )
 from lakeshore.running.logs import Sink, capture
 
@@ -271,7 +273,7 @@ def _serve(conn: Any, hooks: Hooks, env: dict[str, str] | None = None) -> None:
                 except Stopped:
                     send(("stopped",))
                 except Unsendable as e:
-                    send(("error", fatal_error(e)))
+                    send(("final", unsendable_error(e)))
                 except BaseException as e:
                     send(("error", error_of(e)))
     finally:
@@ -409,9 +411,9 @@ class ChildProcess:
         """
         if (self.proc is None or not self.proc.is_alive()) and not self._start(stop):
             if stop.is_set() or self._interrupted(self.last_exit):
-                return Outcome("stopped")
+                return Outcome(Verdict.STOPPED)
             if self.lost_server:
-                return Outcome("release")
+                return Outcome(Verdict.RELEASE)
             return _died(self.last_exit)
         try:
             self.conn.send(("call", call))
@@ -433,22 +435,22 @@ class ChildProcess:
                             emit_encoded(rest[0])
                         except BaseException as e:
                             self._kill_during(call)
-                            return Outcome("error", error=error_of(e))
+                            return Outcome(Verdict.ERROR, error=error_of(e))
                     elif tag == "log":
                         if log is not None:
                             with contextlib.suppress(Exception):  # output is best effort
                                 log(rest[0])
                     elif tag == "ok":
-                        return Outcome("ok", value=rest[0])
+                        return Outcome(Verdict.OK, value=rest[0])
                     elif tag == "stopped":
-                        return Outcome("stopped")
-                    else:
-                        return Outcome("error", error=rest[0])
+                        return Outcome(Verdict.STOPPED)
+                    else:  # "error", or "final": an error no retry would mend
+                        return Outcome(Verdict.ERROR, error=rest[0], final=tag == "final")
                 elif stop.is_set() and (
                     refused_at is None or time.monotonic() - refused_at > _WIND_UP_S
                 ):
                     self._kill_during(call)
-                    return Outcome("stopped")
+                    return Outcome(Verdict.STOPPED)
                 elif not self.proc.is_alive() and not self.conn.poll():
                     return self._died_during(call)
         except (EOFError, OSError):
@@ -474,8 +476,8 @@ class ChildProcess:
         orphaned = self._orphaned()
         self._kill_during(call)
         if orphaned:
-            return Outcome("release")
-        return Outcome("stopped") if self._interrupted(code) else _died(code)
+            return Outcome(Verdict.RELEASE)
+        return Outcome(Verdict.STOPPED) if self._interrupted(code) else _died(code)
 
     def _orphaned(self) -> bool:
         """The child's process looks ended, yet it still holds its end of the pipe: its fork
@@ -535,7 +537,7 @@ _WIND_UP_S = 5.0  # how long a child refused a publish may take to report it sto
 
 def _died(code: int | None) -> Outcome:
     return Outcome(
-        "error",
+        Verdict.ERROR,
         error={
             "type": "WorkerChildDied",
             "message": f"the body's process exited with code {code} before answering",

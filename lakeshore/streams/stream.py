@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from lakeshore.errors import JobError, NotFinished
-from lakeshore.model.record import Record
+from lakeshore.model.record import Record, State
 from lakeshore.protocol import polling
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.streams.journal import END, ERROR, VALUE, Frame, read_segments, to_frame
@@ -71,7 +71,7 @@ def follow(
                         continue
                     rec = ops.read(inv)[0]
                     if rec.terminal and rec.attempt == attempt and tag in (END, ERROR):
-                        if tag == END and rec.state == "succeeded":
+                        if tag == END and rec.state == State.SUCCEEDED:
                             return
                         raise job_error(rec)
                     # the end of an attempt the record does not confirm: keep following
@@ -83,7 +83,7 @@ def follow(
             # Every segment was written before the terminal record, but our last LIST may
             # predate the last of them: drain once more with a LIST issued after this GET.
             if settled:
-                if rec.state == "succeeded":
+                if rec.state == State.SUCCEEDED:
                     return
                 raise job_error(rec)
             settled = True

@@ -20,6 +20,7 @@ import lakeshore as dls
 from lakeshore import codec
 from lakeshore.cli import main
 from lakeshore.keys import worker_key
+from tests.commands import run
 
 # OSC 52 writes the clipboard; ESC[2K + CR erase the line and fake what follows; 0x9b is a
 # one-byte CSI on some terminals; U+202E reverses what follows
@@ -43,12 +44,6 @@ def boom(text: str) -> None:
 def frames(n: int) -> Iterator[str]:
     for i in range(n):
         yield f"frame {i}"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_inert(text: str) -> None:
@@ -453,7 +448,6 @@ def test_worker_import_of_a_file_path_asks_for_the_module_name(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from lakeshore.cli import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tasks.py").write_text("")  # "tasks.py" is a path when that file is here
@@ -469,7 +463,6 @@ def test_worker_import_of_a_file_path_asks_for_the_module_name(
 def test_worker_import_of_a_submodule_named_py_is_a_module_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lakeshore.cli import main
 
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")

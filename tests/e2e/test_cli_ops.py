@@ -11,14 +11,9 @@ import pytest
 import lakeshore as dls
 from lakeshore.cli import build_parser, main
 from tests import jobs
+from tests.commands import run
 
 COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _failed_once(url: str) -> tuple[dls.Dispatch, str]:

@@ -440,3 +440,11 @@ def test_prose_does_not_copy_the_suite_s_size() -> None:
                 text.append(line)
         found = count.findall("\n".join(text))
         assert not found, f"{page.relative_to(ROOT)} copies a test count: {found}"
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """What it is, the two commands, one example and links: the rest lives in docs/."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) < 1000
+    assert "bash scripts/demo" in text and "bash scripts/test" in text
+    assert sum(1 for line in text.splitlines() if line.startswith("```python")) == 1

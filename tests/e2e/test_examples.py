@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import lakeshore as dls
 from lakeshore.keys import QueueKeys
-from tests.conftest import record_key
+from tests.tiers import record_key
 from tests.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,8 +22,8 @@ from lakeshore.streams.journal import VALUE, encode_segment
 from lakeshore.ui import Board, UiServer
 from lakeshore.ui.gate import Gate
 from tests import jobs
-from tests.conftest import make_plane
 from tests.forwarding import Forwarding
+from tests.tiers import make_plane
 from tests.waiting import poll
 
 TOKEN = "holder-s3cret"

@@ -293,7 +293,7 @@ def test_a_record_with_times_no_date_can_hold_still_shows(dash: Callable[..., Da
     from playwright.sync_api import expect
 
     from lakeshore.model.record import Turn
-    from tests.conftest import record_key
+    from tests.tiers import record_key
 
     d = dash()
     inv = d.q.udf(_add, queue="default").submit(1)

@@ -19,7 +19,7 @@ from lakeshore.store import MemoryStore, Store
 from lakeshore.ui import Board, UiServer
 from lakeshore.ui.server import public_url
 from tests import jobs
-from tests.conftest import FAKE_CREDS, make_plane
+from tests.tiers import FAKE_CREDS, make_plane
 from tests.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]

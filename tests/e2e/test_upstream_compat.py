@@ -19,8 +19,11 @@ from pathlib import Path
 import pytest
 from ulid import ULID
 
-from tests.conftest import FAKE_CREDS, TEST_BUCKET
 from tests.seaweed import Seaweed
+from tests.tiers import FAKE_CREDS, TEST_BUCKET
+
+# one process of the suite runs them all: upstream's venv and its outputs are made once
+pytestmark = pytest.mark.xdist_group("upstream")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.name for p in (ROOT / "tests" / "upstream_scripts").glob("*.py"))

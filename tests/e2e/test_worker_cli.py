@@ -9,7 +9,6 @@ import pty
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -20,28 +19,8 @@ import pytest
 import lakeshore as dls
 from lakeshore.cli.progress import StatusLine
 from tests import jobs
+from tests.commands import env_for, lakeshore_cmd, worker_cmd
 from tests.waiting import alive, poll
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def lakeshore_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "lakeshore", *args]
-
-
-def worker_cmd(*args: str) -> list[str]:
-    """``lakeshore worker``, allowed to run the plain functions of tests/jobs.py (a worker
-    runs only declared bodies: these are not decorated)."""
-    return lakeshore_cmd("worker", "--allow", "tests.jobs:*", *args)
-
-
-def env_for(url: str, **extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "LAKESHORE_URL": url,
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        **extra,
-    }
 
 
 def test_worker_with_concurrency_drains_200_jobs(tmp_path: Path) -> None:

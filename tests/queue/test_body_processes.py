@@ -14,7 +14,7 @@ import pytest
 import lakeshore as dls
 from lakeshore.store import MemoryStore
 from tests import import_probe, jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 from tests.waiting import alive, poll
 
 PROBE = "LAKESHORE_TEST_BODY_ENV"

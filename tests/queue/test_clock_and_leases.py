@@ -20,8 +20,8 @@ from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import LocalStore, MemoryStore, Store
 from tests import jobs
-from tests.conftest import FAKE_CREDS, TEST_BUCKET, make_plane
 from tests.seaweed import Seaweed
+from tests.tiers import FAKE_CREDS, TEST_BUCKET, make_plane
 from tests.waiting import poll
 
 
@@ -381,7 +381,7 @@ def test_a_slot_waits_for_a_group_signal_that_reaches_the_worker_a_moment_late()
 def test_a_worker_warns_of_a_lease_too_short_for_a_date_clock(
     seaweed: Seaweed, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.conftest import seaweed_store
+    from tests.tiers import seaweed_store
 
     with caplog.at_level("WARNING", logger="lakeshore.worker"):
         assert dls.run_worker(make_plane(seaweed_store(seaweed), lease_s=1.0), once=True) == 0

@@ -22,8 +22,8 @@ from lakeshore.streams import journal, topic
 from lakeshore.streams.journal import VALUE, encode_segment, read_segments
 from lakeshore.streams.topic import Topic
 from tests import jobs
-from tests.conftest import make_plane
-from tests.queue.test_hostile_records import handmade, put_by_hand
+from tests.handmade import handmade, put_by_hand
+from tests.tiers import make_plane
 
 
 def written(store: Store) -> list[str]:
@@ -100,7 +100,7 @@ OVERSIZE = {
     "fn_pickle": b"\x80" * (LIMITS["fn_pickle"] + 1),
     "wid": "w" * (LIMITS["wid"] + 1),
     "input_hash": "h" * (LIMITS["input_hash"] + 1),
-    # error: clipped on read, not refused (tests/queue/test_review22_b.py); inline args and
+    # error: clipped on read, not refused (tests/queue/test_error_caps.py); inline args and
     # results: bounded on read by the record's size only (0.3.0 kept them up to spill_bytes)
     "journal": {"attempt": 0, "frames": 0, "ended": False, **{f"x{i}": 0 for i in range(9)}},
 }

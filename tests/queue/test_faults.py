@@ -24,9 +24,9 @@ from lakeshore.protocol.claims import Claimer
 from lakeshore.store.base import CREATE, if_match
 from lakeshore.store.s3 import S3Store
 from tests import jobs
-from tests.conftest import FAKE_CREDS, TEST_BUCKET, make_plane
 from tests.faultproxy import FaultProxy, Plan
 from tests.seaweed import Seaweed
+from tests.tiers import FAKE_CREDS, TEST_BUCKET, make_plane
 from tests.waiting import alive, poll
 
 pytestmark = pytest.mark.seaweedfs
@@ -264,7 +264,7 @@ def test_retried_journal_appends_and_keyed_submits_do_not_duplicate(
 def test_racing_the_end_gives_exactly_one_terminal_state(
     seaweed: Seaweed, outcomes: Outcomes, race: str, report: list[str]
 ) -> None:
-    from tests.conftest import seaweed_store
+    from tests.tiers import seaweed_store
 
     q = make_plane(seaweed_store(seaweed), lease_s=5.0)
     f = q.udf(jobs.nap_then)

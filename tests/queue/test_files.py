@@ -20,7 +20,7 @@ from lakeshore.run import RunContext, data_root
 from lakeshore.scope import join, keys_in
 from lakeshore.store import LocalStore, MemoryStore, Store
 from tests import jobs
-from tests.conftest import make_plane, seaweed_store
+from tests.tiers import make_plane, seaweed_store
 
 ROOTS = ["memory", "local", pytest.param("seaweedfs", marks=pytest.mark.seaweedfs)]
 
@@ -381,7 +381,7 @@ def test_store_without_a_location_still_runs_plain_jobs(tmp_path: Path) -> None:
         q.result(b, timeout=30)
 
 
-def test_review_findings_stay_fixed(tmp_path: Path) -> None:
+def test_odd_names_folders_and_cyclic_values_are_handled(tmp_path: Path) -> None:
     """Regressions found in review: '?' in keys, a file onto a folder, reads outside any
     block, cyclic return values, long names, encode-before-publish."""
     q = make_plane(LocalStore(tmp_path / "s"), cache_dir=str(tmp_path / "cache"))

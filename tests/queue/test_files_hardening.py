@@ -26,9 +26,10 @@ import pytest
 import lakeshore as dls
 from lakeshore.errors import StoreUnavailable
 from lakeshore.model import lifecycle
+from lakeshore.run import RunContext, data_root
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 from tests.waiting import poll
 
 # -- bodies (module level: a child process imports them by reference) -----------------------
@@ -358,3 +359,40 @@ def test_a_helper_called_inside_a_fenced_body_publishes_nothing(tmp_path: Path) 
     rec = q.get(inv)
     assert rec.lease is not None and rec.lease.worker == "worker-b"
     assert _read(q, "out.txt") == "fresh"  # the helper's file of the fenced attempt: dropped
+
+
+# -- hard links in a shared file:// root ----------------------------------------------------
+
+
+def test_a_hard_link_planted_in_a_shared_root_is_not_read(tmp_path: Path) -> None:
+    """A symlink is refused; a hard link to a file outside the root is the same escape for a
+    group member who can create one (fs.protected_hardlinks=0, macOS, or a file they may
+    write): the worker, reading with its own rights, would copy its secret into the invocation."""
+    shared = tmp_path / "data" / "job1"
+    shared.mkdir(parents=True)
+    shared.chmod(0o2775)  # a group folder: producers of the group stage inputs here
+    secrets = tmp_path / "worker-secrets"
+    secrets.mkdir()
+    (secrets / "credentials").write_text("aws_secret_access_key = hunter2")
+    (secrets / "credentials").chmod(0o600)
+    os.link(secrets / "credentials", shared / "creds.txt")  # the producer's plant
+    ctx = RunContext(data_root(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache")), "body")
+    try:
+        with pytest.raises(dls.PermissionDenied, match=r"job1/creds\.txt.*hard link"):
+            ctx.read("job1/creds.txt")
+        (shared / "plain.txt").write_text("an input")  # one name: read as before
+        assert Path(ctx.read("job1/plain.txt")).read_text() == "an input"
+    finally:
+        ctx.close()
+
+
+def test_a_hard_link_in_a_private_root_is_read_in_place(tmp_path: Path) -> None:
+    """Only this user can link into a private root: its links are its own business."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("a")
+    os.link(tmp_path / "data" / "a.txt", tmp_path / "data" / "b.txt")
+    ctx = RunContext(data_root(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache")), "body")
+    try:
+        assert ctx.read("b.txt") == str(tmp_path / "data" / "b.txt")
+    finally:
+        ctx.close()

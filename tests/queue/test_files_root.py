@@ -26,7 +26,7 @@ import pytest
 import lakeshore as dls
 from lakeshore.run import RunContext, data_root, discard_staging
 from lakeshore.store import LocalStore, MemoryStore
-from tests.conftest import make_plane, seaweed_store
+from tests.tiers import make_plane, seaweed_store
 
 # -- bodies (module level: a child process imports them by reference) -----------------------
 

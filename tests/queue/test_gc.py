@@ -17,7 +17,7 @@ from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.gc import collect, parse_age
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 
 
 def all_keys(store: Store) -> set[str]:

@@ -23,29 +23,9 @@ from lakeshore.protocol import steps as protocol
 from lakeshore.store.base import Store, if_match
 from lakeshore.store.local import LocalStore
 from tests import jobs
-from tests.conftest import make_plane, record_key
-from tests.e2e.test_cli_ops import run
-from tests.e2e.test_worker_cli import env_for, lakeshore_cmd
-from tests.unit.test_hostile_bytes import deep_tuple, ext
-
-ADD_ONE = "tests.jobs:add_one"
-
-
-def handmade(q: Any, inv: str, **fields: Any) -> dict[str, Any]:
-    """A well-formed record map of ``add_one(1)`` on the default queue, then ``fields``."""
-    args = Blob(inline=codec.encode(((1,), {})))
-    rec = Record(id=inv, ns=q.ns, queue="default", fn=ADD_ONE, args=args)
-    obj: dict[str, Any] = msgpack.unpackb(rec.to_bytes())
-    obj.update(fields)
-    return obj
-
-
-def put_by_hand(q: Any, inv: str, data: bytes) -> None:
-    """What a producer with write access can do: a ticket and any record bytes."""
-    ops = q.ops("default")
-    q.store.put(ops.keys.ticket(5, inv), b"by hand")
-    q.store.put(ops.keys.record(inv), data)
-
+from tests.commands import env_for, lakeshore_cmd, run
+from tests.handmade import ADD_ONE, deep_tuple, ext, handmade, put_by_hand
+from tests.tiers import make_plane, record_key
 
 MISTYPED = {
     "not_before": "soon",

@@ -28,7 +28,7 @@ from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode
 from tests import jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 
 
 class Tally(MemoryStore):

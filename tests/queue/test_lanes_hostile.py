@@ -24,7 +24,7 @@ from lakeshore.store import MemoryStore
 from lakeshore.store.base import ObjectInfo
 from lakeshore.store.local import LocalStore
 from tests import jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 
 
 class Clock:

@@ -11,14 +11,13 @@ settings or worker status) have their own regression tests.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import lakeshore as dls
+from lakeshore.cli import main
 from lakeshore.keys import worker_key
 from lakeshore.model import lifecycle
 from lakeshore.protocol import gc
@@ -28,52 +27,8 @@ from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.gc import collect, prune_workers
 from lakeshore.store.base import CREATE
 from tests import iam_sim, jobs
-from tests.conftest import make_plane
-
-BUCKET, PREFIX, NS = "lakeshore-iam", "team", "default"
-BASE = f"{PREFIX}/lakeshore/{NS}/"
-
-
-def policy(role: str) -> dict[str, Any]:
-    return iam_sim.load(role, BUCKET, PREFIX, NS)
-
-
-@dataclasses.dataclass
-class Principal:
-    role: str
-    store: Any
-    enforcer: iam_sim.Enforcer
-
-    def plane(self) -> Any:
-        return make_plane(self.store)
-
-
-@pytest.fixture
-def principals(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Principal]]:
-    """An S3 store per role on one moto bucket, each behind its role's policy (simulated),
-    plus ``admin`` with no policy (the bucket owner, for setting scenes up)."""
-    from moto import mock_aws
-
-    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    import boto3
-
-    from lakeshore.store.s3 import S3Store
-
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        out = {}
-        for role in (*iam_sim.ROLES, "admin"):
-            store = S3Store(BUCKET, PREFIX, region="us-east-1")
-            every = {"Version": "2012-10-17", "Statement": []}  # admin: recorded, not checked
-            pol = policy(role) if role != "admin" else every
-            enforcer = iam_sim.Enforcer(pol)
-            if role != "admin":
-                enforcer.attach(store.client)
-            out[role] = Principal(role, store, enforcer)
-        yield out
+from tests.roles import BASE, BUCKET, NS, PREFIX, Principal, policy
+from tests.tiers import make_plane
 
 
 def _limited(admin: Principal, queue: str, **settings: Any) -> None:
@@ -151,7 +106,7 @@ def test_every_request_of_every_role_is_allowed_by_its_policy(
     assert op.retry(keyed) == 2 and q.status(keyed) == "queued"
 
     # operator: `lakeshore status` and `ls`
-    from lakeshore.cli import main, watch
+    from lakeshore.cli import watch
 
     monkeypatch.setattr(watch, "plane", lambda args: op)
     assert main(["status", "--url", "s3://x/y", "limited", "default"]) == 0
@@ -667,7 +622,7 @@ def test_a_scaler_needs_only_its_lease_the_settings_and_a_listing(
     allowed too, or a small queue never gets a worker."""
     from lakeshore.scaler import Scaler
     from lakeshore.store.base import OVERWRITE
-    from tests.queue.test_scaler import UNUSED_URL, Fleet
+    from tests.fleet import UNUSED_URL, Fleet
 
     admin = principals["admin"].plane()
     block = {"kind": "local", "max_workers": 2, "jobs_per_worker": 1, "cooldown_s": 0}
@@ -700,3 +655,26 @@ def test_a_scaler_needs_only_its_lease_the_settings_and_a_listing(
     for denied in (f"lakeshore/{NS}/hpc/_slots/0000000", f"lakeshore/{NS}/hpc/x/record"):
         with pytest.raises(dls.PermissionDenied):  # tickets only: no record, no result
             sc.get(denied)
+
+
+def test_a_producer_cannot_trim_a_topic_and_a_worker_can(request: pytest.FixtureRequest) -> None:
+    """docs/s3.md: producers post and read topics; trimming deletes posts, a worker's grant."""
+    roles = request.getfixturevalue("principals")
+    t = roles["producer"].plane().topic("news")
+    t.post(1)
+    t.post(2)
+    with pytest.raises(dls.PermissionDenied):
+        t.trim(keep_last=1)
+    assert roles["worker"].plane().topic("news").trim(keep_last=1) == 1
+
+
+def test_the_doctor_runs_with_a_workers_credentials_inside_its_namespace(
+    request: pytest.FixtureRequest,
+) -> None:
+    from lakeshore.doctor import diagnose
+
+    worker = request.getfixturevalue("principals")["worker"]
+    # one thread: this is about what the role may do, and moto's conditional writes are not
+    # atomic under races (two threads can both win one, whatever the policy)
+    assert diagnose(worker.store, threads=1, rounds=1, ns=NS).safe
+    assert worker.enforcer.requests and not worker.enforcer.denied

@@ -19,7 +19,7 @@ from lakeshore.cli import main
 from lakeshore.running.logs import log_writer, read_logs
 from lakeshore.store import MemoryStore
 from lakeshore.streams.journal import JournalWriter, read_segments
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 
 
 def prints_then_fails_twice(marker: str) -> str:

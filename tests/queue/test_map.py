@@ -20,8 +20,8 @@ from lakeshore.errors import StoreUnavailable
 from lakeshore.store import LocalStore, MemoryStore, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
-from tests.conftest import make_plane
 from tests.forwarding import Forwarding
+from tests.tiers import make_plane
 
 
 def _drain(q: Any, n: int) -> None:

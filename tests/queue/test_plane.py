@@ -17,7 +17,7 @@ import lakeshore as dls
 from lakeshore import codec
 from lakeshore.keys import QueueKeys
 from tests import jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 
 
 def _python_c(code: str) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from lakeshore.model import lifecycle
 from lakeshore.model.record import Blob
 from lakeshore.protocol.claims import Claimer
 from tests import jobs
-from tests.conftest import date_clock_lease, make_plane
+from tests.tiers import date_clock_lease, make_plane
 from tests.waiting import alive, poll
 
 
@@ -99,7 +99,7 @@ def test_sigkill_mid_job_another_worker_finishes(
     if tier == "local":
         store: Any = dls.open_store(f"file://{tmp_path}/plane")
     else:
-        from tests.conftest import seaweed_store
+        from tests.tiers import seaweed_store
 
         store = seaweed_store(request.getfixturevalue("seaweed"))
     url, env = _process_url(store)

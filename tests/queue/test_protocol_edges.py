@@ -20,7 +20,7 @@ from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from tests import jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 
 
 def test_the_ticket_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
@@ -189,7 +189,7 @@ def test_an_idle_exit_waits_for_a_retry_backing_off(q: Any, tmp_path: Path) -> N
     slow = make_plane(q.store, retry_backoff_s=0.8)
     inv = slow.udf(jobs.fail_until).submit(str(tmp_path / "n"), 1)
     # a record claiming a retry far past the longest backoff is not waited for (one further
-    # off than a day is failed: tests/queue/test_hardening3.py)
+    # off than a day is failed: tests/queue/test_stalls_and_due_times.py)
     hostile = slow.udf(jobs.add_one).submit(1)
     ops = slow.ops("default")
     rec, etag = ops.read(hostile)

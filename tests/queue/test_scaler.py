@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import msgpack
@@ -19,52 +19,13 @@ from lakeshore.errors import ProviderError, StoreUnavailable
 from lakeshore.keys import QueueKeys
 from lakeshore.model.record import Record
 from lakeshore.protocol.scaler_lease import MAX_LEASE_S, ScalerLease, ScalerLeases
-from lakeshore.providers import Launched, Provider, WorkerSpec
+from lakeshore.providers import Launched, WorkerSpec
 from lakeshore.store import MemoryStore, ObjectInfo, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
-from tests.conftest import make_plane
+from tests.fleet import UNUSED_URL, Fleet, scaler_for
 from tests.forwarding import Forwarding
-
-UNUSED_URL = "file:///not-used-by-a-test-provider"
-
-
-class Fleet(Provider):
-    """A provider whose 'tool' is a dict: launches are recorded and listed as ``state``."""
-
-    kind = "local"
-
-    def __init__(self, state: str = "running") -> None:
-        self.state = state
-        self.workers: dict[str, Launched] = {}
-        self.specs: list[WorkerSpec] = []
-        self.cancelled: list[str] = []
-        self.fail_list = False
-        self._lock = threading.Lock()
-
-    def launch(self, spec: WorkerSpec, n: int, timeout: float = 60.0) -> list[str]:
-        with self._lock:
-            ids = [f"w{len(self.workers) + i}" for i in range(n)]
-            for i in ids:
-                self.workers[i] = Launched(i, spec.tag, self.state)
-            self.specs.append(spec)
-            return ids
-
-    def list(self, tags: Collection[str]) -> list[Launched]:
-        if self.fail_list:
-            raise ProviderError("fleet list", "the tool is down", "try later")
-        with self._lock:
-            return [w for w in self.workers.values() if w.tag in tags]
-
-    def cancel(self, ids: Sequence[str]) -> None:
-        with self._lock:
-            for i in ids:
-                self.workers.pop(i, None)
-            self.cancelled += ids
-
-    def finish_all(self) -> None:
-        with self._lock:
-            self.workers.clear()
+from tests.tiers import make_plane
 
 
 class Clock:
@@ -84,30 +45,24 @@ def _plane_with_work(store: Store, n: int, **provider: Any) -> Any:
     return q
 
 
-def _scaler(q: Any, fleet: Provider, **kw: Any) -> dls.Scaler:
-    kw.setdefault("url", UNUSED_URL)
-    kw.setdefault("interval_s", 1.0)
-    return dls.Scaler(q, ["hpc"], fleet, **kw)
-
-
 def test_launches_what_the_depth_asks_within_the_queue_maximum() -> None:
     q = _plane_with_work(MemoryStore(), 25, max_workers=4, jobs_per_worker=10)
     fleet = Fleet()
-    (report,) = _scaler(q, fleet).tick()
+    (report,) = scaler_for(q, fleet).tick()
     assert (report.live, report.wanted, len(report.launched)) == (25, 3, 3)
     assert len(fleet.workers) == 3
     spec = fleet.specs[0]  # the worker command carries the queue and the block's settings
     assert spec.argv[1:4] == ("-m", "lakeshore", "worker")
     for flag, value in [("--queue", "hpc"), ("--idle-exit", "60"), ("--url", UNUSED_URL)]:
         assert spec.argv[spec.argv.index(flag) + 1] == value
-    (again,) = _scaler(q, fleet).tick()  # a second scaler after the first one let go?
+    (again,) = scaler_for(q, fleet).tick()  # a second scaler after the first one let go?
     assert again.acting is False  # no: the first still holds the lease
 
 
 def test_two_scalers_started_at_once_launch_one_fleet(atomic_store: Store) -> None:
     q = _plane_with_work(atomic_store, 40, max_workers=4, jobs_per_worker=10)
     fleet = Fleet()
-    scalers = [_scaler(q, fleet) for _ in range(2)]
+    scalers = [scaler_for(q, fleet) for _ in range(2)]
     start = threading.Barrier(2)
     reports: list[list[Any]] = [[], []]
 
@@ -132,7 +87,7 @@ def test_two_scalers_started_at_once_launch_one_fleet(atomic_store: Store) -> No
 def test_waiting_workers_count_so_a_stuck_queue_gets_no_more() -> None:
     q = _plane_with_work(MemoryStore(), 100, max_workers=4, jobs_per_worker=1)
     fleet = Fleet(state="pending")  # nothing ever starts: a full SLURM partition
-    scaler = _scaler(q, fleet)
+    scaler = scaler_for(q, fleet)
     for _ in range(5):
         (report,) = scaler.tick()
     assert len(fleet.workers) == 4 and report.pending == 4 and not report.launched
@@ -145,7 +100,7 @@ def test_waiting_workers_beyond_the_need_are_cancelled_running_ones_never() -> N
     tag = dls.providers.tag_of(UNUSED_URL, "default", "hpc")
     fleet.workers = {"p1": Launched("p1", tag, "pending"), "p2": Launched("p2", tag, "pending")}
     fleet.workers["r1"] = Launched("r1", tag, "running")
-    (report,) = _scaler(q, fleet).tick()
+    (report,) = scaler_for(q, fleet).tick()
     assert report.live == 0 and sorted(report.cancelled) == ["p1", "p2"]
     assert list(fleet.workers) == ["r1"]  # it leaves by its idle exit
 
@@ -156,12 +111,12 @@ def test_the_cooldown_holds_across_scalers() -> None:
     q = _plane_with_work(store, 10, max_workers=4, jobs_per_worker=1)
     q.configure("hpc", **{"provider.cooldown_s": 60})
     fleet = Fleet()
-    first = _scaler(q, fleet, clock=clock)
+    first = scaler_for(q, fleet, clock=clock)
     (report,) = first.tick()
     assert len(report.launched) == 4
     first.close()  # gives the lease back, keeping the launch time
     fleet.finish_all()  # the workers died at once: the queue wants 4 again
-    second = _scaler(q, fleet, clock=clock)
+    second = scaler_for(q, fleet, clock=clock)
     clock.t += 30
     (report,) = second.tick()
     assert report.acting and not report.launched and "cooling down" in report.why
@@ -185,14 +140,14 @@ def test_the_scalers_own_cap_is_shared_by_its_queues() -> None:
     assert len(fleet.workers) == 6
 
 
-def test_a_takeover_after_expiry_fences_the_stalled_scaler() -> None:
+def test_a_takeover_after_expiry_fences_the_stalledscaler_for() -> None:
     store = MemoryStore()
     clock = Clock()
     q = _plane_with_work(store, 10, max_workers=2, jobs_per_worker=1)
     fleet = Fleet()
     mono = Clock(0.0)
-    slow = _scaler(q, fleet, clock=clock, monotonic=mono, lease_s=30)
-    fast = _scaler(q, fleet, clock=clock, lease_s=30)
+    slow = scaler_for(q, fleet, clock=clock, monotonic=mono, lease_s=30)
+    fast = scaler_for(q, fleet, clock=clock, lease_s=30)
     assert slow.tick()[0].launched  # it holds the lease
     fleet.finish_all()
     clock.t += 31  # the slow one stalls past its lease: the other takes over
@@ -209,7 +164,7 @@ def test_a_round_slower_than_half_the_lease_acts_next_round() -> None:
     def mono() -> float:
         return next(ticks, 100.0)
 
-    scaler = _scaler(q, fleet, monotonic=mono, lease_s=30)
+    scaler = scaler_for(q, fleet, monotonic=mono, lease_s=30)
     (report,) = scaler.tick()
     assert report.acting and not report.launched and "half the lease" in report.why
     (report,) = scaler.tick()
@@ -231,7 +186,7 @@ def test_a_scaler_that_loses_the_store_stops_launching() -> None:
     store = Unreachable(MemoryStore())
     q = _plane_with_work(store, 10, max_workers=4, jobs_per_worker=1)
     fleet = Fleet()
-    scaler = _scaler(q, fleet)
+    scaler = scaler_for(q, fleet)
     assert len(scaler.tick()[0].launched) == 4
     fleet.finish_all()
     store.down = True
@@ -245,14 +200,14 @@ def test_a_provider_that_cannot_list_launches_nothing() -> None:
     q = _plane_with_work(MemoryStore(), 10, max_workers=4)
     fleet = Fleet()
     fleet.fail_list = True
-    (report,) = _scaler(q, fleet).tick()
+    (report,) = scaler_for(q, fleet).tick()
     assert report.error and "the tool is down" in report.error and not fleet.workers
 
 
 def test_a_queue_of_another_provider_kind_or_none_launches_nothing() -> None:
     q = _plane_with_work(MemoryStore(), 10)
     fleet = Fleet()
-    scaler = _scaler(q, fleet)
+    scaler = scaler_for(q, fleet)
     q.configure("hpc", provider="slurm")
     (report,) = scaler.tick()
     assert report.error and "'slurm'" in report.error and not fleet.workers
@@ -277,7 +232,7 @@ def test_a_forged_lease_is_taken_over(forged: bytes) -> None:
     q = _plane_with_work(store, 3, max_workers=1)
     store.put(QueueKeys("default", "hpc").scaler_lease, forged, OVERWRITE)
     fleet = Fleet()
-    (report,) = _scaler(q, fleet).tick()
+    (report,) = scaler_for(q, fleet).tick()
     assert report.acting and len(report.launched) == 1
 
 
@@ -300,7 +255,7 @@ def test_a_forged_launch_time_holds_off_one_cooldown_at_most() -> None:
     q.configure("hpc", **{"provider.cooldown_s": 60})
     forged = ScalerLease("mallory", 0.0, launched_at=clock.t + 1e9)  # expired, far-off launch
     store.put(QueueKeys("default", "hpc").scaler_lease, forged.to_bytes(), OVERWRITE)
-    scaler = _scaler(q, Fleet(), clock=clock)
+    scaler = scaler_for(q, Fleet(), clock=clock)
     assert "cooling down" in scaler.tick()[0].why
     clock.t += 61
     assert len(scaler.tick()[0].launched) == 1
@@ -312,16 +267,16 @@ def test_forged_tickets_do_not_inflate_the_depth() -> None:
     keys = QueueKeys("default", "hpc")
     for i in range(20):
         store.put(f"{keys.tickets_prefix}5/not-an-id-{i}", b"x", OVERWRITE)
-    (report,) = _scaler(q, Fleet()).tick()
+    (report,) = scaler_for(q, Fleet()).tick()
     assert report.live == 2 and len(report.launched) == 2
 
 
 def test_once_gives_the_lease_back() -> None:
     q = _plane_with_work(MemoryStore(), 3, max_workers=1)
     fleet = Fleet()
-    _scaler(q, fleet).run(once=True)
+    scaler_for(q, fleet).run(once=True)
     assert len(fleet.workers) == 1
-    (report,) = _scaler(q, fleet).tick()  # the next --once run acts at once
+    (report,) = scaler_for(q, fleet).tick()  # the next --once run acts at once
     assert report.acting and report.why == "enough workers"
 
 
@@ -335,9 +290,9 @@ def test_run_stops_on_the_event_and_lets_go() -> None:
         if len(seen) == 3:
             stop.set()
 
-    _scaler(q, Fleet(), interval_s=0.05).run(stop, on_report)
+    scaler_for(q, Fleet(), interval_s=0.05).run(stop, on_report)
     assert len(seen) == 3
-    assert _scaler(q, Fleet()).tick()[0].acting
+    assert scaler_for(q, Fleet()).tick()[0].acting
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -374,7 +329,7 @@ def test_a_round_costs_the_same_however_long_the_history() -> None:
     store = Counting(MemoryStore())
     q = _plane_with_work(store, 0, max_workers=4)
     f = q.udf(jobs.add_one, queue="hpc")
-    scaler = _scaler(q, Fleet())
+    scaler = scaler_for(q, Fleet())
     scaler.tick()  # takes the lease
 
     def one_round() -> Counter[str]:
@@ -411,13 +366,13 @@ def test_a_slow_depth_count_never_eats_into_the_lease() -> None:
     mono = Clock(0.0)
     store = SlowTickets(MemoryStore(), mono, seconds=1000.0)
     q = _plane_with_work(store, 5, max_workers=2, jobs_per_worker=1)
-    (report,) = _scaler(q, Fleet(), monotonic=mono, lease_s=30).tick()
+    (report,) = scaler_for(q, Fleet(), monotonic=mono, lease_s=30).tick()
     assert len(report.launched) == 2  # counted before the lease was taken
 
 
 def test_counting_stops_where_it_changes_nothing() -> None:
     q = _plane_with_work(MemoryStore(), 30, max_workers=2, jobs_per_worker=5)
-    (report,) = _scaler(q, Fleet()).tick()
+    (report,) = scaler_for(q, Fleet()).tick()
     assert (report.live, report.more, len(report.launched)) == (10, True, 2)
     assert "10+ live" in report.line()
 
@@ -443,7 +398,7 @@ def test_a_launch_never_starts_once_half_the_lease_passed_in_the_mark() -> None:
     store = SlowMark(MemoryStore(), mono, seconds=21.0)
     q = _plane_with_work(store, 5, max_workers=2, jobs_per_worker=1)
     fleet = Fleet()
-    scaler = _scaler(q, fleet, monotonic=mono, lease_s=40)
+    scaler = scaler_for(q, fleet, monotonic=mono, lease_s=40)
     (report,) = scaler.tick()
     assert not report.launched and "took over half the lease" in report.why
     assert not fleet.workers
@@ -452,7 +407,7 @@ def test_a_launch_never_starts_once_half_the_lease_passed_in_the_mark() -> None:
 
 def test_a_queue_that_changes_provider_kind_is_let_go() -> None:
     q = _plane_with_work(MemoryStore(), 5, max_workers=2, jobs_per_worker=1)
-    local = _scaler(q, Fleet())
+    local = scaler_for(q, Fleet())
     assert local.tick()[0].acting
     q.configure(
         "hpc", provider={"kind": "slurm", "max_workers": 2, "jobs_per_worker": 1, "cooldown_s": 0}
@@ -460,7 +415,7 @@ def test_a_queue_that_changes_provider_kind_is_let_go() -> None:
     assert local.tick()[0].error  # and it gave the lease back
     slurm = Fleet()
     slurm.kind = "slurm"
-    (report,) = _scaler(q, slurm).tick()
+    (report,) = scaler_for(q, slurm).tick()
     assert report.acting and len(report.launched) == 2
 
 
@@ -469,7 +424,7 @@ def test_a_store_clock_stepping_back_holds_off_one_cooldown_at_most() -> None:
     q = _plane_with_work(MemoryStore(), 5, max_workers=2, jobs_per_worker=1)
     q.configure("hpc", **{"provider.cooldown_s": 60})
     fleet = Fleet()
-    scaler = _scaler(q, fleet, clock=clock)
+    scaler = scaler_for(q, fleet, clock=clock)
     assert len(scaler.tick()[0].launched) == 2
     fleet.finish_all()
     clock.t -= 86_400  # a day back: the last launch now lies in the future
@@ -502,7 +457,7 @@ def test_planted_ticket_names_cannot_make_the_count_endless_nor_cancel() -> None
     fleet = Fleet(state="pending")
     tag = dls.providers.tag_of(UNUSED_URL, "default", "hpc")
     fleet.workers = {"p1": Launched("p1", tag, "pending")}
-    (report,) = _scaler(q, fleet).tick()
+    (report,) = scaler_for(q, fleet).tick()
     # the count gave up after 2 x 2 + 1000 keys, having seen no id: taken as "at least
     # enough", so it launches up to the maximum and cancels no waiting worker
     assert (report.live, report.more) == (0, True) and "0+ live" in report.line()
@@ -512,7 +467,7 @@ def test_planted_ticket_names_cannot_make_the_count_endless_nor_cancel() -> None
 def test_a_queue_without_a_provider_says_so_in_the_log_line() -> None:
     q = _plane_with_work(MemoryStore(), 1)
     q.configure("hpc", provider=None)
-    (report,) = _scaler(q, Fleet()).tick()
+    (report,) = scaler_for(q, Fleet()).tick()
     assert report.line() == "hpc: no provider on the queue record: workers are attached by hand"
 
 
@@ -528,7 +483,7 @@ def test_tombstones_and_payloads_keep_no_worker_cycling() -> None:
     done = dataclasses.replace(rec, state="failed")  # a gc tombstone at a ticket's key
     store.put(ticket, done.to_bytes(), OVERWRITE)
     fleet = Fleet()
-    scaler = _scaler(q, fleet)
+    scaler = scaler_for(q, fleet)
     (report,) = scaler.tick()
     assert report.live == 0 and not fleet.workers
     store.calls.clear()
@@ -543,7 +498,7 @@ def test_a_partly_failed_launch_says_both() -> None:
             raise ProviderError("fleet launch", "out of quota", "ask", launched=ids)
 
     q = _plane_with_work(MemoryStore(), 5, max_workers=3, jobs_per_worker=1)
-    (report,) = _scaler(q, Partial()).tick()
+    (report,) = scaler_for(q, Partial()).tick()
     assert report.launched == ["w0"] and report.error and "out of quota" in report.error
 
 
@@ -553,7 +508,7 @@ def test_a_bug_in_a_round_is_reported_not_raised() -> None:
             raise ZeroDivisionError("boom")
 
     q = _plane_with_work(MemoryStore(), 5)
-    (report,) = _scaler(q, Broken()).tick()
+    (report,) = scaler_for(q, Broken()).tick()
     assert report.error and "ZeroDivisionError: boom" in report.error
 
 
@@ -564,5 +519,5 @@ def test_a_claimed_or_released_invocations_ticket_counts() -> None:
     keys = QueueKeys("default", "hpc")
     ticket = next(iter(store.list(keys.tickets_prefix))).key
     store.put(ticket, b"0123456789abcdef", OVERWRITE)  # the marker a claim leaves
-    (report,) = _scaler(q, Fleet()).tick()
+    (report,) = scaler_for(q, Fleet()).tick()
     assert report.live == 1 and len(report.launched) == 1

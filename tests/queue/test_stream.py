@@ -13,7 +13,7 @@ import pytest
 
 import lakeshore as dls
 from tests import jobs
-from tests.conftest import make_plane
+from tests.tiers import make_plane
 
 
 def _serve(q: Any, **kw: Any) -> threading.Thread:

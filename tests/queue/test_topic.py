@@ -11,7 +11,7 @@ import pytest
 
 import lakeshore as dls
 from lakeshore.store import Store
-from tests.conftest import FAKE_CREDS
+from tests.tiers import FAKE_CREDS
 
 
 def test_design_snippet(q: Any) -> None:

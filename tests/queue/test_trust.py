@@ -26,7 +26,7 @@ from lakeshore.model.record import Record
 from lakeshore.running.bodies import Allow, load_body
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
-from tests.conftest import make_plane, record_key
+from tests.tiers import make_plane, record_key
 from tests.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ def test_an_allow_pattern_admits_only_what_its_module_defines(tmp_path: Path) ->
     flag = tmp_path / "ran"
     via_module = _hand_written(producer, "tests.jobs:os.system", f"touch {flag}")
     imported = _hand_written(producer, "tests.jobs:Path", str(flag))  # pathlib's, not jobs'
-    other = _hand_written(producer, "tests.conftest:make_plane", 1)  # imported, not allowed
+    other = _hand_written(producer, "tests.tiers:make_plane", 1)  # imported, not allowed
     allow = ["tests.jobs:*"]
     assert dls.run_worker(worker, max_jobs=3, idle_exit=0, isolation="thread", allow=allow) == 3
     assert not flag.exists()

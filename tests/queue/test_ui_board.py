@@ -18,8 +18,8 @@ from lakeshore.protocol.claims import Claimer
 from lakeshore.store import MemoryStore, Store
 from lakeshore.ui import Board
 from tests import jobs
-from tests.conftest import make_plane, record_key
 from tests.forwarding import Forwarding
+from tests.tiers import make_plane, record_key
 from tests.waiting import poll
 
 

@@ -28,8 +28,8 @@ from lakeshore.store.base import OVERWRITE
 from lakeshore.submit import submit_call
 from lakeshore.work_queue import _PayloadBody
 from tests import jobs
-from tests.conftest import date_clock_lease, make_plane, record_key
 from tests.forwarding import Forwarding
+from tests.tiers import date_clock_lease, make_plane, record_key
 from tests.waiting import poll
 
 

@@ -15,8 +15,8 @@ from lakeshore.cli import main
 from lakeshore.doctor import diagnose
 from lakeshore.store import MemoryStore, PutMode, Store
 from lakeshore.store.base import OVERWRITE
-from tests.conftest import FAKE_CREDS, TEST_BUCKET
 from tests.seaweed import Seaweed
+from tests.tiers import FAKE_CREDS, TEST_BUCKET
 
 CHECKS = [
     "read after write",

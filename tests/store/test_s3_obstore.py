@@ -32,8 +32,8 @@ from lakeshore.errors import (
 )
 from lakeshore.store import CREATE, if_match, open_store
 from lakeshore.store.s3 import S3Store
-from tests.conftest import FAKE_CREDS, TEST_BUCKET
 from tests.seaweed import Seaweed
+from tests.tiers import FAKE_CREDS, TEST_BUCKET
 
 BUCKET = "bkt"
 CUT = "cut"  # an answer that closes the connection without a response

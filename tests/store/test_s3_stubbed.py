@@ -33,9 +33,9 @@ from lakeshore.keys import QueueKeys
 from lakeshore.store import CREATE, if_match
 from lakeshore.store.s3 import S3Store
 from tests import jobs
-from tests.conftest import FAKE_CREDS, TEST_BUCKET, make_plane
 from tests.faultproxy import FaultProxy
 from tests.seaweed import Seaweed
+from tests.tiers import FAKE_CREDS, TEST_BUCKET, make_plane
 
 BUCKET = "bkt"
 

@@ -12,7 +12,7 @@ import pytest
 
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
 from lakeshore.store import CREATE, OVERWRITE, MemoryStore, Store, if_match
-from tests.conftest import ALL_TIERS, BOTO3_TIER, tier_store
+from tests.tiers import ALL_TIERS, BOTO3_TIER, tier_store
 
 
 @pytest.fixture(params=[*ALL_TIERS, BOTO3_TIER])

@@ -14,7 +14,7 @@ import pytest
 from lakeshore.doctor import race
 from lakeshore.errors import Conflict
 from lakeshore.store import CREATE, LocalStore, Store, if_match
-from tests.conftest import ATOMIC_TIERS, BOTO3_TIER, tier_store
+from tests.tiers import ATOMIC_TIERS, BOTO3_TIER, tier_store
 
 
 @pytest.fixture(params=[*ATOMIC_TIERS, BOTO3_TIER])

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from lakeshore import codec, keys
 from lakeshore.errors import DecodeError, InvalidArgument, RecordError
 from lakeshore.model.record import Blob, Record
+from tests.handmade import deep_tuple, ext
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_DEPTH: int = getattr(codec, "MAX_DEPTH", 100)  # the limit the codec enforces
@@ -112,28 +113,6 @@ def check(harness: Harness, decoder: str, data: bytes) -> dict[str, Any]:
 
 
 # -- building hostile bytes by hand ------------------------------------------------------------
-
-
-def ext(code: int, payload: bytes) -> bytes:
-    """An ext object framed by hand (msgpack's ExtType refuses the negative codes)."""
-    n, c = len(payload), code.to_bytes(1, "big", signed=True)
-    fixed = {1: b"\xd4", 2: b"\xd5", 4: b"\xd6", 8: b"\xd7", 16: b"\xd8"}
-    if n in fixed:
-        return fixed[n] + c + payload
-    if n < 2**8:
-        return b"\xc7" + n.to_bytes(1, "big") + c + payload
-    if n < 2**16:
-        return b"\xc8" + n.to_bytes(2, "big") + c + payload
-    return b"\xc9" + n.to_bytes(4, "big") + c + payload
-
-
-def deep_tuple(levels: int) -> bytes:
-    """``(((…(1,)…),),)``: the encoding of a tuple nested ``levels`` deep, built by hand
-    (encode refuses it now)."""
-    data = b"\x01"
-    for _ in range(levels):
-        data = ext(1, b"\x91" + data)
-    return data
 
 
 def deep_arrays(levels: int) -> bytes:

@@ -200,3 +200,48 @@ def test_cancel_and_timeouts() -> None:
     assert lifecycle.time_out(late, now=11.0).state == "timeout"
     with pytest.raises(IllegalTransition):
         lifecycle.cancel(lifecycle.cancel(rec(), now=1.0), now=2.0)
+
+
+# sha256 (first 16 hex digits) of each record's bytes as 0.4.0 wrote them, before states were
+# an enum: a change to how a record is stored must be a deliberate one
+STORED_0_4_0 = {
+    "queued": "e66199896326a1fa",
+    "running": "e5d4a2821eb75552",
+    "succeeded": "894ed7525c41c0b6",
+    "failed": "406548c0f516b1a4",
+    "killed": "4e24ba5e8d976b48",
+    "timeout": "19482adbe9f402fa",
+    "retried": "c8d4945ed9dc1af5",
+}
+
+
+def test_records_in_every_state_are_stored_as_0_4_0_stored_them() -> None:
+    import hashlib
+
+    from lakeshore.model.record import State
+
+    base = Record(
+        id="01JD2K7Q000000000000000000",
+        ns="default",
+        queue="jobs",
+        fn="tests.jobs:add_one",
+        args=Blob(inline=b"\x92\x91\x01\x80"),
+        submitted_at=1000.0,
+        wid="w0",
+    )
+    running = lifecycle.claim(base, "worker-1", "tok", 1001.0)
+    error = {"type": "ValueError", "message": "m", "traceback": ""}
+    records = {
+        "queued": base,
+        "running": running,
+        "succeeded": lifecycle.succeed(running, "tok", Blob(inline=b"\x02"), 1002.0),
+        "failed": lifecycle.fail(running, "tok", error, 1002.0, retry=False),
+        "killed": lifecycle.cancel(running, 1002.0, "bye"),
+        "timeout": lifecycle.time_out(running, 1002.0, "tok"),
+        "retried": lifecycle.fail(running, "tok", {**error, "type": "E", "message": ""}, 1002.0),
+    }
+    for name, rec in records.items():
+        data = dataclasses.replace(rec, wid="w1").to_bytes()
+        assert hashlib.sha256(data).hexdigest()[:16] == STORED_0_4_0[name], name
+        back = Record.from_bytes(data)
+        assert type(back.state) is State and back.state == rec.state

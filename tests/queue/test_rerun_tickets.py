@@ -1,8 +1,8 @@
-"""Review of issue 16's ticket protocol: races that lost a live invocation's ticket, a
-lookup that called an existing invocation missing, and a status that counted one invocation twice.
+"""The tickets of reruns: a claimer or gc never drops the ticket of a live rerun, a lookup
+racing a claim still finds the invocation, and status counts a rerun once.
 
-Each race is made deterministic with the ``Gate`` store wrapper of
-``tests/queue/test_submit_hardening.py`` (one named thread stopped at an exact request); time is
+Each race is made deterministic with the ``Gate`` store wrapper of ``tests/gating.py`` (one
+named thread stopped at an exact request); time is
 moved with the claimer's and gc's injected ``now``, never by sleeping.
 """
 
@@ -21,8 +21,8 @@ from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
 from lakeshore.store.base import CREATE
 from tests import jobs
-from tests.conftest import make_plane
-from tests.queue.test_submit_hardening import Gate, Run
+from tests.gating import Gate, Run
+from tests.tiers import make_plane
 
 
 def _finished(q: Any) -> tuple[str, Any]:

@@ -1,4 +1,4 @@
-"""Hardening III (issue 31): outcome writes that survive a bad minute of the store, claims
+"""Outcome writes that survive a bad minute of the store, claims
 that stall through gc, and producers that fill the claim scan with tickets never due.
 
 Each test is named after its scenario and was seen to fail on the code before its fix.
@@ -25,8 +25,8 @@ from lakeshore.protocol.steps import CLAIM_FENCE_S, QueueOps
 from lakeshore.store import MemoryStore, PutMode
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
-from tests.conftest import make_plane
 from tests.forwarding import Forwarding
+from tests.tiers import make_plane
 
 
 def drain(q: Any, n: int = 1, **kw: Any) -> None:
@@ -254,7 +254,7 @@ def test_a_lease_longer_than_its_lease_s_is_refused() -> None:
 
 
 def test_the_scaler_does_not_count_tickets_not_due_or_never_due_as_work() -> None:
-    from tests.queue.test_scaler import Fleet, _scaler
+    from tests.fleet import Fleet, scaler_for
 
     store = MemoryStore()
     q = make_plane(store)
@@ -267,7 +267,7 @@ def test_the_scaler_does_not_count_tickets_not_due_or_never_due_as_work() -> Non
         rec = Record(id=inv, ns=q.ns, queue="hpc", fn="tests.jobs:add_one", args=args)
         assert ops.submit(dataclasses.replace(rec, not_before=not_before, submitted_at=now))
     fleet = Fleet()
-    scaler = _scaler(q, fleet)
+    scaler = scaler_for(q, fleet)
     (report,) = scaler.tick()
     assert report.live == 0 and not fleet.workers
     q.udf(jobs.add_one, queue="hpc").submit(1)  # real work: one worker
