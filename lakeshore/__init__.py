@@ -46,10 +46,10 @@ from lakeshore.errors import (
     UnknownFunction,
     UnreturnedWrite,
 )
+from lakeshore.files.root import DataRoot
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
-from lakeshore.run import DataRoot
 from lakeshore.scaler import Scaler
 from lakeshore.store import open_store
 from lakeshore.streams.journal import Frame

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from lakeshore.errors import InvalidArgument, KeyReused, LakeshoreError, MapFailed
-from lakeshore.run import flush
+from lakeshore.files.context import flush
 from lakeshore.store import LocalStore, MemoryStore, Store
 from lakeshore.submit import OPTIONS, Prepared, check_options, prepare_call, publish_prepared
 

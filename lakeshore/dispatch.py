@@ -16,6 +16,7 @@ from lakeshore import results
 from lakeshore.errors import (
     InvalidArgument,
 )
+from lakeshore.files.context import scope as run_scope
 from lakeshore.keys import (
     DEFAULT_QUEUE,
     check_name,
@@ -24,7 +25,6 @@ from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
 from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
-from lakeshore.run import scope as run_scope
 from lakeshore.running.logs import follow_logs, read_logs
 from lakeshore.streams.journal import Frame
 from lakeshore.streams.stream import follow

@@ -8,22 +8,20 @@ one way: store → protocol → plane → submit/worker → facade → CLI.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
 from typing import Any
 
-from lakeshore.errors import Conflict, InvalidArgument, NotFound
-from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, id_index, probe_prefix
+from lakeshore.errors import InvalidArgument, NotFound
+from lakeshore.files.root import DataRoot, data_root
+from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, check_id, check_name, probe_prefix
 from lakeshore.model.record import Record
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.queue_record import QueueSettings
-from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps
-from lakeshore.run import DataRoot, data_root
+from lakeshore.protocol.steps import QueueOps, read_id_index
 from lakeshore.running.bodies import Declared
 from lakeshore.store import MemoryStore, Store, open_store
-from lakeshore.store.base import CREATE
 from lakeshore.streams.topic import Topic
 
 __all__ = ["DEFAULT_URL", "Plane"]
@@ -170,11 +168,7 @@ class Plane:
                 continue
             self._where[inv] = queue
             return ops, rec, etag
-        try:
-            raw = self.store.get(id_index(self.ns, inv), max_bytes=MAX_SMALL_BYTES)[0]
-            queue = raw.decode("utf-8", "replace")
-        except NotFound:
-            queue = ""
+        queue = read_id_index(self.store, self.ns, inv)
         if queue and queue not in tried:
             ops = self.ops(queue)
             try:
@@ -189,12 +183,6 @@ class Plane:
             "check the id, the namespace and the store URL",
             id=inv,
         )
-
-    def index(self, inv: str, queue: str) -> None:
-        """Write the id index of an invocation outside the default queue (create-only: ids
-        never move), so a process that does not know its queue finds it."""
-        with contextlib.suppress(Conflict):
-            self.store.put(id_index(self.ns, inv), queue.encode(), CREATE)
 
     def remember(self, inv: str, queue: str) -> None:
         """This process knows where ``inv`` lives (ids never move: it never goes stale)."""

@@ -7,14 +7,10 @@ publish: spilled arguments, id index, then the ticket, which holds the record (c
 the one write that makes the invocation exist). Anything that fails after admission gives
 its slot and token back.
 
-A key whose first submitter died between the key object and the ticket is repaired by the
-next submit with that key, once the first had ``KEY_REPAIR_GRACE_S`` to finish: the old id
-is fenced with a tombstone (``QueueOps.fence``) and the key moves to a new invocation by
-compare-and-swap. Nothing is ever written under an id whose record was deleted or fenced,
-so gc, which deletes an expired invocation's tickets and record before its folder and key,
-can never remove a part of a live invocation. A submit that finds a tombstone at its own id
-(it was too slow and judged dead) never returns that id: it raises, or, with a key, starts
-over.
+A keyed submit takes its key first (:mod:`lakeshore.protocol.idempotency`: the key object,
+its repair after a dead submitter, the fence of the old id). A submit that finds a tombstone
+at its own id (it was too slow and judged dead) never returns that id: it raises, or, with a
+key, starts over.
 """
 
 from __future__ import annotations
@@ -32,38 +28,30 @@ from lakeshore.errors import (
     KeyReused,
     LakeshoreError,
     NotFound,
-    RecordError,
-    StoreError,
 )
-from lakeshore.keys import DEFAULT_QUEUE, band, check_id, new_id
+from lakeshore.files.context import flush
+from lakeshore.keys import band, new_id
 from lakeshore.model.record import MAX_COUNT, Blob, Record, State, check_fields, check_key_arg
-from lakeshore.protocol import polling
 from lakeshore.protocol.admission import admit, give_back_rate
-from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, abandoned
-from lakeshore.run import flush
+from lakeshore.protocol.idempotency import HeldKey, move_key, needs_new_id, take_or_read
+from lakeshore.protocol.steps import QueueOps
 from lakeshore.running.bodies import Declared
 from lakeshore.running.child import refuse_script_rerun
 from lakeshore.scope import current_prefix
-from lakeshore.store.base import CREATE, if_match
 
 if TYPE_CHECKING:
     from lakeshore.model.queue_config import QueueConfig
     from lakeshore.plane import Plane
 
 __all__ = [
-    "KEY_REPAIR_GRACE_S",
     "OPTIONS",
     "Prepared",
     "check_options",
-    "parse_key",
     "prepare_call",
     "publish_prepared",
     "submit_call",
 ]
 
-# A key whose record is missing is repaired only once its first submitter had this long to
-# finish: a younger one is probably still being written by a concurrent submit.
-KEY_REPAIR_GRACE_S = 30.0
 # the options of a submit (``Udf.submit`` spells them with a leading underscore)
 OPTIONS = frozenset(
     {"key", "priority", "max_attempts", "timeout_s", "deadline_s", "strict_key", "submit_timeout"}
@@ -253,17 +241,6 @@ class Prepared:
         return draft, token
 
 
-@dataclasses.dataclass(frozen=True)
-class _Key:
-    """An idempotency key object as read: the id it names, when, and its etag."""
-
-    id: str
-    input_hash: str
-    at: float
-    etag: str
-    mine: bool = False
-
-
 _KEY_ROUNDS = 8  # a key that changes under us this often is being fought over: give up
 
 
@@ -276,10 +253,10 @@ def _submit_keyed(prep: Prepared, ref: str, key: str, strict: bool) -> str:
     for _ in range(_KEY_ROUNDS):
         inv = new_id(prep.draft.priority)
         # on a limited queue only look: admission comes before the key is taken
-        held = _read_key(prep, key, inv, create=not prep.limited)
+        held = take_or_read(prep.ops, key, inv, prep.draft.input_hash, create=not prep.limited)
         if held is None and not prep.limited:
             continue  # taken and removed (gc) between our create and our read: again
-        move: _Key | None = None
+        move: HeldKey | None = None
         if held is not None and not held.mine:
             if strict and held.input_hash != prep.draft.input_hash:
                 raise KeyReused(
@@ -288,13 +265,13 @@ def _submit_keyed(prep: Prepared, ref: str, key: str, strict: bool) -> str:
                     "use a new key, or drop _strict_key to get the existing id back",
                     id=held.id,
                 )
-            if held.id not in fenced and not _needs_new_id(prep, held):
+            if held.id not in fenced and not needs_new_id(prep.ops, held):
                 return held.id
             move = held
         mine = held is not None and held.mine
         draft, token = (prep.draft, None) if mine else prep.admit(inv)
         try:
-            wrote = mine or _write_key(prep, key, inv, move)
+            wrote = mine or move_key(prep.ops, key, inv, prep.draft.input_hash, move)
         except BaseException:
             _undo_admission(prep.ops, inv, draft, token)
             raise
@@ -309,111 +286,6 @@ def _submit_keyed(prep: Prepared, ref: str, key: str, strict: bool) -> str:
         f"the key changed under this submit {_KEY_ROUNDS} times in a row",
         "other producers are racing on this key; submit again",
     )
-
-
-def _needs_new_id(prep: Prepared, held: _Key) -> bool:
-    """True when the id a key names will never run: a tombstone record, or no record once
-    the key is older than ``KEY_REPAIR_GRACE_S`` (the first submitter died after the key;
-    the id is fenced here so a slow one cannot publish later). While the key is younger
-    and its record missing, wait for the record: an id is returned only once its record
-    exists, so a caller never holds an id that a later repair abandons."""
-    ops, store = prep.ops, prep.plane.store
-    pause = 0.005
-    while True:
-        now = store.now()
-        try:
-            rec, _ = ops.read(held.id)
-        except NotFound:
-            if now - held.at <= KEY_REPAIR_GRACE_S:
-                # a concurrent submit still between its key and its record, most likely:
-                # it lands within milliseconds; a dead one is repaired after the grace
-                polling.pause(
-                    store, min(pause, max(0.0, held.at + KEY_REPAIR_GRACE_S - now) + 0.01)
-                )
-                pause = min(pause * 2, 0.5)
-                continue
-            why = f"a submit with its key found no record {KEY_REPAIR_GRACE_S:g} s later"
-            if ops.fence(held.id, now, why):
-                return True
-            continue  # the record landed meanwhile: look at it
-        except RecordError:
-            return False  # corrupt or newer: the claimers deal with it, the key stays
-        return abandoned(rec)
-
-
-def _read_key(prep: Prepared, key: str, inv: str, create: bool) -> _Key | None:
-    """Create the key object for ``inv`` (``create``), or read the one that exists; None
-    when the key is free (only looking, or removed since our create failed).
-
-    Raises:
-        StoreError: the key object is not one lakeshore wrote.
-    """
-    store, where = prep.plane.store, prep.ops.keys.idem(key)
-    if create:
-        now = store.now()
-        body = _key_body(inv, prep.draft.input_hash, now)
-        try:
-            return _Key(inv, prep.draft.input_hash, now, store.put(where, body, CREATE), True)
-        except Conflict:
-            pass
-    try:
-        data, etag = store.get(where, max_bytes=MAX_SMALL_BYTES)
-    except NotFound:
-        return None
-    held = parse_key(data)
-    if held is None:
-        raise StoreError(
-            f"submit _key={key!r}",
-            f"the idempotency key object {where} is not one lakeshore wrote",
-            "delete that object (the key then starts afresh), or use another key",
-            key=where,
-        )
-    ident, input_hash, at = held
-    # naming our own id: our create landed and only its answer was lost (a retried request)
-    return _Key(ident, input_hash, at, etag, mine=ident == inv)
-
-
-def _write_key(prep: Prepared, key: str, inv: str, replacing: _Key | None) -> bool:
-    """Make the key name ``inv``: create it, or move it off ``replacing`` by compare-and-
-    swap. False when someone else changed it first."""
-    store = prep.plane.store
-    body = _key_body(inv, prep.draft.input_hash, store.now())
-    mode = CREATE if replacing is None else if_match(replacing.etag)
-    where = prep.ops.keys.idem(key)
-    try:
-        store.put(where, body, mode)
-    except Conflict:
-        try:  # a retried request whose first try landed meets its own write
-            held = parse_key(store.get(where, max_bytes=MAX_SMALL_BYTES)[0])
-        except NotFound:
-            return False
-        return held is not None and held[0] == inv
-    return True
-
-
-def _key_body(inv: str, input_hash: str, now: float) -> bytes:
-    return codec.encode({"id": inv, "input_hash": input_hash, "at": now})
-
-
-def parse_key(data: bytes) -> tuple[str, str, float] | None:
-    """``(id, input_hash, at)`` of an idempotency key object, or None when the bytes are not
-    one (anything read from the store may be hostile). A key without ``at`` (written by an
-    older lakeshore) counts as old."""
-    try:
-        obj = codec.decode(data, "idempotency key")
-    except LakeshoreError:
-        return None
-    if not isinstance(obj, dict):
-        return None
-    ident, input_hash, at = obj.get("id"), obj.get("input_hash", ""), obj.get("at", 0.0)
-    if not isinstance(ident, str) or not isinstance(input_hash, str):
-        return None
-    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
-        return None
-    try:
-        return check_id(ident), input_hash, float(at)
-    except InvalidArgument:
-        return None
 
 
 def _abandoned(ref: str, inv: str) -> Conflict:
@@ -457,22 +329,14 @@ def _undo_admission(ops: QueueOps, inv: str, draft: Record, token: tuple[str, st
 
 
 def _publish(prep: Prepared, inv: str, draft: Record) -> bool:
-    """Write the invocation's objects and its record; False when a record was at ``inv``
-    already (a tombstone: this submit was fenced out)."""
-    plane, ops = prep.plane, prep.ops
-    now = plane.store.now()
-    rec = dataclasses.replace(
-        draft,
-        id=inv,
-        args=ops.put_args(inv, prep.payload, plane.spill_bytes),
-        deadline_at=now + prep.deadline_s if prep.deadline_s is not None else None,
-        submitted_at=now,
+    """Publish ``inv`` (:meth:`QueueOps.publish`); False when a record was at ``inv`` already
+    (a tombstone: this submit was fenced out)."""
+    published = prep.ops.publish(
+        dataclasses.replace(draft, id=inv), prep.payload, prep.plane.spill_bytes, prep.deadline_s
     )
-    if rec.queue != DEFAULT_QUEUE:
-        plane.index(inv, rec.queue)
-    if not ops.submit(rec):
+    if published is None:
         return False
-    plane.remember(inv, rec.queue)
+    prep.plane.remember(inv, published.queue)
     return True
 
 

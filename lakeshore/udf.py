@@ -13,8 +13,8 @@ from lakeshore import results
 from lakeshore.batch import map_calls, starmap_calls, submit_many
 from lakeshore.errors import InvalidArgument
 from lakeshore.plane import Plane
-from lakeshore.run import call_local
 from lakeshore.running.bodies import Declared
+from lakeshore.running.call import call_local
 from lakeshore.submit import submit_call
 
 __all__ = ["Udf"]

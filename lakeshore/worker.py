@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakeshore import codec
 from lakeshore.errors import (
     Abandoned,
     Conflict,
@@ -45,10 +44,10 @@ from lakeshore.errors import (
     LakeshoreError,
     StoreError,
 )
-from lakeshore.keys import worker_key
 from lakeshore.model import lifecycle
 from lakeshore.model.record import check_text
 from lakeshore.protocol.admission import repair_slots, sweep_rate
+from lakeshore.protocol.census import write_sign_of_life
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
@@ -56,7 +55,6 @@ from lakeshore.running.attempt import Attempt, Halt, Slot, run_attempt
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
-from lakeshore.store.base import OVERWRITE
 from lakeshore.text import inert
 
 if TYPE_CHECKING:
@@ -485,7 +483,7 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
     }
     with contextlib.suppress(LakeshoreError):
         info["seen_at"] = store.now()
-        store.put(worker_key(state.plane.ns, state.worker_id), codec.encode(info), OVERWRITE)
+        write_sign_of_life(store, state.plane.ns, state.worker_id, info)
 
 
 def _slot(state: _State, i: int, resume: Attempt | None = None) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from lakeshore import run as _files
 from lakeshore.errors import InvalidArgument, NotFound
-from lakeshore.run import data_root
+from lakeshore.files.root import data_root
 from lakeshore.scope import current_prefix, mirror, resolve
 
 __all__ = ["KeyError_", "RunContext", "run", "scope"]

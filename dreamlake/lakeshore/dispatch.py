@@ -15,7 +15,7 @@ from typing import Any
 
 import lakeshore
 from lakeshore.errors import InvalidArgument, JobError, Killed, NotFinished, NotFound
-from lakeshore.run import DataRoot, data_root
+from lakeshore.files.root import DataRoot, data_root
 
 __all__ = ["Dispatch", "DispatchError", "default_dispatch", "translated"]
 

@@ -34,10 +34,10 @@ from ulid import ULID
 
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, NotFound, RecordError
-from lakeshore.keys import QueueKeys, is_name, past_folder, workers_prefix
+from lakeshore.keys import QueueKeys, is_name, past_folder, worker_key, workers_prefix
 from lakeshore.model.record import LIVE, Record, State
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
-from lakeshore.store.base import ObjectInfo, Store
+from lakeshore.store.base import OVERWRITE, ObjectInfo, Store
 
 __all__ = [
     "EXACT_UP_TO",
@@ -54,6 +54,7 @@ __all__ = [
     "records",
     "summary",
     "workers_seen",
+    "write_sign_of_life",
 ]
 
 _FIRST_WINDOW_MS = 60_000
@@ -367,6 +368,17 @@ def workers_seen(
         if data is not None and now - data["seen_at"] <= within_s:
             seen.append(data)
     return sorted(seen, key=lambda d: -float(d["seen_at"]))
+
+
+def write_sign_of_life(store: Store, ns: str, worker: str, info: dict[str, Any]) -> None:
+    """Write ``worker``'s sign of life (``_workers/<name>``), overwriting its last one: what
+    ``status``, the dashboard, the scaler and other workers' lanes read (see
+    :func:`read_sign_of_life` for its fields).
+
+    Raises:
+        LakeshoreError: the store failed (a sign of life is best effort: callers go on).
+    """
+    store.put(worker_key(ns, worker), codec.encode(info), OVERWRITE)
 
 
 def read_sign_of_life(data: bytes, where: str = "sign of life") -> dict[str, Any] | None:

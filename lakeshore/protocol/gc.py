@@ -77,6 +77,7 @@ from lakeshore.keys import QueueKeys, check_id, id_index, namespace_prefix, work
 from lakeshore.model.record import Record
 from lakeshore.protocol.admission import sweep_slots
 from lakeshore.protocol.census import ids_between, read_sign_of_life
+from lakeshore.protocol.idempotency import parse_key
 from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import (
     CLAIM_FENCE_S,
@@ -88,7 +89,6 @@ from lakeshore.protocol.steps import (
     unclaimed,
 )
 from lakeshore.store.base import Store
-from lakeshore.submit import parse_key
 
 __all__ = [
     "GcReport",

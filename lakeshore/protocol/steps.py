@@ -68,7 +68,7 @@ from lakeshore.errors import (
     StoreUnavailable,
     TooLarge,
 )
-from lakeshore.keys import QueueKeys
+from lakeshore.keys import DEFAULT_QUEUE, QueueKeys, id_index
 from lakeshore.model import lifecycle
 from lakeshore.model.record import MAX_INLINE_BYTES, Blob, Record, State
 from lakeshore.protocol.tidy import Tidier
@@ -87,8 +87,10 @@ __all__ = [
     "corrupt_stub",
     "decode_ticket",
     "elapsed",
+    "read_id_index",
     "unclaimed",
     "unclaimed_etag",
+    "write_id_index",
 ]
 
 log = logging.getLogger("lakeshore.worker")
@@ -371,6 +373,30 @@ class QueueOps:
         return self.store.list(self.keys.tickets_prefix, start_after)
 
     # -- steps ---------------------------------------------------------------------------------
+
+    def publish(
+        self, draft: Record, payload: bytes, spill_bytes: int, deadline_s: float | None
+    ) -> Record | None:
+        """A submit's writes, in their order: the arguments in an object of their own when
+        they are over ``spill_bytes``, the id index outside the default queue, then the
+        ticket (:meth:`submit`), the one write that makes the invocation exist. Everything
+        the ticket depends on exists before it. Returns the record as published; None when
+        the ticket's key was taken (a tombstone: the submit was fenced out).
+
+        Raises:
+            InvalidArgument: the id does not carry the band of its priority.
+            StoreError: the store failed (the invocation was not published).
+        """
+        now = self.store.now()
+        rec = dataclasses.replace(
+            draft,
+            args=self.put_args(draft.id, payload, spill_bytes),
+            deadline_at=now + deadline_s if deadline_s is not None else None,
+            submitted_at=now,
+        )
+        if rec.queue != DEFAULT_QUEUE:
+            write_id_index(self.store, self.keys.ns, rec.id, rec.queue)
+        return rec if self.submit(rec) else None
 
     def submit(self, rec: Record) -> bool:
         """Publish a new invocation: its ticket, holding the queued record, create-only (one
@@ -697,3 +723,25 @@ def _usable(data: bytes, keys: QueueKeys, inv: str) -> bool:
     except RecordError:
         return False
     return True
+
+
+def write_id_index(store: Store, ns: str, inv: str, queue: str) -> None:
+    """Write the id index of an invocation outside the default queue (``_ids/<id>``, create-
+    only: ids never move), so a process that does not know its queue finds it. Written before
+    the ticket; an index that is already there (a retried submit) is left as it is."""
+    with contextlib.suppress(Conflict):
+        store.put(id_index(ns, inv), queue.encode(), CREATE)
+
+
+def read_id_index(store: Store, ns: str, inv: str) -> str:
+    """The queue the id index names for ``inv``; empty when there is none. Its content is
+    only a hint: the caller still reads the record it points to.
+
+    Raises:
+        LakeshoreError: the store failed.
+    """
+    try:
+        raw = store.get(id_index(ns, inv), max_bytes=MAX_SMALL_BYTES)[0]
+    except NotFound:
+        return ""
+    return raw.decode("utf-8", "replace")

@@ -24,6 +24,7 @@ import secrets
 import sys
 import types
 from collections.abc import Callable, Iterable
+from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
@@ -42,18 +43,30 @@ __all__ = [
     "load_body",
 ]
 
-BodyKind = str  # "sync" | "generator" | "async" | "asyncgen"
+
+class BodyKind(StrEnum):
+    """Which of the four kinds of Python function a body is: how it is called, and whether
+    it streams (a generator's values are its journal)."""
+
+    SYNC = "sync"
+    GENERATOR = "generator"
+    ASYNC = "async"
+    ASYNCGEN = "asyncgen"
+
+    @property
+    def streams(self) -> bool:
+        return self in (BodyKind.GENERATOR, BodyKind.ASYNCGEN)
 
 
 def body_kind(fn: Callable[..., Any]) -> BodyKind:
     """Which of the four body kinds ``fn`` is."""
     if inspect.isasyncgenfunction(fn):
-        return "asyncgen"
+        return BodyKind.ASYNCGEN
     if inspect.iscoroutinefunction(fn):
-        return "async"
+        return BodyKind.ASYNC
     if inspect.isgeneratorfunction(fn):
-        return "generator"
-    return "sync"
+        return BodyKind.GENERATOR
+    return BodyKind.SYNC
 
 
 def function_ref(fn: Callable[..., Any]) -> str:

@@ -33,13 +33,15 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, assert_never
 
 from lakeshore import codec
 from lakeshore.errors import Fenced, InvalidArgument, LakeshoreError, Stopped, Unsendable
-from lakeshore.run import DataRoot, Fence, RunContext
+from lakeshore.files.context import RunContext, active
+from lakeshore.files.root import DataRoot, Fence
+from lakeshore.running.bodies import BodyKind
 from lakeshore.running.logs import Sink, capture
-from lakeshore.scope import at
+from lakeshore.scope import at, current_prefix
 from lakeshore.streams.journal import check_frame
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "RunSpec",
     "Verdict",
     "call_body",
+    "call_local",
     "error_of",
     "result_bytes",
     "run_inline",
@@ -88,16 +91,13 @@ def error_of(e: BaseException) -> dict[str, str]:
     }
 
 
-STREAMING = ("generator", "asyncgen")
-
-
-def result_bytes(kind: str, value: Any) -> bytes | None:
+def result_bytes(kind: BodyKind, value: Any) -> bytes | None:
     """The encoded return value; None for streaming bodies, whose result is their journal.
 
     Raises:
         Unsendable: the value cannot be encoded (running the body again would not help).
     """
-    if kind in STREAMING:
+    if kind.streams:
         return None
     try:
         return codec.encode(value, "result")
@@ -145,7 +145,7 @@ def _files(step: Callable[[Any], None], value: Any) -> None:
 
 def call_body(
     fn: Callable[..., Any],
-    kind: str,
+    kind: BodyKind,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     stop: threading.Event,
@@ -159,7 +159,7 @@ def call_body(
     encoded yield to ``emit`` (the journal) after uploading the files it names; they stop at
     the next yield once ``stop`` is set. Values are encoded before their files are
     published, so an unsendable value never leaves orphaned files behind. ``fence`` is asked
-    before each batch of uploads (see :data:`lakeshore.run.Fence`); when it says the lease is
+    before each batch of uploads (see :data:`lakeshore.files.root.Fence`); when it says the lease is
     gone, nothing is published and the run ends as stopped."""
     if spec is None:
         return result_bytes(kind, _body(fn, kind, args, kwargs, stop, emit, None))
@@ -178,7 +178,7 @@ def call_body(
         if stop.is_set():
             raise Stopped  # cancelled or timed out meanwhile: publish nothing
         data = result_bytes(kind, value)
-        verb = "yield" if kind in STREAMING else "return"
+        verb = "yield" if kind.streams else "return"
         _files(lambda v: ctx.finish(v, verb), value)
         return data
     finally:
@@ -187,7 +187,7 @@ def call_body(
 
 def _body(
     fn: Callable[..., Any],
-    kind: str,
+    kind: BodyKind,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     stop: threading.Event,
@@ -201,19 +201,6 @@ def _body(
         if ctx is not None:
             _files(ctx.publish, item)
         emit(data)
-
-    if kind == "sync":
-        return fn(*args, **kwargs)
-    if kind == "generator":
-        gen = fn(*args, **kwargs)
-        try:
-            for item in gen:
-                out(item)
-                if stop.is_set():
-                    raise Stopped
-        finally:
-            gen.close()
-        return None
 
     async def watch(awaitable: Any) -> Any:
         task = asyncio.ensure_future(awaitable)
@@ -230,12 +217,30 @@ def _body(
         async for item in fn(*args, **kwargs):
             out(item)
 
-    return asyncio.run(watch(fn(*args, **kwargs) if kind == "async" else drain()))
+    match kind:
+        case BodyKind.SYNC:
+            return fn(*args, **kwargs)
+        case BodyKind.GENERATOR:
+            gen = fn(*args, **kwargs)
+            try:
+                for item in gen:
+                    out(item)
+                    if stop.is_set():
+                        raise Stopped
+            finally:
+                gen.close()
+            return None
+        case BodyKind.ASYNC:
+            return asyncio.run(watch(fn(*args, **kwargs)))
+        case BodyKind.ASYNCGEN:
+            return asyncio.run(watch(drain()))
+        case unknown:
+            assert_never(unknown)
 
 
 def run_inline(
     fn: Callable[..., Any],
-    kind: str,
+    kind: BodyKind,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     stop: threading.Event,
@@ -276,3 +281,82 @@ def unpickle(data: bytes) -> Any:
     import pickle
 
     return pickle.loads(data)
+
+
+def call_local(
+    fn: Callable[..., Any],
+    kind: BodyKind,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    root: Callable[[], DataRoot],
+) -> Any:
+    """Call a decorated function directly (no queue) under the same files contract as on a
+    worker: its writes go to ``root`` (or the enclosing body's root) once it returns or
+    yields their keys. Generators and coroutines are wrapped, so the contract applies when
+    they are iterated or awaited."""
+    outer = active()
+    if outer is not None:  # inside a body: its uploads are fenced by the body's lease too
+        ctx = outer.local_call(current_prefix())
+    else:
+        ctx = RunContext(root, "local", prefix=current_prefix())
+    match kind:
+        case BodyKind.GENERATOR:
+            return _local_gen(ctx, fn(*args, **kwargs))
+        case BodyKind.ASYNCGEN:
+            return _local_agen(ctx, fn(*args, **kwargs))
+        case BodyKind.ASYNC:
+            return _local_coro(ctx, fn(*args, **kwargs))
+        case BodyKind.SYNC:
+            try:
+                with ctx.activate():
+                    value = fn(*args, **kwargs)
+                ctx.finish(value)
+                return value
+            finally:
+                ctx.close()
+        case unknown:
+            assert_never(unknown)
+
+
+def _local_gen(ctx: RunContext, gen: Any) -> Any:
+    try:
+        while True:
+            # only while the body runs, in the scope it was called in: the caller's code
+            # between yields must not see the body's files
+            with ctx.activate(), at(ctx.prefix):
+                try:
+                    item = next(gen)
+                except StopIteration:
+                    break
+            ctx.publish(item)
+            yield item
+        ctx.finish(None, "yield")
+    finally:
+        gen.close()
+        ctx.close()
+
+
+async def _local_agen(ctx: RunContext, agen: Any) -> Any:
+    try:
+        while True:
+            with ctx.activate(), at(ctx.prefix):
+                try:
+                    item = await agen.__anext__()
+                except StopAsyncIteration:
+                    break
+            ctx.publish(item)
+            yield item
+        ctx.finish(None, "yield")
+    finally:
+        await agen.aclose()
+        ctx.close()
+
+
+async def _local_coro(ctx: RunContext, coro: Any) -> Any:
+    try:
+        with ctx.activate(), at(ctx.prefix):
+            value = await coro
+        ctx.finish(value)
+        return value
+    finally:
+        ctx.close()

@@ -59,9 +59,9 @@ from lakeshore.errors import (
     UnknownFunction,
     Unsendable,
 )
+from lakeshore.files.root import discard_staging
 from lakeshore.model.record import Record
-from lakeshore.run import discard_staging
-from lakeshore.running.bodies import Declared, import_ref
+from lakeshore.running.bodies import BodyKind, Declared, import_ref
 from lakeshore.running.call import (
     POLL_S,
     Outcome,
@@ -179,7 +179,7 @@ class BodyCall:
 
     ref: str
     fn_pickle: bytes | None
-    kind: str
+    kind: BodyKind
     payload: bytes
     spec: RunSpec | None
     record: Record

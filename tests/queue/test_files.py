@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.run import RunContext, data_root
+from lakeshore.files.context import RunContext
+from lakeshore.files.root import data_root
 from lakeshore.scope import join, keys_in
 from lakeshore.store import LocalStore, MemoryStore, Store
 from tests import jobs

@@ -25,8 +25,9 @@ import pytest
 
 import lakeshore as dls
 from lakeshore.errors import StoreUnavailable
+from lakeshore.files.context import RunContext
+from lakeshore.files.root import data_root
 from lakeshore.model import lifecycle
-from lakeshore.run import RunContext, data_root
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
 from tests.tiers import make_plane

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-from lakeshore.run import RunContext, data_root, discard_staging
+from lakeshore.files.context import RunContext
+from lakeshore.files.root import data_root, discard_staging
 from lakeshore.store import LocalStore, MemoryStore
 from tests.tiers import make_plane, seaweed_store
 

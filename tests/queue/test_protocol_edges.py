@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
-import lakeshore.submit as sub
 from lakeshore import codec
 from lakeshore.model import lifecycle
 from lakeshore.model.record import SCHEMA_VERSION
-from lakeshore.protocol import claims
+from lakeshore.protocol import claims, idempotency
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
@@ -77,7 +76,7 @@ def test_a_young_key_without_record_is_waited_for_then_repaired(q: Any) -> None:
     ops = q.ops("default")
     first = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     # a first submitter is between key and record, and has half a second of its grace left
-    at = q.store.now() - sub.KEY_REPAIR_GRACE_S + 0.5
+    at = q.store.now() - idempotency.KEY_REPAIR_GRACE_S + 0.5
     q.store.put(ops.keys.idem("race"), codec.encode({"id": first, "input_hash": "?", "at": at}))
     inv = f.submit(5, _key="race")  # waits for the record, never returns an id without one
     assert inv != first

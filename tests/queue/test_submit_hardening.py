@@ -16,11 +16,11 @@ import pytest
 
 import lakeshore as dls
 import lakeshore.protocol.admission as adm
-import lakeshore.submit as sub
 from lakeshore import codec
 from lakeshore.keys import QueueKeys, new_id
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Blob, Record
+from lakeshore.protocol import idempotency
 from lakeshore.protocol.admission import admit
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.gc import collect
@@ -153,7 +153,7 @@ def test_gc_racing_a_keyed_resubmit_leaves_one_runnable_invocation(
     f = q.udf(jobs.size_of)
     payload = b"x" * 1000  # spilled: the arguments are an object of their own
     first = _expired_keyed(q, f, payload)
-    monkeypatch.setattr(sub, "KEY_REPAIR_GRACE_S", -1.0)  # the key is old enough to repair
+    monkeypatch.setattr(idempotency, "KEY_REPAIR_GRACE_S", -1.0)  # the key is old enough to repair
     verb, match, after = GC_PAUSES[pause]
     stop = gate.trap(verb, match, "gc", after)
     gc = Run("gc", lambda: _gc(q))
@@ -175,7 +175,7 @@ def test_gc_finishing_while_a_keyed_resubmit_is_between_its_reads_and_writes(
     f = q.udf(jobs.size_of)
     payload = b"y" * 1000
     first = _expired_keyed(q, f, payload)
-    monkeypatch.setattr(sub, "KEY_REPAIR_GRACE_S", -1.0)
+    monkeypatch.setattr(idempotency, "KEY_REPAIR_GRACE_S", -1.0)
     gc_stop = gate.trap("DELETE", lambda k: k.endswith("/record"), "gc", after=True)
     gc = Run("gc", lambda: _gc(q))
     gc_stop.wait()  # the record is gone, the key still names it

@@ -33,17 +33,17 @@ LAYERS: list[tuple[str, set[str]]] = [
         "protocol steps",
         {"protocol", "protocol.steps", "protocol.claims", "protocol.tidy"}
         | {"protocol.admission", "protocol.queue_record", "protocol.census", "protocol.polling"}
-        | {"protocol.scaler_lease", "protocol.lanes"}
+        | {"protocol.scaler_lease", "protocol.lanes", "protocol.idempotency", "protocol.gc"}
         | {"streams.stream", "streams.topic", "running.logs", "doctor"},
     ),
     (
         "running bodies",
         {"run", "running", "running.call", "running.child", "running.preload", "running.bodies"}
-        | {"running.zygote"},
+        | {"running.zygote", "files", "files.nofollow", "files.root", "files.context"},
     ),
     (
         "the plane and what takes it",
-        {"plane", "submit", "batch", "results", "running.attempt", "protocol.gc", "scaler"},
+        {"plane", "submit", "batch", "results", "running.attempt", "scaler"},
     ),
     ("worker and declared functions", {"worker", "udf"}),
     ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
@@ -64,11 +64,11 @@ OWNERS = {
     "boto3": {"store.s3"},
     "botocore": {"store.s3"},
     "obstore": {"store.s3_obstore"},
-    "fsspec": {"run"},
+    "fsspec": {"files.context"},
 }
 
 # private names of other objects the code may touch: the interpreter's and fsspec's
-PRIVATE_OK = {"os._exit", "self._fs._strip_protocol", "outer._root"}
+PRIVATE_OK = {"os._exit", "self._fs._strip_protocol"}
 # running/zygote.py registers its server where the stdlib's fork server client looks (only
 # against the stdlib it was written for: it checks forkserver.main's signature first)
 PRIVATE_OK |= {"forkserver._forkserver", "server._forkserver_pid", "server._lock"}
@@ -218,9 +218,9 @@ def test_no_relative_imports_and_no_private_names_of_other_modules() -> None:
 
 
 # docs/architecture.md, "Key layout": the one module that creates or rewrites each key
-WRITERS = {"protocol.steps", "protocol.admission", "protocol.queue_record", "submit", "plane"}
-WRITERS |= {"streams.journal", "streams.topic", "worker", "doctor"}  # doctor: its _doctor/ keys
-WRITERS |= {"protocol.scaler_lease"}
+WRITERS = {"protocol.steps", "protocol.admission", "protocol.queue_record", "protocol.census"}
+WRITERS |= {"protocol.idempotency", "protocol.scaler_lease"}
+WRITERS |= {"streams.journal", "streams.topic", "doctor"}  # doctor: its _doctor/ keys
 DELETERS = {"protocol.steps", "protocol.tidy", "protocol.admission", "protocol.gc"}
 DELETERS |= {"streams.topic", "doctor"}
 
