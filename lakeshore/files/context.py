@@ -34,7 +34,7 @@ from lakeshore.errors import (
     StoreUnavailable,
     UnreturnedWrite,
 )
-from lakeshore.files.nofollow import READ_NOFOLLOW, LinkFound, open_last, put_local, walk
+from lakeshore.files.nofollow import READ_NOFOLLOW, link_part, open_last, put_local, walk
 from lakeshore.files.root import (
     STAGING_NAME,
     DataRoot,
@@ -235,10 +235,11 @@ class RunContext:
             os.close(fd)
 
     def _walk_error(self, op: str, full: str, e: Exception) -> LakeshoreError:
-        if isinstance(e, LinkFound):
+        part = link_part(e)
+        if part is not None:
             return PermissionDenied(
                 op,
-                f"{e.part!r} in the data root {self.root.url} is a symbolic link; lakeshore "
+                f"{part!r} in the data root {self.root.url} is a symbolic link; lakeshore "
                 "follows no link below a file:// data root, since one could lead a read or a "
                 "write outside it",
                 "replace the link with the real folder or file (a link is refused even when "

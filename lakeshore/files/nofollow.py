@@ -18,7 +18,7 @@ import shutil
 import stat
 from pathlib import Path
 
-__all__ = ["NOFOLLOW_DIR", "READ_NOFOLLOW", "LinkFound", "open_last", "put_local", "walk"]
+__all__ = ["NOFOLLOW_DIR", "READ_NOFOLLOW", "link_part", "open_last", "put_local", "walk"]
 
 NOFOLLOW_DIR = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_DIRECTORY", 0)
 
@@ -32,7 +32,7 @@ _WALK_DIR = os.O_RDONLY | NOFOLLOW_DIR | _CLOEXEC
 READ_NOFOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
 
 
-class LinkFound(OSError):
+class _LinkFound(OSError):
     """A symbolic link below a ``file://`` root (``part``: the path to it, from the root)."""
 
     def __init__(self, part: str) -> None:
@@ -40,8 +40,14 @@ class LinkFound(OSError):
         self.part = part
 
 
+def link_part(e: BaseException) -> str | None:
+    """The path (from the root) to the symbolic link that stopped a walk, when ``e`` is that
+    refusal; None for any other error."""
+    return e.part if isinstance(e, _LinkFound) else None
+
+
 def _which(e: OSError, folder: int, name: str, part: str) -> OSError:
-    """``e`` from opening ``name`` without following it: a link (``LinkFound``), or the
+    """``e`` from opening ``name`` without following it: a link (``_LinkFound``), or the
     error as it was. O_NOFOLLOW reports a link as ELOOP, and with O_DIRECTORY some systems
     say ENOTDIR instead; a look at the entry itself tells which."""
     if e.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
@@ -50,7 +56,7 @@ def _which(e: OSError, folder: int, name: str, part: str) -> OSError:
         st = os.stat(name, dir_fd=folder, follow_symlinks=False)
     except OSError:
         return e
-    return LinkFound(part) if stat.S_ISLNK(st.st_mode) else e
+    return _LinkFound(part) if stat.S_ISLNK(st.st_mode) else e
 
 
 def walk(base: str, full: str, create: bool) -> tuple[int, str, bool]:
@@ -63,7 +69,7 @@ def walk(base: str, full: str, create: bool) -> tuple[int, str, bool]:
     The root itself is opened as configured, links included: it is the operator's choice.
 
     Raises:
-        LinkFound: a part is a symbolic link.
+        _LinkFound: a part is a symbolic link.
         OSError: a part is missing (FileNotFoundError), a file (NotADirectoryError), or the
             filesystem failed.
     """
@@ -120,7 +126,7 @@ def put_local(path: Path, base: str, full: str) -> None:
     link at the target's name is replaced, never written through.
 
     Raises:
-        LinkFound: a folder on the way is a symbolic link.
+        _LinkFound: a folder on the way is a symbolic link.
         OSError: the filesystem refused or failed.
     """
     folder, name, _ = walk(base, full, create=True)

@@ -214,6 +214,7 @@ def test_function_registered_on_the_worker_plane_runs(isolation: str) -> None:
 
 def test_a_child_runs_only_jobs_its_parent_approved() -> None:
     from lakeshore.codec import encode
+    from lakeshore.running.bodies import BodyKind
     from lakeshore.running.child import BodyCall, ChildProcess, Hooks
 
     store = MemoryStore()
@@ -225,7 +226,7 @@ def test_a_child_runs_only_jobs_its_parent_approved() -> None:
         import threading
 
         stop = threading.Event()
-        call = BodyCall(rec.fn, None, "sync", encode(((1,), {})), None, rec)  # not approved
+        call = BodyCall(rec.fn, None, BodyKind.SYNC, encode(((1,), {})), None, rec)  # not approved
         out = child.run(call, stop, lambda _: None, None)
         assert out.verdict == "error" and out.error is not None
         assert out.error["type"].endswith("UnknownFunction"), out.error
