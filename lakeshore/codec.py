@@ -1,42 +1,18 @@
-"""Values on the wire: msgpack with a small registry of extension types.
+"""Values on the wire: msgpack with two extension types (``tuple``, ``numpy.ndarray``).
 
-Arguments, results and stream frames travel as msgpack. Plain msgpack would turn tuples into
-lists, so a few extension types keep what users expect:
+Arguments, results, stream frames and topic posts travel as msgpack; the extension types keep a
+tuple a tuple and carry arrays. Pickle never carries data: a value of any other type fails to
+encode, with a message that says what to send instead.
 
-==== ================ =====================================================================
-code type             payload
-==== ================ =====================================================================
-1    ``tuple``        msgpack array of the items
-2    ``numpy.ndarray`` msgpack ``[dtype.str, shape, raw bytes]`` (C order; numpy optional)
-==== ================ =====================================================================
+Decoding treats the bytes as hostile (anyone who can write to the bucket can write them) and
+never crashes the process: depth (:data:`MAX_DEPTH`), declared lengths, extension codes, array
+shapes and the items a decode builds (:func:`item_budget`) are all bounded, and ``encode``
+applies the same bounds, so a producer learns at submit, not a worker at decode. Nested tuples
+are decoded level by level in a loop of our own, never by msgpack calling back into itself:
+each such callback held a whole unpacker on the C stack, and a few hundred levels overflowed
+it (a segfault, which no ``except`` can catch).
 
-Pickle never carries data: an object of any other type fails to encode with a message that
-says what to send instead.
-
-Decoding treats the bytes as hostile (anyone who can write to the bucket can write them), and
-never crashes the process: values nest at most :data:`MAX_DEPTH` containers deep (lists,
-dicts and tuples together; refused at encode too, so a producer learns at submit), no
-declared length may exceed the bytes that are there, an unknown extension type is refused
-instead of handed to user code, and an array's dtype, shape and byte count must agree.
-A nested tuple is decoded level by level in a loop of our own, never by msgpack calling back
-into itself: each such callback held a whole unpacker on the C stack, and a few hundred
-levels overflowed it (a segfault, which no ``except`` can catch). Each level's bytes are
-let go once that level is decoded, so nesting does not hold one copy of the value per level.
-
-What a decode builds is bounded per input byte. A one-byte nil takes an 8-byte slot in its
-list and a one-byte empty list takes 64 bytes, so bytes chosen by someone else could make a
-reader build many times their size (a 32 MB array of nils made a 256 MB list). A decode
-therefore counts *items*, in 8-byte slots, as it builds them: one per element of a list or
-tuple, :data:`DICT_ENTRY_ITEMS` per dict entry (a hash table keeps spare room), and
-:data:`CONTAINER_ITEMS` for each list, tuple or dict itself (what an empty one costs). It
-refuses the bytes (``DecodeError``) as soon as the count passes :func:`item_budget` of
-their size: :data:`ITEMS_FLOOR` plus one item per :data:`BYTES_PER_ITEM` bytes, never more
-than :data:`ITEMS_CEILING`. So the lists, tuples and dicts a decode builds take about 32 MiB
-plus the input's own size at most, whatever the bytes; each item's own object (an int
-beyond the small ones, a short string) adds Python's size of it, for at most that many
-items. No single list or dict may declare more than the budget, so the refusal comes before
-its slots are allocated. ``encode`` counts the same way and refuses such a value with
-``InvalidArgument``, so a producer learns at submit, not a worker at decode.
+The format and each limit: docs/record.md#encoding-and-the-schema-version.
 """
 
 from __future__ import annotations

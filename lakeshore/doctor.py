@@ -1,23 +1,16 @@
 """``lakeshore doctor``: is lakeshore safe on this store?
 
-Not every "S3-compatible" server implements conditional writes, and some implement them
-without atomicity (check, then write, with no lock in between). lakeshore's guarantees rest
-on them, so the doctor probes a store the way the queue will use it and gives a verdict:
+Not every "S3-compatible" server implements conditional writes, and some check the condition
+and then write without a lock in between. lakeshore's guarantees rest on those writes, so the
+doctor probes a store the way the queue uses it (read after write, create-only, if-match,
+delete-if-match, races of many threads on one key, list after write and order, the store
+clock) and gives a verdict: SAFE only when every required check passed. A race can prove a
+store unsafe, never safe. Optional checks (list order, store clock, an emulated conditional
+delete) warn and never change the verdict.
 
-* create-only writes (``If-None-Match: *``) refuse an existing key;
-* compare-and-swap (``If-Match``) accepts the current etag, refuses a stale one and a missing key;
-* delete-if-match refuses a stale etag and honours the current one; when the server answers
-  such deletes with 501 and the store emulates them (HEAD, then DELETE), an extra optional
-  finding, "conditional delete", warns that the emulation is not atomic; the verdict rests on
-  conditional PUTs and does not change;
-* a race: threads write the same fresh key create-only, and CAS from the same etag, for many
-  rounds — exactly one must win each round;
-* listing: objects are visible to LIST right after their write, in key order, and a delete
-  is visible right after it returns;
-* the store clock is readable (reported, with the local clock's offset from it).
-
-All probe objects live under ``lakeshore-doctor/<ulid>/`` (or, given a namespace, under
-``lakeshore/<ns>/_doctor/<ulid>/``, which a worker's policy covers) and are removed afterwards.
+All probe objects live under ``lakeshore-doctor/<ulid>/`` (or, given a namespace,
+``lakeshore/<ns>/_doctor/<ulid>/``, which a worker's policy covers) and are removed
+afterwards; they are the only keys this module writes. Each check: docs/doctor.md#checks.
 """
 
 from __future__ import annotations

@@ -2,47 +2,17 @@
 
 Every error raised by lakeshore derives from :class:`LakeshoreError`. The classes are few on
 purpose: callers branch on *what they can do about it* (retry after a re-read, fix the input,
-check the store), not on which server said what. Messages follow one form,
-``"<op>: <what happened> — <what to do>"``, and the pieces are kept as attributes so that
-programs never have to parse the text.
+check the store), not on which server said what. Messages read
+``"<op>: <what happened> — <what to do>"``, and the parts are attributes, so programs never
+parse the text. Store backends translate their native failures (``botocore`` errors,
+``OSError``) into this tree once, at the store boundary: nothing above it sees their errors.
 
-Store backends translate their native failures (``botocore`` errors, ``OSError``) into this
-tree once, at the store boundary; nothing above the store layer sees a backend exception.
+:class:`Unsendable` never reaches a caller: the worker makes it the invocation's outcome.
+:class:`Stopped` and :class:`Abandoned` stand outside the tree on purpose: they unwind a
+stopped body or an abandoned slot thread, and a body's ``except LakeshoreError`` must not
+swallow them.
 
-The tree (``*``: never reaches a caller; the worker turns it into an invocation's outcome)::
-
-    LakeshoreError
-    ├── NotFound (also KeyError)
-    ├── Conflict                     a conditional write lost: re-read, decide again
-    │   └── Fenced                   a write of an attempt that lost its lease (files, ack)
-    ├── InvalidArgument (also ValueError)
-    │   └── UnreturnedWrite          a body wrote a key it did not return or yield
-    ├── PermissionDenied
-    ├── StoreError
-    │   ├── TooLarge
-    │   ├── StoreUnavailable
-    │   └── RecordError              a record that cannot be used
-    │       └── NewerRecord
-    ├── DecodeError                  a value's bytes are corrupt or foreign
-    ├── CorruptSegment               a journal segment (stream, logs, topic post)
-    ├── IllegalTransition            a record's state does not allow the move
-    ├── JobError                     an invocation ended other than succeeded
-    │   ├── Failed
-    │   ├── Killed
-    │   └── TimedOut
-    ├── NotFinished (also TimeoutError)
-    ├── QueueFull                    admission refused a submit
-    ├── KeyReused                    a strict ``_key`` named other arguments
-    ├── MapFailed                    some calls of ``f.map`` were not submitted
-    ├── UnknownFunction              a worker cannot (or may not) load a body
-    ├── TopicClosed
-    ├── HookFailed                   a worker's lifecycle hook raised
-    ├── ProviderError                a provider's tool failed (sbatch, squeue, a template)
-    └── Unsendable *                 a body's value or file cannot be sent: fails for good
-
-:class:`Stopped` is not an error and stands outside the tree on purpose: it unwinds a body
-that was stopped (cancelled, timed out, released), and a body's ``except LakeshoreError``
-must not swallow it.
+The tree, class by class: docs/store-contract.md#errors.
 """
 
 from __future__ import annotations

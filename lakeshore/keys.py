@@ -1,32 +1,18 @@
 """Every object key lakeshore writes, built in one place.
 
-Layout, relative to the store's root (the Dispatch URL's prefix)::
+No other module spells a key: queue records, records, spilled values, journals, logs,
+tickets, idempotency keys, admission slots and rate tokens, topic posts, the id index, signs
+of life, the scaler's lease and the doctor's probes all come from here, relative to the
+store's root (the Dispatch URL's prefix).
 
-    lakeshore/<ns>/<queue>/_queue                       queue record (settings), CAS-updated
-    lakeshore/<ns>/<queue>/_scaler                      the scaler's lease (one scaler acts)
-    lakeshore/<ns>/<queue>/<id>/record                  invocation record: the truth
-    lakeshore/<ns>/<queue>/<id>/args                    spilled arguments (create-only)
-    lakeshore/<ns>/<queue>/<id>/result-<attempt>        spilled result of one attempt
-    lakeshore/<ns>/<queue>/<id>/journal/<attempt>/<seq> journal segments (create-only)
-    lakeshore/<ns>/<queue>/<id>/logs/<attempt>/<seq>    captured output of an attempt
-    lakeshore/<ns>/<queue>/_tickets/<band>/<id>         ticket: live (queued or running); holds
-                                                        the record until its first claim
-    lakeshore/<ns>/<queue>/_keys/<sha256(key)>          idempotency key (create-only)
-    lakeshore/<ns>/<queue>/_slots/<n>                   admission: a live invocation (max_depth)
-    lakeshore/<ns>/<queue>/_rate/<window>/<n>           admission: an accepted submit (rate)
-    lakeshore/<ns>/_topics/<name>/<seq>                 topic journal
-    lakeshore/<ns>/_ids/<id>                            which queue an id is in (non-default queues)
-    lakeshore/<ns>/_workers/<name>                      a worker's last sign of life (status)
-    lakeshore/<ns>/_clock/                              never written: the S3 clock's probe LIST
+Keys sort correctly by construction, also on servers that list by walking directories
+(SeaweedFS): within every folder the queue lists, all names have the same length and alphabet
+(ULIDs, one-digit bands, zero-padded numbers, sha256 digests), so none is a sibling's prefix
+and byte order is the order we mean. Names of namespaces and queues are validated and ids must
+parse as ULIDs, before any request, so no caller-supplied text can climb out of its folder.
 
-Why it sorts correctly by construction, also on servers that list by walking directories
-(SeaweedFS): inside any one listed folder, every name has the same length and alphabet —
-ULIDs (26 Crockford base32 characters, time-ordered), priority bands (one digit), sequence
-numbers and attempts (zero-padded decimal), sha256 digests (64 hex) — so no name is a prefix of
-a sibling and byte order equals the order we mean. The one folder of free-form names,
-``lakeshore/<ns>/`` (queue names), is never listed where order matters. Names of namespaces
-and queues are validated, and ids must parse as ULIDs, so no caller-supplied text can climb
-out of its folder.
+The layout, key by key: docs/protocol.md#key-layout; the order:
+docs/protocol.md#why-the-keys-sort-correctly.
 """
 
 from __future__ import annotations

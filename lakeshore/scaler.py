@@ -1,25 +1,17 @@
 """The scaler: reads a queue's depth, decides how many workers it needs, asks the provider.
 
-Each round, for each queue it serves, a scaler:
+A :class:`Scaler` is the only code that joins the store and a provider. Each round, per queue,
+it reads the queue record's provider block, counts the live tickets (only as far as a larger
+count would change the decision), takes or renews the queue's scaler lease
+(``lakeshore.protocol.scaler_lease``), lists the provider's workers, decides
+(``lakeshore.model.scaling.decide``) and launches or cancels.
 
-1. reads the queue record (one GET) for the provider block — a queue with none, or of
-   another kind, is let go (its lease given back, for the scaler that can serve it);
-2. counts the queue's tickets (one LIST page per 1000 live invocations, and only as far as
-   a larger count would change the decision);
-3. takes or renews the queue's scaler lease (one conditional write; see
-   ``lakeshore.protocol.scaler_lease``) — without it, it only reports who acts;
-4. lists the provider's workers (its tool, not the store), waiting ones included;
-5. decides (``lakeshore.model.scaling.decide``) and, to launch, first writes the launch time
-   into the lease — a conditional write that proves, right before ``sbatch``, that no one
-   took the lease over — then asks the provider, which must be done within half a lease of
-   that write.
-
-A round whose lease is older than half its length by the time it would act (a slow
-``squeue``) acts not at all, and a launch never outlasts half the lease it renewed: a
-scaler that lost the lease by expiry can never launch beside the one that took it over. A
-scaler that cannot reach the store or list its workers launches nothing. Workers leave by
-themselves (``--idle-exit``): the fleet scales to zero without the scaler killing anything
-that runs.
+One scaler acts per queue, and none acts in doubt: without the lease, the store or the
+provider's list, a round launches nothing. A launch is fenced by writing its time into the
+lease right before the provider is asked and must end within half that lease, and a round
+whose lease is older than half its length acts not at all, so a scaler that lost the lease
+can never launch beside the one that took it over. It never stops a running worker: workers
+leave by ``--idle-exit``. The round and its rules: docs/providers.md#one-scaler-acts-the-lease.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
 """``run_worker``: claim invocations, run their bodies, write their outcomes.
 
-One loop per slot (``concurrency`` slots, each in a thread; each slot keeps its own child
-process in process isolation). Idle polling backs off up to ``max_poll_s``; a claim that meets
-a running invocation whose lease has run out (its worker crashed) requeues it. How one
-attempt runs is in :mod:`lakeshore.running.attempt`.
+A worker runs ``concurrency`` slots, each a thread with its own claim loop (and, in process
+isolation, its own child). Idle slots take turns polling and back off up to ``max_poll_s``; a
+claim that meets an expired lease requeues it; old rate tokens are swept now and then. How
+one attempt runs is :mod:`lakeshore.running.attempt`. The caller's thread is the watchdog: it
+stops bodies whose lease is about to run out unrenewed, and gives up on a thread-isolated
+body that has not returned a second after it was stopped (a new thread concludes that
+attempt and serves the slot).
 
-**Watchdog.** The thread that waits for the slots (the caller's) also watches the running
-attempts: it stops bodies whose lease is about to run out unrenewed, and gives up on a
-thread-isolated body (run in its slot's own thread) that has not returned a second after it
-was stopped: a new thread concludes that attempt and serves the slot from then on.
-
-**Stopping.** Setting ``stop`` (or SIGTERM / SIGINT with ``handle_signals``) stops claiming.
-Running attempts get ``grace_s`` seconds to finish; then they are *released*: the body is
-stopped and the invocation goes back to queued at once, without counting an attempt — what
-a preempted cluster job needs. A second signal exits at once (leases then expire).
-
-**Sign of life.** A worker writes ``lakeshore/<ns>/_workers/<name>`` when it starts, every
-``announce_s`` seconds and when it stops, for ``lakeshore status``.
+Stopping (``stop``, or SIGTERM / SIGINT with ``handle_signals``) ends claiming; attempts still
+running after ``grace_s`` are released: queued again at once, the attempt not counted, as a
+preempted cluster job needs. A second signal exits at once (leases then expire). Signs of
+life go out at start, every ``announce_s`` and at stop. Options: docs/workers.md#options;
+stopping: docs/workers.md#stopping-signals-grace-and-release.
 """
 
 from __future__ import annotations

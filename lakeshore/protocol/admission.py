@@ -1,40 +1,18 @@
 """Admission: ``max_depth`` and ``rate_limit`` held for every producer together, with nothing
 but the bucket.
 
-**Depth by slots.** A queue with ``max_depth = D`` has D possible slot objects
-``_slots/0000000`` … ``_slots/<D-1>``. A submit must create one of them (create-only) before its
-invocation exists, and the slot is deleted when the invocation ends (any terminal state). There
-can never be more than D slot objects, so there can never be more than D live (queued or
-running) invocations: the bound is exact, for any number of producers, and a submit costs one
-LIST of the slots plus one PUT — never a scan of the queue. A retry keeps its slot.
+Depth is counted by slots: a submit creates one of the D slot objects ``_slots/<n>``
+(create-only) before its invocation exists, and the slot goes when the invocation ends, so
+there are never more than D live invocations, whatever the number of producers. Rate is
+counted by window tokens: at most N create-only tokens per window of the store's clock. A
+submit pays one LIST and one PUT per limit, never a scan of the queue. A slot names its
+holder, for the repair; producers never read one (their policy denies it).
 
-**What a slot says, and to whom.** A slot's body names its holder (``"<id> <nonce>"``): the
-repair below needs the id to judge the holder and to fence it. Producers list slots and create
-them but never read one, and the producer policy (``docs/iam/producer.json``) denies them
-that read, so listing a queue's admission objects tells a producer no invocation id of
-another's. Rate tokens name nobody (a random nonce): nothing reads them.
-
-**Leaks, and who repairs them.** A slot whose invocation ended without deleting it (a crash in
-between: a worker between its terminal write and its slot delete, a producer between its slot
-and its ticket) makes the queue look fuller than it is, never emptier. Workers check a few of
-the oldest slots of each queue they serve now and then (``repair_slots``, with their rate-token
-sweep) and free those whose invocation is terminal or missing, and ``lakeshore gc`` does the
-same for every slot (``sweep_slots``). A missing record may be a submit that is only slow: its
-id is fenced first (``QueueOps.fence``), so that submit fails instead of creating a live
-invocation beyond the limit. A slot is deleted only on the etag it was listed with, after its
-holder was seen terminal (which it stays: ``q.retry`` runs outside admission) or fenced: the
-slot of a live invocation is never freed.
-
-**Who deletes.** Producers delete only admission objects: their own rate token given back, and
-their own slot when a submit did not happen or a ``cancel`` ended it. The producer policy grants
-``DeleteObject`` on ``_slots/`` and ``_rate/`` and nothing else; that grants nothing against the
-limits a producer's write access does not already give (it can write records directly), and
-without it a cancelled slot of a ``max_depth`` queue would stay held.
-
-**Rate by window tokens.** ``rate_limit = N/period`` splits the store's clock into windows of
-``period`` seconds; a submit must create one of the N token objects of the current window
-``_rate/<window>/<n>``. At most N submits are accepted per window; over any span of T seconds
-at most N × (T/period + 1). Workers delete the tokens of past windows when they reap.
+A leaked slot (a crash between an invocation's end and its slot's delete) only makes the queue
+look fuller. Workers (``repair_slots``) and gc (``sweep_slots``) free it on the etag it was
+listed with, once its holder is terminal or fenced by a tombstone: the slot of a live
+invocation is never freed. Producers delete admission objects only. Details and costs:
+docs/admission.md#how-exact-and-how-it-works.
 """
 
 from __future__ import annotations

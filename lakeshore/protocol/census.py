@@ -1,22 +1,17 @@
 """What is in a queue, at a cost that does not grow with its history.
 
-* **queued / running** come from the tickets (``_tickets/``), which exist for every live
-  invocation: one LIST page per 1000 live invocations, whatever number have finished. Up to
-  ``EXACT_UP_TO`` live invocations, their records are read (in parallel) for exact counts
-  that also leave out stale tickets; beyond that, ``running`` is what the workers' signs of
-  life report for the queue (up to ``announce_s`` old) and ``queued`` the rest.
-* **Oldest queued age** is the smallest id among the tickets: ids are ULIDs, which carry
-  their submission time.
-* **Recent outcomes** read the records of the newest ``recent`` invocations. Invocation
-  folders sort by id, so the newest are found by listing backwards in time windows that
-  double in length (LIST pages for those windows only, then one GET per record); the
-  invocations nothing has moved yet have no folder and come from the listing of tickets.
-* **Workers seen** are the sign-of-life objects workers write every ~30 s.
+Counts come from the tickets, which exist only for live invocations (one LIST page per 1000):
+up to ``EXACT_UP_TO`` live, their records are read for exact queued and running counts;
+beyond, ``running`` is what the workers' signs of life report. The oldest queued age is the
+smallest ticket id (ULIDs carry their submit time). Recent outcomes and ``ls`` list invocation
+folders backwards in time windows that double, so only those windows are read. The module also
+writes and reads workers' signs of life, and gives the scaler its count of live tickets
+(:func:`live_tickets`), which stops where a larger count would change nothing.
 
-Anything read here may have been written by someone else: a record that cannot be decoded
-is counted and listed as ``failed`` (a corrupt stub, as a claimer would write it), a sign of
-life of the wrong shape is skipped or stripped to its well-formed fields, and a folder name
-that is not an id is passed over. One bad object never stops a listing.
+Anything read may have been written by someone else: an undecodable record counts as
+``failed`` (the stub a claimer would write), a malformed sign of life is skipped or stripped
+to its well-formed fields, and a folder name that is not an id is passed over. One bad object
+never stops a listing. What each part costs: docs/operations.md#what-status-and-ls-cost.
 """
 
 from __future__ import annotations

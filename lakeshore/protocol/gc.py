@@ -1,58 +1,18 @@
 """Garbage collection: remove finished invocations once their retention has passed.
 
-An invocation *expires* when it is terminal and finished more than the retention ago. The
-retention is ``older_than`` (``lakeshore gc --older-than 7d``), but never shorter than the
-queue's own ``result_retention_s``: a queue that promises to keep results a month keeps them.
+Nothing but gc deletes a finished invocation: its record, spilled objects, journals, logs, id
+index entry and idempotency key. The retention is ``older_than``, never shorter than the
+queue's ``result_retention_s``. gc also prunes old signs of life (``prune_workers``) and frees
+admission slots their invocation leaked (``free_leaked_slots``).
 
-An invocation with a ticket of a later life than its record's (a rerun between its ticket
-and its record write) is left alone: the rerun may make it live at any moment.
+It never collects a live invocation, and trusts no number it reads: tickets, records and keys
+are deleted only on the etag gc read, and an invocation with a ticket of a later life (a rerun
+in flight) is left alone. Stale tickets go before their record, and records no sooner than
+``CLAIM_FENCE_S`` after their tickets were last seen, so a stalled claim cannot run a finished
+invocation again. A folder without a record goes only once its newest object is
+``ORPHAN_GRACE_S`` old and a tombstone has fenced its id (its submit may be only slow).
 
-What goes, per expired invocation, in this order:
-
-1. its **ticket**, if a stale one is left (conditional on the etag read), before the
-   record: a ticket that still holds the submitted record must never outlive the record,
-   or a claimer would take it for an invocation nobody claimed yet;
-2. the **record** (one conditional delete on the etag read: an invocation retried or
-   rewritten meanwhile is left alone) — from here on the invocation does not exist. The
-   records of a run go together, no sooner than ``CLAIM_FENCE_S`` (1 s) after the run last
-   saw (or deleted) their tickets: a worker that read a full ticket and stalled before
-   creating the record could otherwise create it again once gc deleted it, and run a
-   finished invocation twice; a claim that slow proves its ticket first. A
-   tombstone that fenced out a submit lives in the ticket itself: deleting that ticket is
-   this step (no claim is ever made from a tombstone);
-3. everything else under its folder: spilled arguments and results, journals, logs;
-4. its id index entry, and its idempotency key when the key still names it (conditional on
-   the key object's etag).
-
-Signs of life of workers not seen within ``older_than`` go too (``prune_workers``), and so do
-admission slots whose invocation ended without freeing them (``free_leaked_slots``).
-
-A crash between steps leaves objects without a record; a later run finds them (folders with
-no record whose id is older than the cutoff) and removes them too, once the folder's newest
-object is older than ``ORPHAN_GRACE_S`` in the store's clock. The age of the id alone would
-not do: a submit mints its id before admission (which can block for up to a minute) and
-before its uploads, so a healthy submit can write its spilled arguments with an id minutes
-old. A folder that is still stale may also be a submit that is only slow (stalled between
-its spilled arguments and its record): gc first
-creates a tombstone record at the id (``QueueOps.fence``), create-only, and removes the
-folder only if it landed, so that submit fails instead of publishing a record whose
-arguments are gone. The tombstone is a finished invocation like any other: a later run
-collects it once the retention has passed.
-
-A keyed resubmit racing gc never loses its invocation: a key whose record is missing is
-never repaired under its old id; the resubmit fences the old id and moves the key to a new
-id (see ``lakeshore.submit``), and gc deletes the key only by a delete conditional on the
-etag it read, while it still names the expired id.
-
-Cost: ids sort by submission time and an invocation cannot finish before it was submitted,
-so only folders with ids older than the cutoff are listed — one LIST walk over those, one
-GET per record, one DELETE per object removed. The queues of a namespace are found by
-:func:`queue_names`, whose cost grows with the number of queues and top-level folders, not
-with what they hold.
-
-Numbers read from the store are never trusted: a queue record with a retention that is not a
-finite positive number is refused by its decoder (that queue is reported, not collected), and
-an ``older_than`` must be finite and non-negative.
+Order, reasons and cost: docs/operations.md#garbage-collection.
 """
 
 from __future__ import annotations

@@ -1,38 +1,18 @@
 """Lanes: how the worker processes that share a queue keep out of each other's way.
 
-Every process claims from its own listing of the same tickets, and a listing cannot show
-which tickets another process has taken since: a pick that was taken costs a request or two
-(the ticket's read and a lost create, or the record's read). With many processes on one
-queue, and a queue running short, such picks would be most of the requests. So each process
-numbers the workers of its namespace — a listing of their signs of life, keys and times
-only, taken again after 1, 2, 4 … and then every 30 seconds, and within ``RECOUNT_S`` when
-it counted nobody else and a race was lost — and gives each a lane: the
-workers' names are hashed to points on a ring (``POINTS`` each, fewer among thousands), and
-a ticket belongs to the worker whose point follows the hash of its key. A worker that comes
-or goes moves only the tickets next to its own points, so two processes whose censuses
-differ by a worker (one started a moment ago) disagree about few tickets. A process claims
+A listing cannot show which tickets another process took since, and each pick that was taken
+costs a request or two; with many processes on a queue running short, such picks would be
+most of the requests. So each process numbers the namespace's workers from their signs of
+life (keys and times only) and hashes their names to points on a ring: a ticket belongs to the
+worker whose point follows its key's hash, and a worker that comes or goes moves only the
+tickets next to its points. A process takes the oldest ticket of its own lane or of a lane it
+adopted (its head stuck for ``STUCK_S``), else helps the fullest lane from its newest end.
 
-1. the oldest ticket of its own lane, or of a lane it adopted: one whose oldest listed ticket
-   has stayed the same for ``STUCK_S`` (its owner runs long bodies, has stopped, or serves
-   other queues; a busy owner moves its lane's head every body's length), until a claim on
-   that lane loses a race (its owner is back) — a census that changes does not reset how
-   long a ticket has been at the head;
-2. with none of those in a listing at most ``HELP_WITHIN_S`` old (else it lists again
-   first), a random one of the newest quarter of the lane with the most tickets (the lane's
-   owner works from the older end, where what it took lingers until its batch delete) —
-   counting, for ``FLOOR_S``, only a lane's tickets newer than the newest of their band that
-   such a pick found taken or over (its owner took the older ones), leaving out lanes with
-   fewer than ``HELP_MIN`` of them whose oldest has headed the lane for less than
-   ``HELP_WAIT_S``, and helping no lane for ``PAUSE_S`` after such a pick
-   (a claimer whose passes found only such work for a while helps anyway).
-
-Lanes apply only while another process is seen claiming from the same queue (a race lost,
-a ticket found taken) within ``CONTENDED_S``: the census counts the namespace's workers, some
-of which serve other queues, and a process alone on its queue claims in strict order.
-
-Only the order of the picks depends on lanes: every claim is still one conditional write,
-so a census that is stale, or that two processes took differently, costs races, never an
-invocation run twice or left behind.
+Lanes apply only while another process was seen claiming from the queue within
+``CONTENDED_S``; alone, a process claims in strict order. Only the order of picks depends on
+lanes: every claim is still one conditional write, so a stale or differing census costs
+races, never an invocation run twice or left behind. The timings and the limits on helping:
+docs/protocol.md#claim-order.
 """
 
 from __future__ import annotations

@@ -1,47 +1,18 @@
 """The queue protocol on the store: each step is a few store requests in a fixed order.
 
-Each invocation has a **ticket** ``_tickets/<band>/<id>`` in its queue, and, once anything
-has moved it, a **record** ``<id>/record``. The submit is one create-only write: the ticket,
-holding the queued record. The first move (a claim, a cancel, a missed deadline, a corrupt
-ticket failed) creates the record, create-only, so exactly one mover wins; from then on the
-record is the truth and every move is a compare-and-swap on it. So "the record" of an
-invocation is ``<id>/record`` when it exists and the ticket's content before that; an etag
-that starts with ``ticket:`` (:func:`unclaimed`) stands for "no record yet" and makes
-:meth:`QueueOps.cas` create the record.
+:class:`QueueOps` owns every write of the protocol for one queue: the submit's publish
+sequence, record moves, markers, results, heartbeats, the outcome, cancel, rerun, the
+tombstone that fences out a dead submit, freeing an admission slot. It also knows where an
+invocation's record is: its ticket until the first move, ``<id>/record`` from then on (an
+:func:`unclaimed` etag makes :meth:`QueueOps.cas` create it, so one first mover wins).
 
-One invariant carries the protocol: **every live (queued or running) invocation has its
-ticket**. It is the submit's only write, it stays while the invocation runs (which is how expired
-leases are found: no separate lease hints), and it is deleted only after the record is
-terminal. The orders below keep the invariant through any crash between two requests:
-
-* **submit**: [args object] → [id index] → ticket (create-only). A ``Conflict`` means a
-  tombstone holds the id: the submit was judged dead and fenced out (:meth:`QueueOps.fence`).
-* **claim**: list tickets → get the ticket (a full one: no record yet) or the record (a
-  ticket rewritten to a marker: the record exists) → create or CAS the record to running.
-  The ticket stays while the invocation runs. Which ticket to try, and what to skip, is the
-  worker's claim scheduler's (``lakeshore.protocol.claims``); the writes are here.
-* **back to queued** (retry, release, expiry): rewrite the ticket to a marker (a new etag
-  tells other workers to look again) → CAS record to queued.
-* **complete**: [result object] → CAS record to terminal (fenced by the etag of the attempt's
-  last write) → delete the ticket, in the worker's next batch (``lakeshore.protocol.tidy``). A
-  fenced-out attempt's result is dropped.
-* **lives**: each rerun is a new life of the invocation with a ticket key of its own
-  (``<id>.<n>``, the record's ``reruns``), and a life that ended never comes back, so a
-  ticket whose life is over is deleted without a condition: when its record is terminal in
-  that life or has reached a later one. A ticket of a life the record has not reached is a
-  rerun between its ticket and its record write, left alone until ``_RERUN_GRACE_S`` old.
-  A marker whose record is missing is dropped once ``ORPHAN_GRACE_S`` old. A ticket that
-  holds a terminal record is a tombstone and is left to gc.
-* **expired leases**: a claimer that reads a running record whose lease has run out (in the
-  store's clock) requeues or fails it by CAS; the holder's late writes are then fenced.
-
-* **cancel** and **rerun** are CAS moves of the record; a rerun writes its life's ticket
-  (a marker) before the record says queued.
-
-Heartbeats CAS the record itself (lease pushed out): one request that also notices
-cancellation, because a cancel changes the record. The only other writers of queue keys
-are ``admission`` (slots and rate tokens), ``queues`` (the queue record), ``plane`` (the
-id index), the journal and log writers (segments), and ``gc`` (deletes).
+Its orders keep one invariant through a crash between any two requests: every live invocation
+has its ticket, deleted only once its record is terminal in that ticket's life. Every later
+move is a compare-and-swap on the record, so a fenced-out attempt's writes are refused and its
+result dropped. Which ticket to claim is the claim scheduler's choice
+(``lakeshore.protocol.claims``). The other writers of queue keys are named in
+docs/protocol.md#key-layout (``tests/unit/test_layering.py`` keeps it so). Each step, and why
+a crash loses nothing: docs/protocol.md#the-steps.
 """
 
 from __future__ import annotations

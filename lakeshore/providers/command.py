@@ -1,22 +1,15 @@
 """``command``: workers launched, listed and cancelled by shell templates the scaler is given.
 
 Enough for any platform with a command line: Kubernetes Jobs (``kubectl``), AWS Batch
-(``aws batch``), a pool of VMs (``ssh``). The templates are the scaler operator's, passed on
-its command line (never read from the store), and are filled with shell-quoted values:
+(``aws batch``), a pool of VMs (``ssh``). The templates are the scaler operator's, from its
+command line, never read from the store. Every value is shell-quoted (``{worker}`` word by
+word), so no value can become shell syntax, and a template that names a field it may not use
+is refused when the scaler starts. ``launch`` runs once per worker and may print the worker's
+id (else ``{name}`` is its id); ``list`` prints one ``<id> [pending|running]`` line per live
+worker and nothing else (a header line would count as a worker); ``cancel`` takes ``{id}``.
 
-``launch`` (run once per worker)
-    ``{worker}``: the worker command, as shell words, each one quoted; ``{name}``: a fresh
-    name for this worker (``lakeshore-<8 hex>``: lower case letters, digits and ``-``, a
-    valid Kubernetes or Batch name); ``{ns}``, ``{queue}``, ``{tag}``
-    (``lakeshore:<ns>:<queue>:<store id>``), ``{label}`` (``lakeshore-<12 hex>``, a digest of
-    the tag: a valid Kubernetes label value). The first word it prints, if any, is the
-    worker's id; else ``{name}`` is.
-``list`` (run once per queue)
-    ``{ns}``, ``{queue}``, ``{tag}``, ``{label}``. Prints one line per worker still alive:
-    ``<id> [pending|running]`` (running if left out), and nothing else: a header line would
-    be counted as a worker.
-``cancel`` (run once per worker)
-    ``{id}``.
+Each template's fields, the rules the scaler relies on and a Kubernetes example:
+docs/providers.md#command-your-own-templates.
 """
 
 from __future__ import annotations

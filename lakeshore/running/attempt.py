@@ -1,22 +1,18 @@
 """One attempt on a worker: heartbeat, run the body, write the outcome.
 
-The attempt's record is held with its etag; every write is one conditional PUT on it, so a
-worker that lost its lease (reaped, cancelled) finds out at its next write and drops its
-outcome instead of overwriting someone else's. The slot's heartbeat thread
-pushes the lease out every ``lease_s / 3`` seconds; when that write meets a changed record it
-re-reads it and stops the body if the invocation was cancelled or the lease was lost. A
-worker that cannot heartbeat for a whole lease stops the body itself (it must assume another
-worker has taken over). A worker shutting down *releases* its attempts: back to queued at
-once, not counted as a failed attempt.
+The attempt holds its record with the etag of its last write, and every write is one
+conditional PUT on it: a worker that lost its lease (reaped, cancelled) learns at its next
+write and drops its outcome instead of overwriting someone else's. The slot's heartbeat
+thread pushes the lease out every ``lease_s / 3``; when that write meets a changed record it
+re-reads and stops the body if it was cancelled or the lease lost, and a worker that cannot
+renew stops the body itself before the lease runs out. A worker shutting down releases its
+attempts: queued again at once, not counted.
 
-A thread-isolated body runs in its slot's own thread (no hand-off to another thread and
-back). A body that does not stop within :data:`ABANDON_AFTER_S` of being told to is
-*abandoned*: the worker's watchdog (:meth:`Attempt.abandon_if_stuck`) takes the attempt from
-that thread, concludes it as stopped on a new slot thread, which serves the slot from then
-on. When the old thread's body returns at last, the thread finds itself abandoned
-(:meth:`Attempt.body_returned`), drops what the body returned and leaves
-(:class:`Abandoned`): nothing it computed is ever written. Exactly one of the two threads
-concludes each attempt, decided under the attempt's hand-off lock.
+A thread-isolated body that does not stop within :data:`ABANDON_AFTER_S` is abandoned: the
+watchdog (:meth:`Attempt.abandon_if_stuck`) concludes the attempt on a new slot thread, and
+the old thread, once its body returns, drops the result and leaves (:class:`Abandoned`).
+Exactly one of the two threads concludes each attempt, decided under the attempt's hand-off
+lock. See docs/protocol.md#heartbeat and docs/protocol.md#complete.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """Running one body, and stopping it when told to.
 
-Two isolations:
+Two isolations. ``thread``: the body is called in place in its slot's own thread
+(:func:`run_inline`; a hand-off to another thread and back cost two wake-ups per attempt,
+more than a short body). Stopping is cooperative: an async body is cancelled at its next
+``await``, a generator closed at its next ``yield``; a plain function cannot be stopped, and
+the worker's watchdog abandons it (:mod:`lakeshore.running.attempt`). ``process``: the body
+runs in the slot's child (:mod:`lakeshore.running.child`), which is killed to stop it, so a
+crash of the body cannot take the worker down. :func:`call_local` calls a declared function
+directly, with no queue, under the same files contract.
 
-``thread``
-    The body runs in its slot's own thread, called in place (:func:`run_inline`): handing it
-    to another thread and back cost two thread wake-ups per attempt, more than a short body.
-    Stopping is cooperative: an async body is cancelled (``CancelledError`` at its next
-    ``await``), a generator is closed at its next ``yield``, but a plain function that never
-    returns cannot be stopped — the worker's watchdog gives up on it, concludes the attempt
-    and serves the slot from a new thread; the old one runs the body on until it ends and
-    then leaves, dropping whatever it returned (see :mod:`lakeshore.running.attempt`).
-``process``
-    The body runs in the slot's child process (see :mod:`lakeshore.running.child`), which
-    imports the function by reference. Stopping kills the child, so any body stops at once;
-    a crash of the body (segfault, ``os._exit``) cannot take the worker down.
-
-Either way the body's files are published through a *fence* (see :mod:`lakeshore.run`): the
-attempt proves it still holds its lease right before each batch of uploads, and a run whose
-lease is gone ends as stopped, with nothing published.
-
-Results come back as encoded bytes (``codec.encode``); errors as text (type, message,
-traceback), never as pickled exceptions.
+Either way the body's files are published only after a fence (:mod:`lakeshore.files.context`)
+proves the attempt still holds its lease; a run whose lease is gone publishes nothing. Results
+come back as encoded bytes (``codec.encode``), errors as text (type, message, traceback),
+never as pickled exceptions. See docs/protocol.md#execution-and-isolation.
 """
 
 from __future__ import annotations

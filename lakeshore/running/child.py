@@ -1,38 +1,18 @@
 """Process isolation: each worker slot keeps one child process that runs bodies, one at a time.
 
-The child is started when the slot first needs it and then serves attempt after attempt, so
-the ``on_start`` hook — load a model, open a connection — runs once per child, not once per
-attempt. Where the platform has one (Linux, macOS), children come from multiprocessing's fork
-server, which has imported lakeshore once: a child is forked from it in milliseconds, however
-many slots start at once, instead of each starting an interpreter and importing lakeshore
-(about 0.15 s of CPU each: 32 slots on two cores were not serving for seconds). The server
-imports nothing of the worker's and holds no thread, client or connection, so a child still
-starts clean, as under ``spawn``: it imports the worker's script (``__main__``) and the body's
-module itself, in the worker's working directory, and its hooks and bodies see the worker's
-environment as it was when the child started (the script's import sees the server's, taken
-when the worker's first child started). The server ignores a SIGTERM for the whole process
-group (:mod:`lakeshore.running.preload`), so that how a child ended stays known; should the
-server die all the same, a child that still runs is killed and its attempt handed back.
-Elsewhere children are spawned.
+A child starts when its slot first needs it and serves attempt after attempt, so ``on_start``
+runs once per child. It is forked from multiprocessing's fork server where there is one (in
+milliseconds; a new interpreter cost 0.15 s of CPU a child), else spawned. The server holds
+nothing of the worker's: a child imports the worker's script and the body's module itself, in
+the worker's working directory, and its hooks and bodies see the worker's environment as of
+the child's start (the script's import sees the server's). Stopping a body kills the child.
 
-Stopping a body (cancel, timeout, lease lost, shutdown) kills the child; the next attempt
-starts a fresh one. A body that crashes the interpreter takes only its child down.
-
-Parent and child talk over a pipe. The child never touches the queue's store: yields arrive
-as encoded frames and output as log text, and the parent writes them. (The child does its own
-file I/O through :mod:`lakeshore.run`.)
-
-Before the child uploads a batch of the body's files it asks the parent to *fence* them
-(``("fence",)``) and waits for the answer: the parent proves the attempt still holds its lease
-with a conditional write of the record (:meth:`lakeshore.running.attempt.Attempt.fence`) and answers
-``("fence", "ok")``, ``("fence", "lost")`` — nothing is published, the run ends as
-``("stopped",)`` — or ``("fence", "error", op, what, todo)`` when the store could not tell.
-
-Messages, child to parent: ``("ready",)``, ``("start_failed", error)``, ``("frame", bytes)``,
-``("log", text)``, ``("fence",)``, ``("ok", bytes | None)``, ``("error", error)``,
-``("final", error)`` (an error no retry would mend),
-``("stopped",)``. Parent to child: ``("call", BodyCall)``, ``("fence", answer, ...)``,
-``("stop",)``.
+The child never touches the queue's store: yields, output and the outcome go to the parent
+over a pipe, errors as text. Before each batch of file uploads it asks the parent to fence
+them (:meth:`lakeshore.running.attempt.Attempt.fence`) and uploads only on ``ok``. Messages,
+child to parent: ``ready``, ``start_failed``, ``frame``, ``log``, ``fence``, ``ok``,
+``error``, ``final`` (no retry would mend it), ``stopped``; parent to child: ``call``,
+``fence`` (``ok``, ``lost`` or ``error``), ``stop``. See docs/protocol.md#execution-and-isolation.
 """
 
 from __future__ import annotations

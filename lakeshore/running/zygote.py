@@ -1,22 +1,18 @@
 """A fork server that is a fork of the command line's worker, not a new interpreter.
 
 multiprocessing's fork server is a fresh interpreter that imports lakeshore before it can fork
-a body process: 0.2–0.4 s of CPU for every worker process, paid again by each worker a scaler
-starts (sixteen workers on two cores waited seconds for theirs). ``lakeshore worker`` holds
-lakeshore already when it starts, so :func:`fork_server` makes its server a fork of it there,
-for the price of a fork: before the ``--import`` modules, the log and the store, so that the
-server, and every body process it forks, holds nothing of the worker's but lakeshore's modules
-(no open file, socket or connection, no logging handler, no user module's state: a body
-imports its module itself, as it would under a new interpreter). The stdlib's client side is
-kept: the server runs the stdlib's ``forkserver.main`` and is registered where the stdlib looks
-for a running one, so body processes come from it exactly as before, and if it dies the stdlib
-starts its own.
+a body process: 0.2–0.4 s of CPU per worker process, paid again by each worker a scaler
+starts. ``lakeshore worker`` holds lakeshore already, so :func:`fork_server` forks its server
+from it, before the ``--import`` modules, the log and the store: the server, and every body
+process it forks, holds lakeshore's modules and nothing else of the worker's. The server runs
+the stdlib's ``forkserver.main`` and is registered where the stdlib looks for one, so body
+processes come from it as before, and if it dies the stdlib starts its own.
 
-Forking is safe only while the process has one thread (a lock another thread held would stay
-held in the fork), so this is tried only then — counted in the kernel's thread list, which sees
-a native library's threads too — and only against the stdlib server it was written for (the
-signature of ``forkserver.main``). Anywhere else, and for ``run_worker`` called from Python (a
-process whose state this module cannot vouch for), the stdlib starts its server as before.
+It forks only while the process has one thread (counted in the kernel's thread list, which
+sees a native library's threads too: a lock another thread held would stay held in the fork)
+and only against the stdlib it was written for (the signature of ``forkserver.main``).
+Elsewhere, and for ``run_worker`` called from Python, the stdlib starts its server as before.
+See docs/protocol.md#execution-and-isolation.
 """
 
 from __future__ import annotations

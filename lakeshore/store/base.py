@@ -1,26 +1,18 @@
 """The object-store contract every backend implements.
 
-Five verbs, and conditional writes are a *mode* of ``put`` rather than extra verbs:
+Six verbs, and conditional writes are a *mode* of ``put`` rather than extra verbs: ``get``,
+``put`` (``OVERWRITE``, ``CREATE`` or ``if_match(etag)``; a lost condition raises
+:class:`~lakeshore.errors.Conflict`), ``delete`` (an absent key is never an error),
+``delete_many``, ``list`` (lazy, ascending by UTF-8 byte order) and ``now``, the store's
+clock, in which leases are judged so that a worker with a skewed clock cannot take over a
+live lease. Keys are checked here (:func:`check_key`) the same way for every backend.
 
-``get(key) -> (bytes, etag)``
-    :class:`~lakeshore.errors.NotFound` when absent.
-``put(key, data, mode) -> etag``
-    ``OVERWRITE`` always writes; ``CREATE`` writes only if the key is absent
-    (S3 ``If-None-Match: *``); ``if_match(etag)`` writes only if the current etag is that one.
-    A lost condition raises :class:`~lakeshore.errors.Conflict`.
-``delete(key, if_match=None)``
-    An absent key is not an error (also with ``if_match``: the object is gone either way).
-    A present object with another etag raises ``Conflict``.
-``list(prefix, start_after=None)``
-    Lazily paginated :class:`ObjectInfo`, ascending by key (byte order of UTF-8).
-``now()``
-    The store's clock, seconds since the epoch. Leases are judged in this clock, never in a
-    worker's own, so a worker with a skewed clock cannot take over a live lease.
+Etags change on every write of different bytes; whether identical bytes change them depends
+on the backend (S3's is a content hash), so callers that need ABA safety make their bytes
+unique (records carry ``rev`` and a write id). Backends translate their own failures into the
+lakeshore error tree.
 
-Every etag a backend returns changes on every write of *different* bytes. Whether rewriting
-identical bytes changes the etag depends on the backend (S3's etag is a content hash), so
-callers that need ABA safety make every write's bytes unique; lakeshore's records carry a
-``rev`` counter and a write id for exactly that reason.
+The verbs, the optional hooks and the error tree: docs/store-contract.md#the-store-contract.
 """
 
 from __future__ import annotations

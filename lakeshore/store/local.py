@@ -1,37 +1,18 @@
 """``LocalStore``: the store contract on a local directory ("file:///path").
 
-Safe across threads and processes on one machine:
+Safe across threads and processes on one machine, with no server to run. Every write goes to
+a private temp file and is published atomically, so no reader sees half an object. ``CREATE``
+publishes with ``os.link``, which the kernel refuses when the key exists; ``OVERWRITE``,
+``if_match`` and ``delete`` run under an ``flock`` on the key's lock stripe, so
+check-then-rename is one step for every process. The etag is 16 random bytes in the object's
+own header: it changes on every write and is read in the same ``open`` as the data.
 
-* every write goes to a private temp file first and is published atomically, so a reader
-  never sees half an object;
-* ``CREATE`` publishes with ``os.link``, which fails if the key exists — atomic without a lock
-  (on Linux from an unnamed ``O_TMPFILE``, so a crash leaves no temp file behind);
-* ``OVERWRITE``, ``if_match`` and ``delete`` run under an exclusive ``flock`` on the key's
-  lock stripe, so check-then-rename is one step for every process that uses the directory;
-* no symbolic link below ``objects/`` is ever followed, a folder's or a file's: paths are
-  resolved below a descriptor of ``objects/`` with no link on any part (one ``openat2`` with
-  ``RESOLVE_NO_SYMLINKS`` where Linux has it, else a walk that opens each folder relative to
-  the one above it with ``O_NOFOLLOW``), and files are linked, renamed and unlinked relative
-  to their folder's descriptor, so what was checked is what is used. A key whose folder is
-  a link reads as absent and is never written or deleted through it.
-
-On-disk layout under the root directory::
-
-    objects/<seg>/<seg>/<last>.obj   one file per object: 4-byte magic, 16-byte etag, data
-    .locks/<00..ff>                  lock stripes (a key hashes to one of 256)
-
-Segments are stored as they are, except that ``%`` becomes ``%25`` and a trailing ``.obj``
-becomes ``%2Eobj``: then no directory name can ever equal an object's file name.
-    .tmp/                            temp files being written (leftovers of a crash are inert)
-
-The etag is 16 random bytes stored in the object's own header, so it changes on every write
-(even of identical bytes) and is read in the same ``open`` as the data. A file without the
-header (stray or damaged) reads as an object holding the whole file, with a hash of the file
-as its etag: the layers above judge its bytes (and overwrite it by ``if_match``) instead of
-the store refusing every read and listing that meets it. The ``.obj`` suffix
-lets ``a`` and ``a/b`` both exist as keys, as they can on S3. Fsync is off by default (a
-crashed *process* loses nothing; a crashed *machine* may lose the last writes): pass
-``fsync=True`` or ``?fsync=1`` in the URL to fsync each object and its directory entry.
+No symbolic link below ``objects/`` is ever followed: paths are resolved below a descriptor of
+``objects/`` with no link on any part, and files are linked, renamed and unlinked relative to
+their folder's descriptor, so what was checked is what is used. A file without the header
+reads as an object holding the whole file, for the layers above to judge. Fsync is off by
+default (``fsync=True`` or ``?fsync=1``). Layout, name encoding and each operation:
+docs/store-contract.md#localstore.
 """
 
 from __future__ import annotations

@@ -1,36 +1,18 @@
 """``S3Store``: the store contract on an S3 bucket (or any server with real conditional writes).
 
-The only module of lakeshore that imports boto3. What it takes care of:
+The only module of lakeshore that imports boto3 (and the only importer of
+:mod:`lakeshore.store.s3_obstore`); nothing above it sees an S3 answer or a botocore error.
+GET, PUT and LIST go through obstore by default, DELETE, HEAD and the clock through boto3
+(obstore has no conditional DELETE and shows no ``Date``); boto3 carries everything where
+obstore could not act exactly as boto3 would.
 
-* **Conditional writes** go out as ``If-None-Match: *`` / ``If-Match: <etag>`` with botocore's
-  own retries switched off (a retried conditional PUT whose first attempt landed comes back
-  412 although it succeeded). This module retries them itself and, when a retry after an
-  uncertain attempt loses its condition, reads the object back: if it holds exactly the bytes
-  we sent, the write was ours and ``put`` returns its etag. Callers whose writes must be told
-  apart (records) make their bytes unique with a write id.
-* **One translation table** (:data:`_BY_CODE`, :data:`_BY_STATUS`) turns S3 answers into the
-  lakeshore error tree: 412, 409 ``ConditionalRequestConflict`` and 404 on ``If-Match`` all
-  become :class:`~lakeshore.errors.Conflict`; 503 ``SlowDown``, 500 and connection failures are
-  retried with jittered exponential backoff, then become ``StoreUnavailable``.
-* **The store clock** comes from the ``Date`` header of recent responses, so leases are judged
-  in the server's time whatever the local clock says. Each sample is kept as "server time
-  minus this process's monotonic clock", so a step of the local wall clock (NTP after a VM
-  pause) changes nothing. The estimate is the largest recent sample that agrees with their
-  median, so a minority of wrong ``Date`` headers (a node whose clock is off, ahead or
-  behind) moves nothing; samples age out after ``_CLOCK_WINDOW_S``, so a step of the
-  server's own clock is followed within that window, as soon as most samples show it.
-* **Servers without conditional deletes** (LocalStack answers ``DELETE`` with ``If-Match``
-  with 501): the store notices on the first such answer and from then on compares the etag
-  with a ``HEAD`` before a plain ``DELETE`` (see :meth:`S3Store.delete`; not atomic).
-* **Two clients.** GET, PUT and LIST go through :mod:`lakeshore.store.s3_obstore` (far less
-  CPU per request) while DELETE, HEAD and the clock's LIST use a boto3 client: obstore has
-  no conditional DELETE and shows no ``Date`` header. Both share the table and the retry
-  loop here. That split is the default ("auto"); boto3 carries every request instead when
-  obstore could not act exactly as boto3 would (``_why_not_obstore``: not importable, no
-  credentials to hand over, settings only obstore reads), while moto's ``mock_aws`` is
-  active (it intercepts botocore only; checked at each request, ``_botocore_mocked``), and
-  for good once the bucket answers from another region (boto3 follows S3's redirects,
-  obstore does not). ``client=boto3`` / ``client=obstore`` force one or the other.
+Both clients run with their own retries off: a retried conditional PUT whose first try landed
+would come back 412. This module retries, and settles such an ambiguous 412 by reading the
+object back (our exact bytes: our write). One translation table (:data:`_BY_CODE`,
+:data:`_BY_STATUS`) turns every answer into the lakeshore error tree. The store clock comes
+from ``Date`` headers against the monotonic clock, so neither a step of the local clock nor a
+minority of wrong headers moves it. A server without conditional deletes gets them emulated
+(a HEAD, then a DELETE), which is not atomic. Details: docs/store-contract.md#s3store.
 """
 
 from __future__ import annotations

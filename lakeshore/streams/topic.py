@@ -1,21 +1,15 @@
 """Topics: the journal as pub/sub, with many producers in many processes.
 
-Each post is one create-only object ``lakeshore/<ns>/_topics/<name>/<seq>``: a producer
-claims the next sequence number by creating its object, and a producer that loses the race
-(the object exists) looks for the new tail and tries the next number. So no seq is ever used
-twice, none is skipped, and a retried post cannot duplicate a frame (its bytes carry a
-unique post id, so an ambiguous create is resolved by reading back).
+Each post is one create-only object ``lakeshore/<ns>/_topics/<name>/<seq>``: a producer takes
+the next sequence number by creating its object, and one that loses the race tries the next.
+So no seq is used twice or skipped, and a retried post cannot duplicate a frame (its bytes
+carry a unique post id, so an ambiguous create is resolved by reading back). A handle finds
+the tail without listing the whole topic; its probes only choose where the listing starts, so
+a hole can make it longer, never wrong.
 
-A handle finds the tail without listing the whole topic: one page of the listing from the
-start, then (for a longer topic) existence probes that gallop and bisect to a post near the
-end, and a listing from there. The probes only pick where that listing starts, so a hole
-(a trimmed or deleted post) can make it longer but never wrong. ``Dispatch.topic`` hands out
-one handle per name, so later posts list only from the handle's last known key.
-
-Readers list the topic from a cursor: ``stream(since)`` replays what is there now,
-``listen(since, timeout)`` keeps following new posts. ``close()`` posts a final END frame;
-readers stop there and later posts are refused. ``trim`` deletes old posts but always keeps
-the newest, so the tail — and with it the numbering — survives.
+Readers follow the topic from a cursor (``stream``, ``listen``). ``close()`` posts an END
+frame, after which every post is refused. ``trim`` always keeps the newest post, so the
+numbering survives. Posting, reading and trimming step by step: docs/protocol.md#topics.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """The dashboard's overview: one poller thread reads the store, every tab reads its copy.
 
-A **round** (every ``interval_s``, while a page asked for the overview in the last
-``IDLE_AFTER_S``; none while nobody looks) lists, per namespace, the workers' signs of life
-and each queue's tickets. Finished history is never listed: throughput is the number of
-invocations that left the tickets between two rounds.
+However many tabs are open, the store sees one reader: a round every ``interval_s``, and none
+while no page has asked for the overview within ``IDLE_AFTER_S``. A round lists each queue's
+tickets and the workers' signs of life, never the finished history (throughput is what left
+the tickets between two rounds); names and queue records are read every ``discover_s``. It
+reads a sign of life again only when its etag changed, and the records of the first
+``RECORD_READS`` tickets in claim order (one found running is trusted by its ticket's etag for
+at most ``RUNNING_TRUSTED_S``). Beyond those, the split between queued and running comes from
+the signs of life and is marked estimated.
 
-* A sign of life is read again only when its etag changed.
-* A ticket does not say whether its invocation runs (the first claim leaves it as it was),
-  so the records of the first ``RECORD_READS`` tickets in claim order (the next claimed)
-  are read. One found running is remembered by the ticket's etag: leaving ``running``
-  rewrites the ticket (back to queued) or deletes it (over). Not when the ticket changed
-  after the attempt started (a move is in flight: the marker is written before the record),
-  and for ``RUNNING_TRUSTED_S`` at most (a ticket whose delete was lost in a crash).
-* A ticket that holds a record (nothing moved it yet) is decoded once per etag: a
-  tombstone (a fenced submit's failed record, left to gc) is not live.
-* Past ``RECORD_READS`` unknown tickets, the split between queued and running comes from
-  what the workers' signs of life say they run, and the counts are marked estimated.
-* Names of namespaces and queues, and the queue records, are read every ``discover_s``.
-
-Anything read may be anyone's: one bad object (a planted key, a corrupt sign of life, an
-unreadable queue record) is passed over or shown as a problem; it never ends a round.
+Anything read may be anyone's: a planted key, a corrupt sign of life or an unreadable queue
+record is passed over or shown as a problem, and never ends a round. What each round reads
+and costs: docs/ui.md#what-it-costs.
 """
 
 from __future__ import annotations
