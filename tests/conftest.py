@@ -92,6 +92,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slurm") or "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    # and the slowest tests first (marked ``slow``), so that none of them starts last and
+    # holds the run up while the other processes sit idle
+    if getattr(config.option, "numprocesses", None):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 _TIER_KEYS = {"seaweed": _seaweed_key, "slurm": _slurm_key, "browser": _browser_key}

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import lakeshore as dls
 from tests import jobs
 from tests.waiting import alive, poll
@@ -46,6 +48,7 @@ def executions(path: Path, killed_at: dict[int, float]) -> list[tuple[float, flo
     return [tuple(spans[p]) for p in order]  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, report: list[str]) -> None:
     url = f"file://{tmp_path}/plane"
     lease = 2.0

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
 import lakeshore as dls
 from lakeshore.keys import QueueKeys
 from tests.tiers import record_key
@@ -302,6 +304,7 @@ def _submit_batch(*options: str) -> list[str]:
     return [sys.executable, str(SLURM / "submit_batch.py"), *options]
 
 
+@pytest.mark.slow
 def test_slurm_array_tasks_drain_the_queue_run_the_hooks_and_leave_when_idle(
     tmp_path: Path,
 ) -> None:
@@ -429,6 +432,7 @@ def _sections(out: str) -> dict[str, str]:
     return dict(zip(titles, (b.rstrip("\n") for b in parts[2::2]), strict=True))
 
 
+@pytest.mark.slow
 def test_laptop_run_sh_shows_the_whole_loop(tmp_path: Path) -> None:
     # no LAKESHORE_URL: the script makes its own temporary store, here under TMPDIR
     env = _script_env(TMPDIR=str(tmp_path))

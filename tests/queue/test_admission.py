@@ -93,6 +93,7 @@ def _live(q: Any) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_max_depth_reject_exact(atomic_plane: Any, report: list[str]) -> None:
     q = atomic_plane
     q.configure(QUEUE, max_depth=100, on_full="reject")
@@ -107,6 +108,7 @@ def test_max_depth_reject_exact(atomic_plane: Any, report: list[str]) -> None:
     assert _live(q) == 100
 
 
+@pytest.mark.slow
 def test_max_depth_block_with_a_worker_draining(atomic_plane: Any, report: list[str]) -> None:
     q = atomic_plane
     q.configure(QUEUE, max_depth=100, on_full="block")

@@ -112,6 +112,7 @@ def test_proxy_faults_are_seen_and_survived(proxy: FaultProxy) -> None:
         store.put("k0", b"late", if_match(etags[1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "m",
     [500, pytest.param(5000, marks=[pytest.mark.soak, pytest.mark.timeout(7200)])],
@@ -194,6 +195,7 @@ def _serve(q: Any, **kw: Any) -> tuple[threading.Thread, threading.Event]:
     return t, stop
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skew", [30.0, -30.0])
 def test_clock_skew_never_takes_a_live_lease(
     seaweed: Seaweed, tmp_path: Any, skew: float, report: list[str]
@@ -238,6 +240,7 @@ def test_clock_skew_never_takes_a_live_lease(
     report.append(f"clock skew {skew:+.0f} s: 0 live leases taken over in 7.5 s of reaping")
 
 
+@pytest.mark.slow
 def test_retried_journal_appends_and_keyed_submits_do_not_duplicate(
     proxy: FaultProxy, report: list[str]
 ) -> None:

@@ -38,6 +38,7 @@ def _check(frames: list[dls.Frame], producers: int, per: int) -> None:
         assert mine == sorted(mine)
 
 
+@pytest.mark.slow
 def test_many_producer_processes(atomic_store: Store, report: list[str]) -> None:
     store = atomic_store
     producers = 4

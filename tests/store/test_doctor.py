@@ -31,6 +31,7 @@ CHECKS = [
 ]
 
 
+@pytest.mark.slow
 def test_doctor_passes_on_atomic_stores(atomic_store: Store, report: list[str]) -> None:
     r = diagnose(atomic_store, threads=8, rounds=10)
     s3 = atomic_store.url.startswith("s3://")  # an S3 store names its client first

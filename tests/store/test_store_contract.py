@@ -69,6 +69,7 @@ def test_if_match(store: Store) -> None:
         store.get("missing")
 
 
+@pytest.mark.slow
 def test_delete_many_removes_every_key_in_batches_of_a_thousand(store: Store) -> None:
     keys = [f"many/{i:05d}" for i in range(1003)]  # two S3 requests: 1000 and 3
     for k in keys:
@@ -145,6 +146,7 @@ def test_list_entries_carry_etag_size_and_time(store: Store) -> None:
     assert t0 - 2 <= info.last_modified <= store.now() + 2
 
 
+@pytest.mark.slow
 def test_list_paginates_past_one_page(store: Store) -> None:
     n = 1050  # S3 pages hold 1000 keys
     for i in range(n):

@@ -50,6 +50,7 @@ def _won(fn: object) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_thread_race_create_only(atomic_store: Store, report: list[str]) -> None:
     s, rounds = atomic_store, _rounds(atomic_store)
     winners = race(
@@ -61,6 +62,7 @@ def test_thread_race_create_only(atomic_store: Store, report: list[str]) -> None
         assert s.get(f"c/{r}")[0].decode().isdigit()
 
 
+@pytest.mark.slow
 def test_thread_race_if_match(atomic_store: Store, report: list[str]) -> None:
     s, rounds = atomic_store, _rounds(atomic_store)
     etags = [s.put(f"m/{r}", b"start") for r in range(rounds)]
@@ -87,6 +89,7 @@ def _increment(s: Store, key: str, times: int) -> int:
     return conflicts
 
 
+@pytest.mark.slow
 def test_cas_counter_loses_no_update(atomic_store: Store, report: list[str]) -> None:
     s, threads, per = atomic_store, 6, 25
     s.put("counter", b"0")

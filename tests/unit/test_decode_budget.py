@@ -58,6 +58,7 @@ def test_many_lists_each_within_the_budget_are_refused_once_they_add_up() -> Non
     assert peak < 4 * len(data), peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("empty", [b"\x90", b"\x80"], ids=["lists", "dicts"])
 def test_empty_containers_are_charged_what_they_cost(empty: bytes) -> None:
     data = array_of(2 << 20, empty)  # one byte each, 56 to 64 bytes each once built
@@ -76,6 +77,7 @@ def test_a_chain_of_tuples_keeps_one_copy_of_the_value_not_one_per_level() -> No
     assert peak < 4 * len(data), peak  # was 100 times the input
 
 
+@pytest.mark.slow
 def test_a_segment_of_a_million_empty_frames_is_corrupt_without_being_built() -> None:
     frames = array_of(1 << 20, b"\x92\x00\xc4\x00")  # [0, b""] a million times
     data = b"\x83\xa1a\x01\xa1s\x00\xa1f" + frames
