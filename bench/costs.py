@@ -59,7 +59,7 @@ def topic_post(posts: int) -> dict[str, Any]:
 
 def stream_resume(frames: int, per_segment: int = 1024) -> dict[str, Any]:
     store = Counting(MemoryStore())
-    ops = dls.Dispatch(":memory:", store=store).ops("default")
+    ops = dls.Dispatch(":memory:", store=store).plane.ops("default")
     inv = keys.new_id()
     payload = codec.encode("x" * 200)  # about the 210 bytes a frame of the issue took
     total = 0
@@ -109,7 +109,7 @@ def heartbeat_bytes(key: str | None) -> dict[str, Any]:
             "heartbeat_bytes": None,
             "refused": str(e).split(" — ")[0],
         }
-    rec, _ = q.ops("default").read(inv)
+    rec, _ = q.plane.ops("default").read(inv)
     running = lifecycle.claim(rec, "w", "t", store.now())
     beat = lifecycle.heartbeat(running, "t", store.now())
     return {

@@ -118,7 +118,7 @@ def requests_per_claim(history: int, n: int = 50) -> dict[str, float]:
     f = q.udf(noop)
     for i in range(n):
         f.submit(x=i)
-    claimer = Claimer(q.ops("default"), "bench")
+    claimer = Claimer(q.plane.ops("default"), "bench")
     store.reset()
     for _ in range(n):
         held = claimer.claim(store.now())
@@ -408,7 +408,7 @@ def streaming(url: str, frames: int = 10_000) -> dict[str, float]:
             p.terminate()
             p.wait(60)
     assert seen == frames
-    segments = len(list(q.store.list(q.ops("default").keys.journal_prefix(inv, 1))))
+    segments = len(list(q.store.list(q.plane.ops("default").keys.journal_prefix(inv, 1))))
     t0 = time.perf_counter()
     replayed = sum(1 for _ in dls.Dispatch(url, ns=q.ns).stream(inv))  # a fresh reader
     replay = time.perf_counter() - t0

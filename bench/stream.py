@@ -44,7 +44,7 @@ def measure(store: Store, frames: int) -> dict[str, Any]:
     reader.join()
     elapsed = time.perf_counter() - t0
     assert seen == list(range(frames)), "the reader must see every frame in order"
-    segs = list(store.list(q.ops("default").keys.journal_prefix(inv, 1)))
+    segs = list(store.list(q.plane.ops("default").keys.journal_prefix(inv, 1)))
     size = sum(s.size for s in segs) // max(1, len(segs))
     # Baseline: the same number of PUTs of the same size, straight to the store.
     blob = b"x" * size

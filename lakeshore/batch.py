@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from lakeshore.errors import InvalidArgument, KeyReused, LakeshoreError, MapFailed
 from lakeshore.files.context import flush
+from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.store import LocalStore, MemoryStore, Store
 from lakeshore.submit import OPTIONS, Prepared, check_options, prepare_call, publish_prepared
 
 if TYPE_CHECKING:
-    from lakeshore.plane import Plane
     from lakeshore.running.bodies import Declared
 
 __all__ = ["default_concurrency", "submit_many"]
@@ -103,7 +103,7 @@ def starmap_calls(items: Iterable[Any], kwargs: dict[str, Any] | None, op: str) 
 
 
 def submit_many(
-    plane: Plane,
+    plane: Plane | HasPlane,
     udf: Declared,
     calls: list[Call],
     *,
@@ -112,8 +112,8 @@ def submit_many(
     progress: bool = False,
     **options: Any,
 ) -> list[str]:
-    """Submit ``calls`` of ``udf`` to ``plane`` and return their ids in order; see
-    :meth:`lakeshore.udf.Udf.map`.
+    """Submit ``calls`` of ``udf`` to ``plane`` (a ``Dispatch`` or its ``Plane``) and return
+    their ids in order; see :meth:`lakeshore.udf.Udf.map`.
 
     Raises:
         InvalidArgument: a bad option, key or call (nothing was written).
@@ -121,6 +121,7 @@ def submit_many(
             (nothing was written).
         MapFailed: some calls were not submitted (the others were).
     """
+    plane = plane_of(plane)
     op = f"map {udf.ref}"
     if "key" in options:
         raise InvalidArgument(

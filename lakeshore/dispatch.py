@@ -1,4 +1,6 @@
-"""``Dispatch``: the plane — submit, look up and cancel invocations by id, from any process.
+"""``Dispatch``: the user's facade of a plane — declare functions, look up, follow and cancel
+invocations by id, from any process. It holds its :class:`~lakeshore.plane.Plane`
+(``q.plane``) and shows the user's verbs only.
 
 There is no Future: ``submit`` returns a ULID string and everything else takes that string.
 A process that never saw the submit reads the result just as well as the one that made it.
@@ -13,23 +15,17 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
 from lakeshore import results
-from lakeshore.errors import (
-    InvalidArgument,
-)
 from lakeshore.files.context import scope as run_scope
-from lakeshore.keys import (
-    DEFAULT_QUEUE,
-    check_name,
-)
+from lakeshore.files.root import DataRoot
+from lakeshore.keys import DEFAULT_QUEUE, check_name
 from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
 from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
 from lakeshore.running.logs import follow_logs, read_logs
+from lakeshore.store import Store
 from lakeshore.streams.journal import Frame
-from lakeshore.streams.stream import follow
 from lakeshore.streams.topic import Topic
-from lakeshore.submit import submit_call
 from lakeshore.udf import Udf
 
 __all__ = ["DEFAULT_URL", "Dispatch", "default_plane", "scope", "udf"]
@@ -37,7 +33,7 @@ __all__ = ["DEFAULT_URL", "Dispatch", "default_plane", "scope", "udf"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Dispatch(Plane):
+class Dispatch:
     """A lakeshore plane on one store.
 
     Args:
@@ -68,6 +64,68 @@ class Dispatch(Plane):
     Raises:
         InvalidArgument: bad URL, namespace or setting.
     """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        ns: str = "default",
+        *,
+        store: Store | None = None,
+        spill_bytes: int = 64 * 1024,
+        max_attempts: int = 3,
+        lease_s: float = 30.0,
+        retry_backoff_s: float = 1.0,
+        allow_pickle: bool = False,
+        data: str | None = None,
+        data_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        max_payload_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self._plane = Plane(
+            url,
+            ns,
+            store=store,
+            spill_bytes=spill_bytes,
+            max_attempts=max_attempts,
+            lease_s=lease_s,
+            retry_backoff_s=retry_backoff_s,
+            allow_pickle=allow_pickle,
+            data=data,
+            data_options=data_options,
+            cache_dir=cache_dir,
+            max_payload_bytes=max_payload_bytes,
+        )
+        self._topics: dict[str, Topic] = {}  # one handle per name: it knows the tail
+        self._lock = threading.Lock()
+
+    @property
+    def plane(self) -> Plane:
+        """The plane under this facade, for lakeshore's own layers and for tests."""
+        return self._plane
+
+    @property
+    def url(self) -> str:
+        """The store URL this plane was opened with."""
+        return self._plane.url
+
+    @property
+    def ns(self) -> str:
+        """The namespace: queues and idempotency keys are per namespace."""
+        return self._plane.ns
+
+    @property
+    def store(self) -> Store:
+        """The store under this plane."""
+        return self._plane.store
+
+    @property
+    def data_root(self) -> DataRoot:
+        """Where this plane's bodies read and write files (see ``data`` above).
+
+        Raises:
+            InvalidArgument: the data root URL is unusable or its fsspec driver is missing.
+        """
+        return self._plane.data_root
 
     def __repr__(self) -> str:
         return f"Dispatch({self.url!r}, ns={self.ns!r})"
@@ -124,29 +182,10 @@ class Dispatch(Plane):
                 timeout_s=timeout_s,
                 priority=priority,
             )
-            self.registry[u.ref] = u
+            self._plane.registry[u.ref] = u
             return u
 
         return wrap(fn) if fn is not None else wrap
-
-    # -- submit ---------------------------------------------------------------------------------
-
-    def submit_call(
-        self,
-        udf: Udf[Any, Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        **options: Any,
-    ) -> str:
-        """Enqueue ``udf(*args, **kwargs)``; see :meth:`Udf.submit` for ``options``.
-
-        Raises:
-            InvalidArgument: unsendable arguments or a bad option.
-            KeyReused: strict idempotency and the key names different arguments.
-            QueueFull: admission refused the submit (or no room came within
-                ``submit_timeout`` seconds on a blocking queue).
-        """
-        return submit_call(self, udf, args, kwargs, **options)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -156,7 +195,7 @@ class Dispatch(Plane):
         Raises:
             InvalidArgument: ``inv`` is not an id. NotFound: no such invocation.
         """
-        return self.locate(inv)[1]
+        return self._plane.locate(inv)[1]
 
     def status(self, inv: str) -> str:
         """The invocation's state: queued, running, succeeded, failed, killed or timeout.
@@ -176,7 +215,7 @@ class Dispatch(Plane):
             NotFinished: still queued or running after ``timeout`` seconds.
             NotFound: no such invocation.
         """
-        return results.result(self, inv, timeout)
+        return results.result(self._plane, inv, timeout)
 
     def stream(
         self, inv: str, since: int = 0, timeout: float | None = None, attempt: int | None = None
@@ -195,10 +234,7 @@ class Dispatch(Plane):
             NotFinished: ``timeout`` seconds passed while it was still queued or running.
             NotFound: no such invocation. InvalidArgument: a bad id or cursor.
         """
-        if not isinstance(since, int) or since < 0:
-            raise InvalidArgument(f"stream {inv}", f"since={since!r}", "pass an int >= 0")
-        ops, rec, _ = self.locate(inv)
-        return follow(ops, rec.id, since, timeout, results.job_error, since_attempt=attempt)
+        return results.stream(self._plane, inv, since, timeout, attempt)
 
     async def astream(
         self, inv: str, since: int = 0, timeout: float | None = None, attempt: int | None = None
@@ -215,7 +251,7 @@ class Dispatch(Plane):
         Raises:
             NotFound: no such invocation.
         """
-        ops, rec, etag = self.locate(inv)
+        ops, rec, etag = self._plane.locate(inv)
         return ops.cancel(rec, etag, reason)
 
     def retry(self, inv: str) -> int:
@@ -227,7 +263,7 @@ class Dispatch(Plane):
             NotFound: no such invocation.
             Conflict: it is still queued or running.
         """
-        ops, rec, etag = self.locate(inv)
+        ops, rec, etag = self._plane.locate(inv)
         return ops.rerun(rec, etag)
 
     def logs(self, inv: str, attempt: int | None = None) -> str:
@@ -237,7 +273,7 @@ class Dispatch(Plane):
         Raises:
             NotFound: no such invocation. InvalidArgument: a bad id.
         """
-        ops, rec, _ = self.locate(inv)
+        ops, rec, _ = self._plane.locate(inv)
         return "".join(text for _k, _a, text in read_logs(self.store, ops.keys, rec.id, attempt))
 
     def follow_logs(
@@ -249,7 +285,7 @@ class Dispatch(Plane):
         Raises:
             NotFound: no such invocation. InvalidArgument: a bad id.
         """
-        ops, rec, _ = self.locate(inv)
+        ops, rec, _ = self._plane.locate(inv)
 
         def finished() -> bool:
             return ops.read(rec.id)[0].terminal
@@ -270,7 +306,7 @@ class Dispatch(Plane):
             InvalidArgument: a bad queue name, setting or value (nothing is written).
         """
         check_name(queue, "queue")
-        return self.settings.configure(queue, **settings)
+        return self._plane.settings.configure(queue, **settings)
 
     def queue_config(self, queue: str = DEFAULT_QUEUE) -> QueueConfig:
         """The settings of ``queue`` as stored now (defaults if it has no record yet).
@@ -279,7 +315,7 @@ class Dispatch(Plane):
             InvalidArgument: a bad queue name. RecordError: a corrupt queue record.
         """
         check_name(queue, "queue")
-        return self.settings.read(queue)[0]
+        return self._plane.settings.read(queue)[0]
 
     def topic(self, name: str) -> Topic:
         """The topic ``name`` of this plane's namespace (created by its first post). The

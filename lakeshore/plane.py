@@ -1,9 +1,10 @@
 """``Plane``: what the queue code needs of a plane — its store, namespace, limits, the
 functions declared on it, one ``QueueOps`` per queue, the id lookup and the data root.
 
-``Dispatch`` (the public facade) is a ``Plane`` with the user's methods on top. The submit,
-worker and attempt code take a ``Plane`` and never import the facade, so the layering runs
-one way: store → protocol → plane → submit/worker → facade → CLI.
+``Dispatch`` (the public facade) holds a ``Plane`` (``q.plane``) and shows the user's verbs
+only. The submit, worker and attempt code take a ``Plane`` and never import the facade;
+what takes a plane from users takes either (``plane_of``), so the layering runs one way:
+store → protocol → plane → submit/worker → facade → CLI.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from lakeshore.errors import InvalidArgument, NotFound
 from lakeshore.files.root import DataRoot, data_root
@@ -22,9 +24,8 @@ from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import QueueOps, read_id_index
 from lakeshore.running.bodies import Declared
 from lakeshore.store import MemoryStore, Store, open_store
-from lakeshore.streams.topic import Topic
 
-__all__ = ["DEFAULT_URL", "Plane"]
+__all__ = ["DEFAULT_URL", "HasPlane", "Plane", "plane_of"]
 
 DEFAULT_URL = "file://~/.lakeshore"
 
@@ -86,7 +87,7 @@ class Plane:
         self.settings = QueueSettings(self.store, self.ns)
         self._data = (data or os.environ.get("LAKESHORE_DATA") or "", data_options, cache_dir)
         self._data_root: DataRoot | None = None
-        self._topics: dict[str, Topic] = {}  # one handle per name: it knows the tail
+        self._make_root: Callable[[], DataRoot] | None = None
         self._where: dict[str, str] = {}  # id -> queue; ids never move, so this never goes stale
         self._lock = threading.Lock()
 
@@ -97,6 +98,8 @@ class Plane:
         Raises:
             InvalidArgument: the data root URL is unusable or its fsspec driver is missing.
         """
+        if self._data_root is None and self._make_root is not None:
+            self._data_root = self._make_root()
         if self._data_root is None:
             url, options, cache = self._data
             if not url or (options is None and url.startswith("s3://")):
@@ -113,6 +116,12 @@ class Plane:
                 data_root(url, options, cache or "") if url else DataRoot("", options or {})
             )
         return self._data_root
+
+    def resolve_data_root(self, make: Callable[[], DataRoot]) -> None:
+        """Resolve the data root with ``make`` at its first use, instead of from ``data``:
+        for a facade whose default place for files is another one (dreamlake's run root,
+        the working directory at first use)."""
+        self._make_root = make
 
     @property
     def in_process(self) -> bool:
@@ -187,3 +196,29 @@ class Plane:
     def remember(self, inv: str, queue: str) -> None:
         """This process knows where ``inv`` lives (ids never move: it never goes stale)."""
         self._where[inv] = queue
+
+
+class HasPlane(Protocol):
+    """What holds a plane and hands it over: ``Dispatch`` (``q.plane``)."""
+
+    @property
+    def plane(self) -> Plane: ...
+
+
+def plane_of(x: Plane | HasPlane) -> Plane:
+    """The plane of what a user passes where a plane is taken: a ``Dispatch`` (its
+    ``plane``) or a ``Plane`` itself.
+
+    Raises:
+        InvalidArgument: ``x`` is neither.
+    """
+    if isinstance(x, Plane):
+        return x
+    found = getattr(x, "plane", None)
+    if isinstance(found, Plane):
+        return found
+    raise InvalidArgument(
+        "plane",
+        f"a {type(x).__name__} is not a plane",
+        "pass a Dispatch (or its .plane)",
+    )

@@ -1,36 +1,49 @@
 """Waiting for an invocation to end, and what it ended with: its value or its error.
 
 Shared by every reader that waits by id (``Dispatch.result``, ``f.remote``, a work queue's
-``call``): object storage cannot push, so the wait is a poll with a backoff.
+``call``): object storage cannot push, so the wait is a poll with a backoff. ``stream``
+follows a generator's frames by id (``Dispatch.stream``, a work queue's ``stream``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from lakeshore import codec
-from lakeshore.errors import Failed, JobError, Killed, NotFinished, NotFound, TimedOut
+from lakeshore.errors import (
+    Failed,
+    InvalidArgument,
+    JobError,
+    Killed,
+    NotFinished,
+    NotFound,
+    TimedOut,
+)
 from lakeshore.model.record import Blob, Record, State
-from lakeshore.plane import Plane
+from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol import polling
 from lakeshore.protocol.steps import QueueOps, unclaimed
+from lakeshore.streams.journal import Frame
 from lakeshore.streams.stream import follow
 
-__all__ = ["job_error", "result", "wait"]
+__all__ = ["job_error", "result", "stream", "wait"]
 
 # a poll of an invocation never claimed re-reads its ticket this often
 _TICKET_RECHECK_S = 10.0
 
 
-def result(plane: Plane, inv: str, timeout: float | None = None) -> Any:
+def result(plane: Plane | HasPlane, inv: str, timeout: float | None = None) -> Any:
     """Wait for ``inv`` to end; its value (a generator's: the list of what it yielded).
+    ``plane`` is a ``Dispatch`` or its ``Plane``.
 
     Raises:
         Failed, Killed, TimedOut: it ended that way. NotFinished: still live after
             ``timeout`` seconds. NotFound: no such invocation.
     """
+    plane = plane_of(plane)
     ops, rec = wait(plane, inv, timeout)
     if rec.state != State.SUCCEEDED:
         raise job_error(rec)
@@ -41,13 +54,15 @@ def result(plane: Plane, inv: str, timeout: float | None = None) -> Any:
     return codec.decode(ops.get_blob(blob, f"result of {inv}", plane.max_payload_bytes))
 
 
-def wait(plane: Plane, inv: str, timeout: float | None) -> tuple[QueueOps, Record]:
+def wait(plane: Plane | HasPlane, inv: str, timeout: float | None) -> tuple[QueueOps, Record]:
     """Poll invocation ``inv`` until it is terminal: its queue's steps and its record.
+    ``plane`` is a ``Dispatch`` or its ``Plane``.
 
     Raises:
         NotFinished: still live after ``timeout`` seconds. NotFound: no such invocation.
         InvalidArgument: ``inv`` is not an id.
     """
+    plane = plane_of(plane)
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.005
     ops, rec, etag = plane.locate(inv)
@@ -74,6 +89,27 @@ def wait(plane: Plane, inv: str, timeout: float | None) -> tuple[QueueOps, Recor
         rec, etag = ops.read(inv)
         looked = time.monotonic()
     return ops, rec
+
+
+def stream(
+    plane: Plane | HasPlane,
+    inv: str,
+    since: int = 0,
+    timeout: float | None = None,
+    attempt: int | None = None,
+) -> Iterator[Frame]:
+    """The frames of invocation ``inv`` from ``since`` on (see ``Dispatch.stream``).
+    ``plane`` is a ``Dispatch`` or its ``Plane``.
+
+    Raises:
+        Failed, Killed, TimedOut: the invocation ended that way (after its frames).
+        NotFinished: ``timeout`` seconds passed while it was still queued or running.
+        NotFound: no such invocation. InvalidArgument: a bad id or cursor.
+    """
+    if not isinstance(since, int) or since < 0:
+        raise InvalidArgument(f"stream {inv}", f"since={since!r}", "pass an int >= 0")
+    ops, rec, _ = plane_of(plane).locate(inv)
+    return follow(ops, rec.id, since, timeout, job_error, since_attempt=attempt)
 
 
 def job_error(rec: Record) -> JobError:

@@ -42,7 +42,7 @@ from lakeshore.model import lifecycle
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.record import Record
 from lakeshore.model.scaling import decide
-from lakeshore.plane import Plane
+from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol.census import live_tickets
 from lakeshore.protocol.scaler_lease import MAX_LEASE_S, Held, ScalerLeases
 from lakeshore.protocol.steps import QueueOps
@@ -101,7 +101,7 @@ class Scaler:
     """Keeps the queues' workers in line with their depth, through one provider.
 
     Args:
-        plane: the store and namespace of the queues.
+        plane: the store and namespace of the queues: a ``Dispatch``, or its ``Plane``.
         queues: the queues to serve; each must have a provider block of this provider's kind.
         provider: launches, lists and cancels the workers.
         url: the store URL workers get (default: the plane's).
@@ -123,7 +123,7 @@ class Scaler:
 
     def __init__(
         self,
-        plane: Plane,
+        plane: Plane | HasPlane,
         queues: Sequence[str],
         provider: Provider,
         *,
@@ -139,6 +139,8 @@ class Scaler:
     ) -> None:
         if not queues:
             raise InvalidArgument("scale", "no queue given", "name the queues to scale")
+        plane = plane_of(plane)
+        self.plane: Plane = plane
         self.url = url or plane.store.url
         if self.url == ":memory:":
             raise InvalidArgument(
@@ -164,7 +166,7 @@ class Scaler:
                 f"{MAX_LEASE_S:g} s, got {lease_s:g}",
                 "a lease shorter than two rounds lapses between them: lengthen it",
             )
-        self.plane, self.provider = plane, provider
+        self.provider = provider
         self.queues = [check_name(q, "queue") for q in dict.fromkeys(queues)]
         self.imports, self.allow = list(imports), list(allow)
         self.python = python or sys.executable

@@ -32,6 +32,7 @@ from lakeshore.errors import (
 from lakeshore.files.context import flush
 from lakeshore.keys import band, new_id
 from lakeshore.model.record import MAX_COUNT, Blob, Record, State, check_fields, check_key_arg
+from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol.admission import admit, give_back_rate
 from lakeshore.protocol.idempotency import HeldKey, move_key, needs_new_id, take_or_read
 from lakeshore.protocol.steps import QueueOps
@@ -41,7 +42,6 @@ from lakeshore.scope import current_prefix
 
 if TYPE_CHECKING:
     from lakeshore.model.queue_config import QueueConfig
-    from lakeshore.plane import Plane
 
 __all__ = [
     "OPTIONS",
@@ -79,13 +79,14 @@ def check_options(
 
 
 def submit_call(
-    plane: Plane,
+    plane: Plane | HasPlane,
     udf: Declared,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     **options: Any,
 ) -> str:
-    """Enqueue ``udf(*args, **kwargs)``; see :meth:`Udf.submit`.
+    """Enqueue ``udf(*args, **kwargs)`` on ``plane`` (a ``Dispatch`` or its ``Plane``); see
+    :meth:`Udf.submit`.
 
     Raises:
         InvalidArgument: unsendable arguments or a bad option.
@@ -98,7 +99,7 @@ def submit_call(
             store failed.
     """
     check_options(options, f"submit {udf.ref}")
-    prep = prepare_call(plane, udf, args, kwargs, **options)
+    prep = prepare_call(plane_of(plane), udf, args, kwargs, **options)
     flush()  # uploads first: a slot or key held through slow uploads would look abandoned
     return publish_prepared(prep)
 

@@ -12,7 +12,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from lakeshore import results
 from lakeshore.batch import map_calls, starmap_calls, submit_many
 from lakeshore.errors import InvalidArgument
-from lakeshore.plane import Plane
+from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.running.bodies import Declared
 from lakeshore.running.call import call_local
 from lakeshore.submit import submit_call
@@ -29,17 +29,17 @@ class Udf(Declared, Generic[P, R]):
     def __init__(
         self,
         fn: Callable[P, R],
-        plane: Plane | None,
+        plane: Plane | HasPlane | None,
         *,
         queue: str = "default",
         max_attempts: int | None = None,
         timeout_s: float | None = None,
         priority: int | None = None,
-        default: Callable[[], Plane] | None = None,
+        default: Callable[[], Plane | HasPlane] | None = None,
     ) -> None:
         super().__init__(
             fn,
-            plane is not None and plane.allow_pickle,
+            plane is not None and plane_of(plane).allow_pickle,
             queue=queue,
             max_attempts=max_attempts,
             timeout_s=timeout_s,
@@ -50,8 +50,9 @@ class Udf(Declared, Generic[P, R]):
         functools.update_wrapper(self, fn)
 
     @property
-    def plane(self) -> Plane:
-        """The plane this function is submitted to.
+    def plane(self) -> Plane | HasPlane:
+        """The plane this function is submitted to, as it was given: the ``Dispatch`` of
+        ``@q.udf``, or the default plane (``dls.default_plane()``) of ``@dls.udf``.
 
         Raises:
             InvalidArgument: it was declared without a plane and no default is set.
@@ -62,13 +63,13 @@ class Udf(Declared, Generic[P, R]):
                     f"udf {self.ref}", "declared without a plane", "decorate it with @q.udf"
                 )
             self._plane = self._default()
-            self._plane.registry.setdefault(self.ref, self)
+            plane_of(self._plane).registry.setdefault(self.ref, self)
         return self._plane
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the body here, now, with the same files contract as on a worker (keys it
         writes upload to the plane's data root once returned or yielded)."""
-        root = lambda: self.plane.data_root  # noqa: E731 - resolved only if files are used
+        root = lambda: plane_of(self.plane).data_root  # noqa: E731 - resolved only if files are used
         return call_local(self.fn, self.kind, args, kwargs, root)  # type: ignore[no-any-return]
 
     def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -91,7 +92,7 @@ class Udf(Declared, Generic[P, R]):
             raise InvalidArgument(
                 f"remote {self.ref}", f"_result_timeout={timeout!r}", "pass seconds >= 0, or None"
             )
-        return results.result(self.plane, self.submit(*args, **kwargs), timeout)
+        return results.result(plane_of(self.plane), self.submit(*args, **kwargs), timeout)
 
     def submit(self, *args: Any, **kwargs: Any) -> str:
         """Enqueue a call; return its invocation id (a ULID string).
@@ -110,7 +111,9 @@ class Udf(Declared, Generic[P, R]):
             StoreError: the store failed.
         """
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
-        return submit_call(self.plane, self, args, kwargs, **{k[1:]: v for k, v in opts.items()})
+        return submit_call(
+            plane_of(self.plane), self, args, kwargs, **{k[1:]: v for k, v in opts.items()}
+        )
 
     def map(
         self,
@@ -182,7 +185,13 @@ class Udf(Declared, Generic[P, R]):
         opts = {k[1:]: v for k, v in options.items()}
         keys = opts.pop("keys", None)
         return submit_many(
-            self.plane, self, calls, keys=keys, concurrency=concurrency, progress=progress, **opts
+            plane_of(self.plane),
+            self,
+            calls,
+            keys=keys,
+            concurrency=concurrency,
+            progress=progress,
+            **opts,
         )
 
     def __repr__(self) -> str:

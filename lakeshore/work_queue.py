@@ -24,13 +24,14 @@ import secrets
 import socket
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from lakeshore import codec
+from lakeshore import codec, results
 from lakeshore.batch import submit_many
-from lakeshore.dispatch import Dispatch, default_plane
+from lakeshore.dispatch import default_plane
 from lakeshore.errors import (
     DecodeError,
     Fenced,
@@ -42,6 +43,7 @@ from lakeshore.errors import (
 from lakeshore.keys import QueueKeys, check_name
 from lakeshore.model.record import LIVE, PAYLOAD_FN, STATES, Record
 from lakeshore.offload import aiterate, offload
+from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol import census, polling
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import Claimed, QueueOps
@@ -81,13 +83,13 @@ class Job:
     the job on ``KeyboardInterrupt``, ``SystemExit`` or an asyncio cancel.
     """
 
-    def __init__(self, dispatch: Dispatch, ops: QueueOps, held: Claimed, payload: Any) -> None:
+    def __init__(self, plane: Plane, ops: QueueOps, held: Claimed, payload: Any) -> None:
         rec = held.record
         self.id = rec.id
         self.queue = rec.queue
         self.attempt = rec.attempt
         self.payload = payload
-        self._dispatch = dispatch
+        self._plane = plane
         self._ops = ops
         self._att = Attempt(ops, held, strict=True)
         self._journal: JournalWriter | None = None
@@ -172,7 +174,7 @@ class Job:
         """
         op = f"ack {self.id}"
         data = codec.encode(result, f"result of {self.id}")
-        cap = self._dispatch.max_payload_bytes
+        cap = self._plane.max_payload_bytes
         if len(data) > cap:
             raise InvalidArgument(
                 op,
@@ -223,7 +225,7 @@ class Job:
                 self._att.halt(Halt.RELEASED)  # (no-op once lost or cancelled)
             lost = self._att.stop.is_set() and self._att.why is not Halt.RELEASED
             try:
-                state, _ = conclude(self._dispatch, self._att, outcome, self._writer())
+                state, _ = conclude(self._plane, self._att, outcome, self._writer())
             except BaseException:
                 self._ended = "unknown"  # its journal may be closed: never end it twice
                 raise
@@ -307,24 +309,68 @@ class Job:
         return f"<Job {self.id} attempt {self.attempt} on {self.queue!r} ({state})>"
 
 
+def _plane_given(
+    plane: Plane | HasPlane | None, dispatch: Plane | HasPlane | None, op: str
+) -> Plane | HasPlane | None:
+    """``plane``, or ``dispatch`` (its deprecated name) with a warning."""
+    if dispatch is None:
+        return plane
+    if plane is not None:
+        raise InvalidArgument(
+            op, "both plane= and dispatch= given", "pass plane= only (dispatch= is its old name)"
+        )
+    warnings.warn(
+        f"{op}(dispatch=...) is deprecated: pass plane=... (or the Dispatch as the second "
+        "argument)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return dispatch
+
+
 class WorkQueue:
-    """Producers' and consumers' view of queue ``name`` on ``dispatch`` (default: the
-    default plane, as ``@dls.udf`` uses). Each object is one consumer: its claims are leased
-    in its own name, and two objects compete for jobs as two processes would.
+    """Producers' and consumers' view of queue ``name`` on ``plane``: a ``Dispatch`` (or its
+    ``Plane``); default: the default plane, as ``@dls.udf`` uses. Each object is one
+    consumer: its claims are leased in its own name, and two objects compete for jobs as two
+    processes would. ``dispatch=`` is the deprecated name of ``plane=``.
 
     Raises:
-        InvalidArgument: a bad queue name.
+        InvalidArgument: a bad queue name, or both ``plane`` and ``dispatch``.
     """
 
-    def __init__(self, name: str = "default", dispatch: Dispatch | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "default",
+        plane: Plane | HasPlane | None = None,
+        *,
+        dispatch: Plane | HasPlane | None = None,
+    ) -> None:
+        plane = _plane_given(plane, dispatch, "WorkQueue")
         self.name = check_name(name, "queue")
-        self.dispatch = dispatch if dispatch is not None else default_plane()
+        self._given = plane if plane is not None else default_plane()
+        self._plane = plane_of(self._given)
         self.consumer = f"{socket.gethostname()[:64]}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._ops = self.dispatch.ops(self.name)
+        self._ops = self._plane.ops(self.name)
         self._body = _PayloadBody(self.name)
         self._claimer = Claimer(self._ops, self.consumer, payloads=True)
         self._held: dict[str, Job] = {}
         self._lock = threading.Lock()
+
+    @property
+    def plane(self) -> Plane | HasPlane:
+        """The plane this queue is on, as it was given (a ``Dispatch``, or the default
+        plane)."""
+        return self._given
+
+    @property
+    def dispatch(self) -> Plane | HasPlane:
+        """Deprecated: :attr:`plane`."""
+        warnings.warn(
+            "WorkQueue.dispatch is deprecated: use WorkQueue.plane",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._given
 
     # -- producers ---------------------------------------------------------------------------
 
@@ -353,7 +399,7 @@ class WorkQueue:
             StoreError: the store failed.
         """
         return submit_call(
-            self.dispatch,
+            self._plane,
             self._body,
             (payload,),
             {},
@@ -385,7 +431,7 @@ class WorkQueue:
         """
         calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((p,), {}) for p in payloads]
         return submit_many(
-            self.dispatch,
+            self._plane,
             self._body,
             calls,
             keys=keys,
@@ -410,7 +456,7 @@ class WorkQueue:
         Raises:
             Failed, Killed, TimedOut, NotFinished, NotFound: as ``Dispatch.result``.
         """
-        return self.dispatch.result(inv, timeout=timeout)
+        return results.result(self._plane, inv, timeout)
 
     def stream(self, inv: str, since: int = 0, timeout: float | None = None) -> Iterator[Frame]:
         """Follow the values a consumer posts to job ``inv``. See :meth:`Dispatch.stream`.
@@ -419,16 +465,17 @@ class WorkQueue:
             Failed, Killed, TimedOut, NotFinished, NotFound, InvalidArgument: as
                 ``Dispatch.stream``.
         """
-        return self.dispatch.stream(inv, since=since, timeout=timeout)
+        return results.stream(self._plane, inv, since, timeout)
 
     def status(self, inv: str) -> str:
         """The job's state. Raises: NotFound, InvalidArgument (as ``Dispatch.status``)."""
-        return self.dispatch.status(inv)
+        return self._plane.locate(inv)[1].state
 
     def cancel(self, inv: str) -> bool:
         """Cancel job ``inv``; False if it had ended. A consumer holding it finds its next
         heartbeat or ack refused. Raises: NotFound."""
-        return self.dispatch.cancel(inv)
+        ops, rec, etag = self._plane.locate(inv)
+        return ops.cancel(rec, etag, "cancelled")
 
     def count(self, state: str = "queued") -> int:
         """How many invocations of this queue are in ``state`` (payloads, and function calls
@@ -576,7 +623,7 @@ class WorkQueue:
                 log.warning("claim from %s: failing %s: %s", self.name, rec.id, inert(str(e)))
                 self._give_up(held, fatal(e))
                 continue
-            job = Job(self.dispatch, ops, held, payload)
+            job = Job(self._plane, ops, held, payload)
             with self._lock:
                 self._held = {k: j for k, j in self._held.items() if not j.ended}
                 self._held[job.id] = job
@@ -584,7 +631,7 @@ class WorkQueue:
 
     def _payload_of(self, rec: Record) -> Any:
         what = f"payload of {rec.id}"
-        data = self._ops.get_blob(rec.args, what, self.dispatch.max_payload_bytes)
+        data = self._ops.get_blob(rec.args, what, self._plane.max_payload_bytes)
         args, kwargs = codec.decode_call(data, what)
         if len(args) != 1 or kwargs:
             raise DecodeError(
@@ -600,7 +647,7 @@ class WorkQueue:
         journal = JournalWriter(
             self._ops.store, lambda seq: keys.journal(inv, attempt, seq), attempt
         )
-        conclude(self.dispatch, att, outcome, journal)
+        conclude(self._plane, att, outcome, journal)
 
     def held(self, job: Job | str, verb: str = "find") -> Job:
         """The job this object claimed, given as itself or its id (ended ones included
@@ -622,7 +669,7 @@ class WorkQueue:
         return found
 
     def __repr__(self) -> str:
-        return f"<WorkQueue {self.name!r} on {self.dispatch.store.url} ns={self.dispatch.ns!r}>"
+        return f"<WorkQueue {self.name!r} on {self._plane.store.url} ns={self._plane.ns!r}>"
 
 
 class AsyncWorkQueue:
@@ -630,11 +677,17 @@ class AsyncWorkQueue:
     one in a thread (``sync``), so a long wait never stalls the event loop.
 
     Raises:
-        InvalidArgument: a bad queue name.
+        InvalidArgument: a bad queue name, or both ``plane`` and ``dispatch``.
     """
 
-    def __init__(self, name: str = "default", dispatch: Dispatch | None = None) -> None:
-        self._sync = WorkQueue(name, dispatch)
+    def __init__(
+        self,
+        name: str = "default",
+        plane: Plane | HasPlane | None = None,
+        *,
+        dispatch: Plane | HasPlane | None = None,
+    ) -> None:
+        self._sync = WorkQueue(name, _plane_given(plane, dispatch, "AsyncWorkQueue"))
         self.name = self._sync.name
 
     @property
@@ -696,4 +749,4 @@ class AsyncWorkQueue:
         await asyncio.shield(asyncio.to_thread(job.__exit__, None, None, None))
 
     def __repr__(self) -> str:
-        return f"<AsyncWorkQueue {self.name!r} on {self._sync.dispatch.store.url}>"
+        return f"<AsyncWorkQueue {self.name!r} on {plane_of(self._sync.plane).store.url}>"

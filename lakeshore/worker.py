@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lakeshore.errors import (
     Abandoned,
@@ -42,6 +42,7 @@ from lakeshore.errors import (
 )
 from lakeshore.model import lifecycle
 from lakeshore.model.record import check_text
+from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol.admission import repair_slots, sweep_rate
 from lakeshore.protocol.census import write_sign_of_life
 from lakeshore.protocol.claims import Claimer
@@ -52,9 +53,6 @@ from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
 from lakeshore.text import inert
-
-if TYPE_CHECKING:
-    from lakeshore.plane import Plane
 
 __all__ = ["run_worker"]
 
@@ -135,7 +133,7 @@ def _say_idle_once(state: _State, idle_exit: float | None) -> None:
 
 
 def run_worker(
-    plane: Plane,
+    plane: Plane | HasPlane,
     *,
     once: bool = False,
     queues: list[str] | None = None,
@@ -155,7 +153,8 @@ def run_worker(
     announce_s: float = 30.0,
     allow: list[str] | None = None,
 ) -> int:
-    """Serve invocations from ``queues`` of ``plane``; return how many attempts it ran.
+    """Serve invocations from ``queues`` of ``plane`` (a ``Dispatch``, or its ``Plane``);
+    return how many attempts it ran.
 
     Args:
         once: run at most one attempt: take one invocation that is claimable now, run it,
@@ -210,6 +209,7 @@ def run_worker(
             f"isolation is one of {_ISOLATIONS}; concurrency and max_jobs are >= 1; "
             "grace_s >= 0; lease_s > 0",
         )
+    plane = plane_of(plane)
     refuse_script_rerun("run_worker")
     if worker_id is not None:
         check_text(worker_id, "lease.worker", "run_worker")  # it is in every lease

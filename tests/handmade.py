@@ -45,6 +45,6 @@ def handmade(q: Any, inv: str, **fields: Any) -> dict[str, Any]:
 
 def put_by_hand(q: Any, inv: str, data: bytes) -> None:
     """What a producer with write access can do: a ticket and any record bytes."""
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     q.store.put(ops.keys.ticket(5, inv), b"by hand")
     q.store.put(ops.keys.record(inv), data)

@@ -15,7 +15,7 @@ from typing import Any
 
 import lakeshore
 from lakeshore.errors import InvalidArgument, JobError, Killed, NotFinished, NotFound
-from lakeshore.files.root import DataRoot, data_root
+from lakeshore.files.root import data_root
 
 __all__ = ["Dispatch", "DispatchError", "default_dispatch", "translated"]
 
@@ -33,21 +33,11 @@ class Dispatch(lakeshore.Dispatch):
 
     def __init__(self, path: str = ":memory:", *, ns: str = "default", **options: Any) -> None:
         options.setdefault("retry_backoff_s", 0.0)
+        super().__init__(path, ns=ns, **options)
         # upstream's files live under its run root, the working directory when first used:
         # so do a plane's of this machine (a bucket, or data=, keep lakeshore's data root)
-        self._in_cwd = "data" not in options and not str(path).startswith("s3://")
-        self._cwd_root: DataRoot | None = None
-        super().__init__(path, ns=ns, **options)
-
-    @property
-    def data_root(self) -> DataRoot:
-        """Where bodies' files go: the working directory at first use (upstream's run
-        root), unless the plane is a bucket or was given ``data=``."""
-        if not self._in_cwd:
-            return super().data_root
-        if self._cwd_root is None:
-            self._cwd_root = data_root(str(Path.cwd()))
-        return self._cwd_root
+        if "data" not in options and not str(path).startswith("s3://"):
+            self.plane.resolve_data_root(lambda: data_root(str(Path.cwd())))
 
     def close(self) -> None:
         """Release the store's resources (upstream's ``Dispatch.close``)."""

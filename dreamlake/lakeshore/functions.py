@@ -140,7 +140,7 @@ class UDF:
                     function_ref(self.fn)
                 except InvalidArgument as e:
                     raise TransportError(f"transport='ref': {e.what}") from None
-            elif self.transport == "pickle" and not plane.allow_pickle:
+            elif self.transport == "pickle" and not plane.plane.allow_pickle:
                 raise TransportError(
                     "transport='pickle' needs a plane made with allow_pickle=True, on the "
                     "submitting and the working side"

@@ -92,7 +92,7 @@ class SyncQueue:
             )
         if isinstance(payload, Thunk):
             declared = self._dp.udf(payload.fn, queue=self.name)
-            if declared.local_only and not self._dp.in_process:
+            if declared.local_only and not self._dp.plane.in_process:
                 raise TransportError(
                     f"{payload!r} has no importable name and this plane takes no pickles: "
                     "define it at module level, or make both sides' planes with "

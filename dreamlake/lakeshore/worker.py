@@ -1,7 +1,8 @@
 """Upstream's ``run_worker(q, ...)``, over lakeshore's worker.
 
 Given a ``SyncQueue`` it serves that queue's functions (``@dls.udf(queue=...)`` calls and
-thunks) on the queue's plane; given a lakeshore plane it is lakeshore's ``run_worker``.
+thunks) on the queue's plane; given a lakeshore plane (a ``Dispatch``, or its ``Plane``) it is
+lakeshore's ``run_worker``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import lakeshore
 from dreamlake.lakeshore.queues import SyncQueue
 from dreamlake.lakeshore.transport import TransportError
+from lakeshore.plane import Plane
 
 __all__ = ["WorkerError", "run_worker"]
 
@@ -22,7 +24,7 @@ class WorkerError(RuntimeError):
 
 
 def run_worker(
-    q: SyncQueue | lakeshore.Dispatch,
+    q: SyncQueue | lakeshore.Dispatch | Plane,
     *,
     root: Any | None = None,
     registry: dict[str, Callable[..., Any]] | None = None,
@@ -46,7 +48,7 @@ def run_worker(
     if not isinstance(q, SyncQueue):
         return lakeshore.run_worker(q, once=once, **lakeshore_options)
     plane = q.dispatch
-    if allow_pickled and not plane.allow_pickle:
+    if allow_pickled and not plane.plane.allow_pickle:
         raise TransportError(
             "run_worker(allow_pickled=True): make the plane with allow_pickle=True, on the "
             "submitting and the working side"

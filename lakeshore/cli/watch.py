@@ -27,7 +27,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         names = list(args.queues)
     else:  # the queues live workers serve, and the default one
         names = sorted({"default", *(n for w in workers for n in w.get("queues", []))})
-    stats = [queue_status(q.ops(n), now, recent=args.recent) for n in names]
+    stats = [queue_status(q.plane.ops(n), now, recent=args.recent) for n in names]
     providers = {n: _provider(q, n) for n in names}
     if args.json:
         queues = [{**s.as_dict(), "provider": _public(providers[s.queue])} for s in stats]
@@ -86,7 +86,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     before = check_id(args.before) if args.before else None
     now = q.store.now()
     page = list_invocations(
-        q.ops(args.queue), now, state=args.state, fn=args.fn, before=before, limit=args.limit
+        q.plane.ops(args.queue), now, state=args.state, fn=args.fn, before=before, limit=args.limit
     )
     found, more = page.records, page.next_before
     if args.json:

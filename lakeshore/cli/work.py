@@ -140,8 +140,8 @@ def _sweep(
     out = _Outcome()
     for name in names:
         try:
-            ops = q.ops(name)
-            if retention_of(ops, q.settings, older) is None:
+            ops = q.plane.ops(name)
+            if retention_of(ops, q.plane.settings, older) is None:
                 why = "no retention: pass --older-than, or set the queue's result_retention_s"
                 if named:  # asked for by name: not being able to is an error
                     raise InvalidArgument(f"gc {name}", why.replace(": ", " given; ", 1), why)
@@ -151,7 +151,9 @@ def _sweep(
             if only is not None:
                 planned = only.reports.get(name)
                 keep = set(planned.expired + planned.orphans) if planned else set()
-            out.reports[name] = collect(ops, q.settings, older, now, dry_run=dry_run, only=keep)
+            out.reports[name] = collect(
+                ops, q.plane.settings, older, now, dry_run=dry_run, only=keep
+            )
         except LakeshoreError as e:
             out.errors[name] = str(e)
     if older is not None:

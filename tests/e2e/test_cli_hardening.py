@@ -68,7 +68,7 @@ def drain(q: Any) -> None:
 def test_a_hostile_key_is_shown_inert(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     q = dls.Dispatch(url)
     inv = q.udf(shout).submit("hi")
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, _ = ops.read(inv)
     # a producer may write any record it can write: here a _key full of controls
     q.store.put(ops.keys.record(inv), dataclasses.replace(rec, key=PAYLOAD).to_bytes())

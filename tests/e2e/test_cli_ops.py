@@ -157,7 +157,7 @@ def test_a_hostile_error_and_traceback_are_shown_inert(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     q, inv = _failed_once(url)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, _ = ops.read(inv)
     # anyone who can write the record can write its error: here both texts full of controls,
     # the traceback also with two line breaks that are not newlines (U+2028, NEL)

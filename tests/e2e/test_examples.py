@@ -90,7 +90,7 @@ def test_serverless_handler_gives_the_same_ids_for_a_redelivered_event(tmp_path:
     q = dls.Dispatch(url, ns="uploads")
     keys = QueueKeys("uploads", "ingest")
     ids = {*s3_ids, *sqs_ids}
-    ops = q.ops("ingest")
+    ops = q.plane.ops("ingest")
     stored = {
         o.key
         for o in q.store.list(keys.base + "/")

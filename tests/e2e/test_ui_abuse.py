@@ -231,7 +231,7 @@ def test_a_huge_journal_or_log_segment_is_named_not_read_whole() -> None:
     q = make_plane(store)
     inv = q.udf(jobs.squares).submit(3)
     dls.run_worker(q, once=True, isolation="thread")
-    keys = q.ops("default").keys
+    keys = q.plane.ops("default").keys
     clock = [0.0]
     board = Board(store, monotonic=lambda: clock[0])
     assert len(board.frames("default", inv, -1)["frames"]) == 3
@@ -265,7 +265,7 @@ def test_a_segment_larger_than_its_listing_said_stops_the_stream() -> None:
     q = make_plane(store)
     inv = q.udf(jobs.squares).submit(1)
     dls.run_worker(q, once=True, isolation="thread")
-    keys = q.ops("default").keys
+    keys = q.plane.ops("default").keys
     _plant(store, keys.journal(inv, 1, 2), 1, 2, codec.encode("y" * 4096))
     board = Board(store, max_segment_bytes=1024)
     page = board.frames("default", inv, -1)
@@ -277,7 +277,7 @@ def test_head_of_a_download_reads_no_value() -> None:
     store = Reads(MemoryStore())
     q = make_plane(store, spill_bytes=10)
     inv = q.udf(jobs.echo).submit("v" * 5000)
-    args_key = q.ops("default").keys.args(inv)
+    args_key = q.plane.ops("default").keys.args(inv)
     server = serve(store)
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)

@@ -298,7 +298,7 @@ def test_a_record_with_times_no_date_can_hold_still_shows(dash: Callable[..., Da
     d = dash()
     inv = d.q.udf(_add, queue="default").submit(1)
     d.q.cancel(inv)  # the record now exists: rewrite it as anyone with write access could
-    ops = d.q.ops("default")
+    ops = d.q.plane.ops("default")
     rec, _ = ops.read(inv)
     odd = rec.next_write(deadline_at=1e300, history=(Turn(1, "w", 1e300, None, None),))
     d.q.store.put(record_key(ops, inv), odd.to_bytes())

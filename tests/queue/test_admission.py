@@ -78,7 +78,7 @@ def _produce(store: Store, producers: int, n: int = 0, seconds: float = 0.0) -> 
 def _live(q: Any) -> int:
     """Invocations of the queue that are queued or running, counted from their records
     (``<id>/record``, or the ticket of one nothing has moved yet)."""
-    ops = q.ops(QUEUE)
+    ops = q.plane.ops(QUEUE)
     ids = set()
     for info in q.store.list(ops.keys.base + "/"):
         if info.key.endswith("/record") or info.key.startswith(ops.keys.tickets_prefix):
@@ -150,7 +150,7 @@ def test_rate_limit_holds_across_producers(atomic_plane: Any, report: list[str])
     q.configure(QUEUE, rate_limit="20/min", on_full="reject")
     results = _produce(q.store, producers=4, n=10)
     accepted, rejected = sum(r[0] for r in results), sum(r[1] for r in results)
-    prefix = q.ops(QUEUE).keys.rate_prefix
+    prefix = q.plane.ops(QUEUE).keys.rate_prefix
     windows = Counter(i.key[len(prefix) :].split("/")[0] for i in q.store.list(prefix))
     report.append(
         f"admission rate   {q.store.url[:40]:<40} 20/min, 4 producers x 10 submits: "
@@ -200,7 +200,7 @@ def test_leaked_slot_is_repaired_by_a_worker_of_the_queue(
 
     q = plane
     q.configure(QUEUE, max_depth=1)
-    ops = q.ops(QUEUE)
+    ops = q.plane.ops(QUEUE)
     q.store.put(ops.keys.slot(0), b"01ARZ3NDEKTSV4RRFFQ69G5FAV x")  # a submitter died here
     monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)  # the slot looks old enough
     f = q.udf(queue=QUEUE)(jobs.add_one)
@@ -218,7 +218,7 @@ def test_admission_objects_name_no_invocation_but_the_slot_its_holder(plane: Any
     plane.configure(QUEUE, max_depth=3, rate_limit="10/h")
     f = plane.udf(queue=QUEUE)(jobs.add_one)
     ids = [f.submit(i) for i in range(2)]
-    ops = plane.ops(QUEUE)
+    ops = plane.plane.ops(QUEUE)
     tokens = [plane.store.get(i.key)[0] for i in plane.store.list(ops.keys.rate_prefix)]
     assert len(tokens) == 2 and len(set(tokens)) == 2
     assert not any(inv.encode() in t for inv in ids for t in tokens)
@@ -280,7 +280,7 @@ def test_cli_queue_show_and_set(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_old_rate_tokens_are_swept(plane: Any) -> None:
     from lakeshore.protocol.admission import acquire_rate, sweep_rate
 
-    ops = plane.ops(QUEUE)
+    ops = plane.plane.ops(QUEUE)
     now = plane.store.now()
     assert isinstance(acquire_rate(ops, 5, 1, now), tuple)
     assert sweep_rate(ops, now, keep_s=3600) == 0  # recent: kept

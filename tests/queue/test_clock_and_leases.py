@@ -56,7 +56,7 @@ def test_a_slow_claim_still_writes_a_full_lease() -> None:
     store = FakeClock()
     q = make_plane(store, lease_s=2.0)
     inv = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     store.slow_record_get = 1.8  # the claim's read of the record takes 1.8 s
     started = store.now()
     held = Claimer(ops, "A").claim(started, lease_s=2.0)
@@ -78,7 +78,7 @@ def test_a_claim_whose_write_came_back_after_its_lease_never_runs_the_body() -> 
         # A's claim landed, but its response takes 2.5 s: the lease has run out by the
         # store's clock, and worker B (another process) requeues and takes the invocation.
         store.t += 2.5
-        other = QueueOps(store, q.ops("default").keys)
+        other = QueueOps(store, q.plane.ops("default").keys)
         taken.append(Claimer(other, "B").claim(store.now()))
 
     store.after_claim_put = meanwhile
@@ -125,11 +125,11 @@ def test_a_forward_step_of_the_wall_clock_takes_no_live_lease(
     open_store = _opener(kind, tmp_path)
     q = make_plane(open_store(), lease_s=30.0)
     inv = q.udf(jobs.add_one).submit(1)
-    held = Claimer(q.ops("default"), "A").claim(q.store.now())
+    held = Claimer(q.plane.ops("default"), "A").claim(q.store.now())
     assert held is not None
     _stepped(monkeypatch, 40.0)  # NTP after a VM pause: 25 s would have been left
     other = make_plane(open_store(), lease_s=30.0)  # opened after the step
-    ops = other.ops("default")
+    ops = other.plane.ops("default")
     assert Claimer(ops, "").reap(other.store.now()) == 0
     rec = other.get(inv)
     assert rec.state == "running" and rec.attempt == 1 and rec.lease is not None
@@ -144,7 +144,7 @@ def test_a_backward_step_of_the_wall_clock_neither_rewinds_nor_shortens_leases(
     open_store = _opener(kind, tmp_path)
     q = make_plane(open_store(), lease_s=30.0)
     q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     held = Claimer(ops, "A").claim(q.store.now())
     assert held is not None and held.record.lease is not None
     before = q.store.now()
@@ -185,18 +185,18 @@ def test_a_wall_clock_step_on_one_machine_moves_no_s3_lease(
     honest = make_plane(s3(), lease_s=30.0)
     worker = make_plane(stepping, lease_s=30.0)
     inv = honest.udf(jobs.add_one).submit(1)
-    held = Claimer(worker.ops("default"), "A").claim(stepping.now())
+    held = Claimer(worker.plane.ops("default"), "A").claim(stepping.now())
     assert held is not None
     jump[0] = step  # the worker machine's wall clock steps
     assert abs(stepping.now() - honest.store.now()) < 2.5  # before any new response
     for _ in range(3):  # and after new Date samples
-        stepping.get(worker.ops("default").keys.record(inv))
+        stepping.get(worker.plane.ops("default").keys.record(inv))
     assert abs(stepping.now() - honest.store.now()) < 2.5
-    renewed = worker.ops("default").heartbeat(held, stepping.now())
+    renewed = worker.plane.ops("default").heartbeat(held, stepping.now())
     assert renewed.record.lease is not None
     assert renewed.record.lease.expires_at - honest.store.now() > 27.0
-    assert Claimer(honest.ops("default"), "").reap(honest.store.now()) == 0
-    assert Claimer(worker.ops("default"), "").reap(stepping.now()) == 0
+    assert Claimer(honest.plane.ops("default"), "").reap(honest.store.now()) == 0
+    assert Claimer(worker.plane.ops("default"), "").reap(stepping.now()) == 0
     assert honest.get(inv).attempt == 1
     off = abs(stepping.now() - honest.store.now())
     report.append(

@@ -233,7 +233,7 @@ def test_resuming_far_into_a_journal_fetches_only_the_segments_from_since(
     n = 3000  # at least three segments: a segment holds 1024 frames at most
     inv = q.udf(jobs.count_to).submit(n)
     dls.run_worker(q, once=True, isolation="thread")
-    prefix = q.ops("default").keys.journal_prefix(inv, 1)
+    prefix = q.plane.ops("default").keys.journal_prefix(inv, 1)
     segments = [i.key for i in store.list(prefix)]
     assert len(segments) >= 3
     metered.reset()

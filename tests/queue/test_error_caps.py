@@ -30,7 +30,7 @@ def fails_loudly(n: int) -> Iterator[int]:
 def _as_0_3_0_after_a_failed_attempt(q: Any, inv: str, message: str) -> None:
     """Rewrite ``inv``'s queued record as a 0.3.0 worker left it after a failed attempt with
     retries left: attempt 1, queued again, the attempt's error unclipped (0.3.0 had no caps)."""
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     old = dataclasses.replace(
         rec,
@@ -55,7 +55,7 @@ def test_a_0_3_0_record_queued_again_after_a_long_error_is_retried_not_failed() 
 def test_a_0_3_0_failed_record_with_a_long_error_still_reads_as_failed() -> None:
     q = make_plane(MemoryStore())
     inv = q.udf(jobs.add_one, max_attempts=1).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     old = dataclasses.replace(
         rec,
@@ -83,7 +83,7 @@ def test_a_failed_streams_error_frame_is_clipped_like_the_record() -> None:
     q = make_plane(MemoryStore())
     inv = q.udf(fails_loudly, max_attempts=1).submit(2 << 20)
     dls.run_worker(q, once=True, isolation="thread")
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     sizes = [i.size for i in ops.store.list(ops.keys.journal_prefix(inv, 1))]
     assert sizes and max(sizes) < 1 << 20, sizes  # the 2 MiB message does not ride whole
     assert max(sizes) < MAX_FRAME_BYTES
@@ -101,7 +101,7 @@ def test_an_error_map_over_its_caps_is_clipped_when_read() -> None:
 
     q = make_plane(MemoryStore())
     inv = q.udf(jobs.add_one).submit(1)
-    rec = q.ops("default").read(inv)[0]
+    rec = q.plane.ops("default").read(inv)[0]
     error = {f"{'k' * 100}{i}": "t" * (MAX_ERROR_TEXT + 1) for i in range(12)}
     back = Record.from_bytes(dataclasses.replace(rec, error=error).to_bytes())
     assert back.error is not None and len(back.error) <= MAX_ERROR_ENTRIES

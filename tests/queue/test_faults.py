@@ -220,7 +220,7 @@ def test_clock_skew_never_takes_a_live_lease(
     t, stop = _serve(honest, isolation="thread")
     try:
         poll(lambda: honest.status(inv) == "running", what="running")
-        reaper = Claimer(skewed.ops("default"), "")
+        reaper = Claimer(skewed.plane.ops("default"), "")
         assert abs(skewed.store.now() - time.time()) < 2.5  # judged in the store's clock
         moved = 0
         end = time.monotonic() + 2.5 * 3.0  # well past one lease: the holder heartbeats

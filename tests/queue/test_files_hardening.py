@@ -79,7 +79,7 @@ def _plane(store: Store, tmp_path: Path, isolation: str) -> Any:
 def _take_over(q: Any, inv: str) -> None:
     """What a claimer does once it judges the lease expired: requeue it, then claim it as
     the next attempt with its own token (here with a clock pushed past the lease)."""
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     assert rec.state == "running" and rec.lease is not None
     later = rec.lease.expires_at + 1.0

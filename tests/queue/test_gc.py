@@ -26,7 +26,12 @@ def all_keys(store: Store) -> set[str]:
 
 def finish(q: Any, ids: list[str]) -> None:
     dls.run_worker(
-        q, queues=q.queues(), isolation="thread", max_jobs=len(ids), idle_exit=0.5, max_poll_s=0.02
+        q,
+        queues=q.plane.queues(),
+        isolation="thread",
+        max_jobs=len(ids),
+        idle_exit=0.5,
+        max_poll_s=0.02,
     )
     for i in ids:
         assert q.status(i) in ("succeeded", "failed")
@@ -64,16 +69,16 @@ def test_gc_removes_exactly_the_expired_and_all_of_theirs(tmp_path: Path) -> Non
 
     dry: dict[str, Any] = {}
     for name in ("default", "other"):
-        dry[name] = collect(q.ops(name), q.settings, older_than, now, dry_run=True)
+        dry[name] = collect(q.plane.ops(name), q.plane.settings, older_than, now, dry_run=True)
     assert sorted(dry["default"].expired + dry["other"].expired) == sorted(old)
     assert all_keys(q.store) == before  # a dry run removes nothing
 
     expected = {k for k in before if any(i in k for i in old)}
-    expected.add(q.ops("default").keys.idem("key-old"))
+    expected.add(q.plane.ops("default").keys.idem("key-old"))
     assert set(dry["default"].objects) | set(dry["other"].objects) == expected
 
     for name in ("default", "other"):
-        collect(q.ops(name), q.settings, older_than, now)
+        collect(q.plane.ops(name), q.plane.settings, older_than, now)
     after = all_keys(q.store)
     assert before - after == expected  # every object of the expired ones
     assert after == before - expected  # and nothing else
@@ -91,12 +96,16 @@ def test_queue_retention_is_honoured(tmp_path: Path) -> None:
     finish(q, ids)
     q.configure("default", result_retention_s=3600)
     now = q.store.now() + 60
-    rep = collect(q.ops("default"), q.settings, 1.0, now)  # asks for 1 s, the queue keeps 1 h
+    rep = collect(
+        q.plane.ops("default"), q.plane.settings, 1.0, now
+    )  # asks for 1 s, the queue keeps 1 h
     assert rep.expired == [] and rep.kept_by_retention == 3
-    rep = collect(q.ops("default"), q.settings, None, now + 3600)  # the queue's own retention
+    rep = collect(
+        q.plane.ops("default"), q.plane.settings, None, now + 3600
+    )  # the queue's own retention
     assert sorted(rep.expired) == sorted(ids)
     with pytest.raises(dls.InvalidArgument, match="no retention"):
-        collect(q.ops("other"), q.settings, None, now)
+        collect(q.plane.ops("other"), q.plane.settings, None, now)
 
 
 def test_gc_cli_dry_run_lists_the_expired(
@@ -151,7 +160,7 @@ def test_status_cost_stays_flat_as_history_grows() -> None:
 
     def cost() -> tuple[int, int]:
         store.lists = store.gets = 0
-        queue_status(q.ops("default"), q.store.now(), recent=10)
+        queue_status(q.plane.ops("default"), q.store.now(), recent=10)
         return store.lists, store.gets
 
     finish(q, [f.submit(i) for i in range(20)])
@@ -172,7 +181,7 @@ def test_status_counts_exactly_when_small_and_from_signs_of_life_when_large(
     q = make_plane(MemoryStore())
     f = q.udf(jobs.add_one)
     ids = [f.submit(i) for i in range(6)]
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     w1 = Claimer(ops, "w1")
     held = [w1.claim(q.store.now()), w1.claim(q.store.now())]
     assert all(h is not None for h in held)

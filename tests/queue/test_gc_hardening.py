@@ -149,10 +149,10 @@ def test_gc_with_a_retention_longer_than_the_epoch_removes_nothing_and_does_not_
     q = make_plane(MemoryStore())
     inv = q.udf(jobs.add_one).submit(1)
     finish(q, [inv], ["default"])
-    report = collect(q.ops("default"), q.settings, 1e300, q.store.now())
+    report = collect(q.plane.ops("default"), q.plane.settings, 1e300, q.store.now())
     assert report.expired == [] and q.status(inv) == "succeeded"
     with pytest.raises(dls.InvalidArgument, match="finite"):
-        collect(q.ops("default"), q.settings, math.nan, q.store.now())
+        collect(q.plane.ops("default"), q.plane.settings, math.nan, q.store.now())
 
 
 def test_cli_float_options_refuse_nan_and_inf() -> None:
@@ -255,7 +255,7 @@ def _gc_before_each_ticket(inner: Store) -> tuple[Any, GcBeforeTicket]:
 
     def gc() -> Any:
         q = holder["q"]
-        return collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1.0)
+        return collect(q.plane.ops("default"), q.plane.settings, 0.0, q.store.now() + 1.0)
 
     store = GcBeforeTicket(inner, gc)
     holder["q"] = make_plane(store, spill_bytes=64)
@@ -305,17 +305,17 @@ def test_gc_leaves_alone_a_submit_that_waited_in_admission_past_the_grace(
     [report] = store.reports
     assert report.orphans == [] and report.objects == []
     assert q.status(inv) == "queued"
-    assert q.store.get(q.ops("default").keys.args(inv))[0]  # its spilled arguments
+    assert q.store.get(q.plane.ops("default").keys.args(inv))[0]  # its spilled arguments
 
 
 def test_gc_still_sweeps_a_folder_whose_newest_object_is_old(atomic_store: Store) -> None:
     q = make_plane(atomic_store)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     crashed = "01ARZ3NDEKTSV4RRFFQ69G5FAV"  # 2016: a submit that died long ago
     q.store.put(ops.keys.args(crashed), codec.encode(((b"o",), {})))
     now = q.store.now()
-    assert collect(ops, q.settings, 0.0, now).orphans == []  # written just now: in flight
-    report = collect(ops, q.settings, 0.0, now + 2 * ORPHAN_GRACE_S)
+    assert collect(ops, q.plane.settings, 0.0, now).orphans == []  # written just now: in flight
+    report = collect(ops, q.plane.settings, 0.0, now + 2 * ORPHAN_GRACE_S)
     assert report.orphans == [crashed]
     assert q.get(crashed).error["type"] == "SubmitAbandoned"  # type: ignore[index]
     with pytest.raises(dls.NotFound):
@@ -350,7 +350,7 @@ def test_a_slot_retaken_between_the_listing_and_the_read_is_not_fenced(
     version that was listed."""
     plane = make_plane(atomic_store)
     plane.configure("jobs", max_depth=1)
-    ops = plane.ops("jobs")
+    ops = plane.plane.ops("jobs")
     ended = plane.udf(jobs.add_one, queue="jobs").submit(1)
     rec, etag = ops.read(ended)
     ops.cas(lifecycle.cancel(rec, atomic_store.now(), "its worker died"), etag)  # slot leaked
@@ -405,7 +405,7 @@ def test_interactive_gc_frees_a_leaked_slot_it_found(
     q = dls.Dispatch(url)
     q.configure("jobs", max_depth=1, result_retention_s=3600)
     inv = q.udf(jobs.add_one, queue="jobs").submit(1)
-    ops = q.ops("jobs")
+    ops = q.plane.ops("jobs")
     rec, etag = ops.read(inv)
     ops.cas(lifecycle.cancel(rec, q.store.now(), "its worker died"), etag)  # slot leaked
     real_now = type(q.store).now

@@ -58,7 +58,7 @@ def test_mistyped_record_fields_are_failed_and_good_work_runs(atomic_store: Stor
         assert (rec.state, rec.fn) == ("failed", "?"), field
         assert rec.error is not None and rec.error["type"] == "CorruptRecord"
         assert field in rec.error["message"], (field, rec.error["message"])
-    assert list(q.store.list(q.ops("default").keys.tickets_prefix)) == []
+    assert list(q.store.list(q.plane.ops("default").keys.tickets_prefix)) == []
 
 
 def test_a_record_naming_another_invocation_is_failed_not_followed(atomic_store: Store) -> None:
@@ -69,7 +69,7 @@ def test_a_record_naming_another_invocation_is_failed_not_followed(atomic_store:
     rec = q.get(here)
     assert rec.state == "failed" and rec.error is not None
     assert "another invocation" in rec.error["message"]
-    assert list(q.store.list(q.ops("default").keys.invocation_prefix(elsewhere))) == []
+    assert list(q.store.list(q.plane.ops("default").keys.invocation_prefix(elsewhere))) == []
 
 
 def test_an_unexpected_error_on_one_ticket_does_not_stop_the_worker(
@@ -108,7 +108,9 @@ def test_deeply_nested_arguments_fail_cleanly_and_the_worker_keeps_serving(
     for inv in deep:  # 480 levels killed three worker processes in a row
         args = Blob(inline=deep_args(480))
         rec = Record(id=inv, ns=q.ns, queue="default", fn=ADD_ONE, args=args)
-        q.ops("default").submit(rec)  # a ticket holding the record, as any producer may write it
+        q.plane.ops("default").submit(
+            rec
+        )  # a ticket holding the record, as any producer may write it
     good = [q.udf(jobs.add_one).submit(i) for i in range(3)]
     out = subprocess.run(
         lakeshore_cmd(
@@ -142,7 +144,7 @@ def garbage_file(store: LocalStore, key: str, content: bytes) -> Path:
 def garbage_record(store: LocalStore, q: Any, inv: str, content: bytes) -> Path:
     """A queued invocation whose ``<id>/record`` file holds ``content``: its record is
     written as the first move writes it (its ticket a marker), then garbled."""
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, _ = ops.read(inv)
     ops.put_marker(rec)
     store.put(ops.keys.record(inv), rec.to_bytes())
@@ -164,8 +166,8 @@ def test_a_garbage_record_file_is_failed_and_good_work_runs(tmp_path: Path) -> N
         garbage_record(store, q, inv, content)
     bad_tickets = [f.submit(0) for _ in GARBAGE_TICKETS]  # never moved: no record yet
     for inv, content in zip(bad_tickets, GARBAGE_TICKETS, strict=True):
-        assert record_key(q.ops("default"), inv) == q.ops("default").keys.ticket(5, inv)
-        garbage_file(store, record_key(q.ops("default"), inv), content)
+        assert record_key(q.plane.ops("default"), inv) == q.plane.ops("default").keys.ticket(5, inv)
+        garbage_file(store, record_key(q.plane.ops("default"), inv), content)
     good = [f.submit(i) for i in range(1, 4)]
     ran = dls.run_worker(q, isolation="thread", idle_exit=0.5, max_poll_s=0.05)
     assert ran == 3
@@ -323,7 +325,7 @@ def _odd_record(tmp_path: Path) -> tuple[Path, Any]:
         assert rec.state == "failed" and rec.error is not None
         return rec
 
-    return garbage_file(store, q.ops("default").keys.record(bad), b""), serve
+    return garbage_file(store, q.plane.ops("default").keys.record(bad), b""), serve
 
 
 def test_a_record_that_is_a_link_to_an_endless_file_is_failed(tmp_path: Path) -> None:

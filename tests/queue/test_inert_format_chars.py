@@ -86,7 +86,7 @@ def test_status_ls_show_result_and_logs_escape_format_characters(
         allow=["tests.queue.test_inert_format_chars:*"],
     )
     assert q.status(loud) == "succeeded" and q.status(bad) == "failed"
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, _ = ops.read(loud)
     # anyone who can write the record chooses its function name
     q.store.put(ops.keys.record(loud), dataclasses.replace(rec, fn=HOSTILE).to_bytes())

@@ -149,7 +149,7 @@ def test_a_body_whose_lease_was_taken_over_never_writes_over_the_new_holder(
     t, stop, _ = _serve(q)
     try:
         assert stuck.started.wait(30)
-        ops = q.ops("default")
+        ops = q.plane.ops("default")
         rec, etag = ops.read(hung)
         far = store.now() + 3600
         other = rec.next_write(lease=Lease("another-worker", "other-token", far))
@@ -192,9 +192,9 @@ def test_a_stopping_worker_does_not_wait_for_a_body_that_never_returns(stuck: St
 def _held_attempt() -> Attempt:
     q = dls.Dispatch(":memory:")
     q.udf(str.upper).submit("x")
-    held = q.claimer("default", "w").claim(q.store.now())
+    held = q.plane.claimer("default", "w").claim(q.store.now())
     assert held is not None
-    return Attempt(q.ops("default"), held)
+    return Attempt(q.plane.ops("default"), held)
 
 
 def test_a_body_that_returns_first_keeps_its_attempt_from_the_watchdog() -> None:

@@ -275,7 +275,7 @@ def test_without_signs_of_life_a_process_claims_in_strict_order() -> None:
     q = make_plane(store)
     f = q.udf(jobs.add_one)
     ids = [f.submit(i) for i in range(5)]
-    c = Claimer(q.ops("default"), "alone")
+    c = Claimer(q.plane.ops("default"), "alone")
     order = []
     while (held := c.claim(store.now())) is not None:
         order.append(held.record.id)
@@ -301,7 +301,7 @@ def test_lanes_are_about_equal_and_a_worker_more_moves_only_its_share() -> None:
 def test_a_process_that_finds_nothing_to_claim_sends_its_ticket_deletes_at_once() -> None:
     store = MemoryStore()
     q = make_plane(store)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     ops._tidier._clock = lambda: 0.0  # its batch never comes due by itself
     store.put("lakeshore/done-ticket", b"x")
     ops._tidier.delete("lakeshore/done-ticket")

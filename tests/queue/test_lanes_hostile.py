@@ -62,7 +62,7 @@ def test_a_worker_alone_on_its_queue_claims_in_order_beside_another_queues_worke
     # a worker that serves another queue of the namespace (or one that stopped a minute ago,
     # or this worker's own previous run under another pid): its sign of life is fresh
     _alive(store, q.ns, "serves-queue-b")
-    c = Claimer(q.ops("default"), "alone-on-default", ticks=clock)
+    c = Claimer(q.plane.ops("default"), "alone-on-default", ticks=clock)
     order = []
     while (held := c.claim(store.now())) is not None:
         order.append(held.record.id)
@@ -88,7 +88,7 @@ def test_a_lane_no_one_serves_is_adopted_while_other_workers_come_and_go(
     # the oldest ticket of b's lane (a worker that comes later only ever takes tickets from
     # the lanes it lands between, never gives one to "a")
     target = next(i for i in ids if ring_.lane(keys.ticket_of_id(i) or "") != ring_.index)
-    c = Claimer(q.ops("default"), "a", ticks=clock)
+    c = Claimer(q.plane.ops("default"), "a", ticks=clock)
     c._lanes.contended()  # as if a race on this queue had been lost: lanes apply
     got = []
     for step in range(30):  # 30 s; STUCK_S is 5 s
@@ -115,7 +115,7 @@ def test_control_with_a_steady_census_the_lane_is_adopted(clock: Clock) -> None:
     ring_ = Lanes(keys, "a", clock)
     ring_.number(ring(["a", "b"]))
     target = next(i for i in ids if ring_.lane(keys.ticket_of_id(i) or "") != ring_.index)
-    c = Claimer(q.ops("default"), "a", ticks=clock)
+    c = Claimer(q.plane.ops("default"), "a", ticks=clock)
     c._lanes.contended()
     got = []
     for _ in range(30):
@@ -172,7 +172,7 @@ def test_a_sign_of_life_whose_name_is_not_utf8_does_not_break_claims(
     folder = next(p for p in (tmp_path / "plane").rglob("_workers") if p.is_dir())
     with open(os.path.join(os.fsencode(folder), b"\xff\xfe.obj"), "wb") as fh:
         fh.write(b"{}")  # anyone who can write to the shared folder can make this name
-    c = Claimer(q.ops("default"), "w2", ticks=clock)
+    c = Claimer(q.plane.ops("default"), "w2", ticks=clock)
     held = c.claim(store.now())
     assert held is not None and held.record.id == inv
 
@@ -188,7 +188,7 @@ def test_a_ticket_of_a_record_ended_in_the_future_is_dropped_and_its_slot_freed(
     q.configure("default", max_depth=1, on_full="reject")
     f = q.udf(jobs.add_one)
     inv = f.submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     held = Claimer(ops, "dies", ticks=clock).claim(clock.t)
     assert held is not None and held.record.slot is not None
     # its worker's clock is ahead (or the record is hostile): finished_at a day from now;
@@ -215,7 +215,7 @@ def test_the_lane_of_an_owner_busy_with_long_bodies_is_adopted_within_seconds(
     ids = [f.submit(i) for i in range(300)]
     keys = QueueKeys(q.ns, "default")
     _alive(store, q.ns, "a", "b")
-    b = Claimer(q.ops("default"), "b", ticks=clock)
+    b = Claimer(q.plane.ops("default"), "b", ticks=clock)
     held_by_b = [b.claim(store.now()) for _ in range(6)]  # b's 6 slots: long bodies
     assert all(h is not None for h in held_by_b)
     ring_ = Lanes(keys, "a", clock)
@@ -225,7 +225,7 @@ def test_the_lane_of_an_owner_busy_with_long_bodies_is_adopted_within_seconds(
     target = next(
         i for i in ids if i not in taken and ring_.lane(keys.ticket_of_id(i) or "") != ring_.index
     )
-    a = Claimer(q.ops("default"), "a", ticks=clock)
+    a = Claimer(q.plane.ops("default"), "a", ticks=clock)
     got = []
     for _ in range(12):  # 12 s: STUCK_S (5 s) and a little more
         held = a.claim(store.now())
@@ -260,9 +260,9 @@ def test_a_frozen_owners_invocation_is_taken_once_its_lease_and_backoff_end(
         if theirs(frozen, taker)
     )
     _alive(store, q.ns, frozen, taker)
-    held = Claimer(q.ops("default"), frozen, ticks=clock).claim(store.now())
+    held = Claimer(q.plane.ops("default"), frozen, ticks=clock).claim(store.now())
     assert held is not None and held.record.id == inv  # then its node freezes
-    b = Claimer(q.ops("default"), taker, ticks=clock)
+    b = Claimer(q.plane.ops("default"), taker, ticks=clock)
     b._lanes.contended()  # another process claims here: lanes apply
     clock.t = held.record.lease.expires_at + 0.01  # type: ignore[union-attr]
     expired = clock.t

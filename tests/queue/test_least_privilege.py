@@ -89,7 +89,7 @@ def test_every_request_of_every_role_is_allowed_by_its_policy(
     )
     assert ran == 5
     for name in ("default", "other", "limited"):
-        Claimer(w.ops(name), "").reap(w.store.now())
+        Claimer(w.plane.ops(name), "").reap(w.store.now())
 
     # producer: results, states, streams, topics
     assert q.result(inv, timeout=30) == 42
@@ -116,7 +116,7 @@ def test_every_request_of_every_role_is_allowed_by_its_policy(
     jan = janitor.plane()
     later = jan.store.now() + 3600
     for name in ("default", "other", "limited", "paced"):
-        collect(jan.ops(name), jan.settings, 0.0, later)
+        collect(jan.plane.ops(name), jan.plane.settings, 0.0, later)
     assert prune_workers(jan.store, NS, 60.0, later, dry_run=False) == 1
 
     for p in (operator, producer, worker, janitor):
@@ -387,7 +387,7 @@ def _leak_a_slot(admin: Principal) -> tuple[Any, str]:
     _limited(admin, "jobs", max_depth=1)
     plane = admin.plane()
     inv = plane.udf(jobs.add_one, queue="jobs").submit(1)
-    ops = plane.ops("jobs")
+    ops = plane.plane.ops("jobs")
     rec, etag = ops.read(inv)
     ops.cas(lifecycle.cancel(rec, plane.store.now(), "the worker ended it"), etag)  # no free_slot
     assert ops.read(inv)[0].terminal and list(ops.store.list(ops.keys.slots_prefix))
@@ -410,7 +410,7 @@ def test_slot_leaked_by_a_worker_crash_is_freed_by_a_worker_never_read_by_produc
     assert slot_reads == []
     w = principals["worker"].plane()
     later = w.store.now() + SLOT_REPAIR_AGE_S + 1
-    assert repair_slots(w.ops("jobs"), later) == [w.ops("jobs").keys.slot(0)]
+    assert repair_slots(w.plane.ops("jobs"), later) == [w.plane.ops("jobs").keys.slot(0)]
     assert prod.status(f.submit(3)) == "queued"
     _assert_all_allowed(principals["producer"])
     _assert_all_allowed(principals["worker"])
@@ -421,9 +421,9 @@ def test_slot_leaked_by_a_worker_crash_is_freed_by_the_janitors_gc(
 ) -> None:
     _leak_a_slot(principals["admin"])
     jan = principals["janitor"].plane()
-    ops = jan.ops("jobs")
+    ops = jan.plane.ops("jobs")
     later = jan.store.now() + SLOT_REPAIR_AGE_S + 1
-    rep = collect(ops, jan.settings, 7 * 86400.0, later)  # nothing old enough to expire
+    rep = collect(ops, jan.plane.settings, 7 * 86400.0, later)  # nothing old enough to expire
     assert rep.expired == [] and rep.objects == [ops.keys.slot(0)]
     assert list(ops.store.list(ops.keys.slots_prefix)) == []
     assert gc.free_leaked_slots(ops, later) == []
@@ -441,7 +441,7 @@ def test_producer_cancel_of_an_invocation_whose_slot_changed_hands_is_no_permiss
     q = principals["producer"].plane()
     inv = q.udf(jobs.add_one, queue="jobs").submit(1)
     admin = principals["admin"].store
-    slot = q.ops("jobs").keys.slot(0)
+    slot = q.plane.ops("jobs").keys.slot(0)
     admin.delete(slot)
     admin.put(slot, b"01JD2K7Q000000000000000000 abcd", CREATE)  # another holder's now
     assert q.cancel(inv) and q.status(inv) == "killed"
@@ -475,7 +475,7 @@ def test_producer_whose_slot_create_was_answered_late_is_not_refused(
     q = producer.plane()
     inv = q.udf(jobs.add_one, queue="jobs").submit(1)
     assert lost and q.status(inv) == "queued"
-    slots = list(principals["admin"].store.list(q.ops("jobs").keys.slots_prefix))
+    slots = list(principals["admin"].store.list(q.plane.ops("jobs").keys.slots_prefix))
     assert len(slots) == 2  # its own, and the one whose answer was lost (a leak)
     denied = [(r.operation, r.resource) for r, _ in producer.enforcer.denied]
     assert denied == [("GetObject", f"arn:aws:s3:::{BUCKET}/{lost[0]}")]  # the read-back
@@ -485,12 +485,12 @@ def test_janitor_fences_a_slot_whose_submit_never_wrote_its_record(
     principals: dict[str, Principal],
 ) -> None:
     admin = principals["admin"].plane()
-    ops = admin.ops("jobs")
+    ops = admin.plane.ops("jobs")
     ghost = "01JD2K7Q000000000000000000"
     admin.store.put(ops.keys.slot(0), f"{ghost} abcd".encode(), CREATE)
     jan = principals["janitor"].plane()
     later = jan.store.now() + SLOT_REPAIR_AGE_S + 1
-    assert gc.free_leaked_slots(jan.ops("jobs"), later) == [ops.keys.slot(0)]
+    assert gc.free_leaked_slots(jan.plane.ops("jobs"), later) == [ops.keys.slot(0)]
     assert ops.read(ghost)[0].state == "failed"  # the tombstone: a late submit cannot land
     _assert_all_allowed(principals["janitor"])
 
@@ -536,11 +536,11 @@ def test_status_is_an_operator_command(principals: dict[str, Principal]) -> None
     principals["producer"].plane().udf(jobs.add_one).submit(1)
     op = principals["operator"].plane()
     now = op.store.now()
-    assert queue_status(op.ops("default"), now).queued == 1
-    assert len(list(newest_ids(op.store, op.ops("default").keys, None, now))) == 1
+    assert queue_status(op.plane.ops("default"), now).queued == 1
+    assert len(list(newest_ids(op.store, op.plane.ops("default").keys, None, now))) == 1
     prod = principals["producer"].plane()
     with pytest.raises(dls.PermissionDenied):
-        queue_status(prod.ops("default"), now)
+        queue_status(prod.plane.ops("default"), now)
 
 
 # -- gc's sweep of leaked admission slots, on every store ------------------------------------
@@ -551,7 +551,7 @@ def _full_queue(store: Any) -> tuple[Any, Any, str]:
     plane.configure("jobs", max_depth=2)
     f = plane.udf(jobs.add_one, queue="jobs")
     ended, live = f.submit(1), f.submit(2)
-    ops = plane.ops("jobs")
+    ops = plane.plane.ops("jobs")
     rec, etag = ops.read(ended)
     ops.cas(lifecycle.cancel(rec, store.now(), "its worker died"), etag)  # slot not freed
     return plane, ops, live
@@ -561,7 +561,7 @@ def test_gc_frees_the_slot_a_dead_worker_leaked_and_keeps_the_live_ones(store: A
     plane, ops, live = _full_queue(store)
     ghost = "01JD2K7Q000000000000000000"  # a submit that took a slot and never came back
     plane.configure("other", max_depth=1)
-    other = plane.ops("other")
+    other = plane.plane.ops("other")
     store.put(other.keys.slot(0), f"{ghost} abcd".encode(), CREATE)
     now = store.now()
     assert gc.free_leaked_slots(ops, now) == []  # younger than SLOT_REPAIR_AGE_S: left alone

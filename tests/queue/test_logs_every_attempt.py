@@ -83,7 +83,7 @@ def test_the_logs_command_prints_every_attempt(
 def test_a_listing_over_several_attempts_reads_each_attempts_last_segment() -> None:
     store = MemoryStore()
     plane = make_plane(store)
-    keys = plane.ops("jobs").keys
+    keys = plane.plane.ops("jobs").keys
     inv = "01J0000000000000000000000A"
     for attempt, chunks in ((1, ["a1 ", "b1 "]), (2, ["a2 "]), (3, ["a3 ", "b3"])):
         writer: JournalWriter = log_writer(store, keys, inv, attempt)

@@ -108,7 +108,7 @@ def test_unsendable_argument_fails_at_submit(plane: Any) -> None:
     f = plane.udf(jobs.echo)
     with pytest.raises(dls.InvalidArgument, match="cannot send"):
         f.submit(threading.Lock())
-    assert list(plane.ops("default").tickets()) == []  # nothing was enqueued
+    assert list(plane.plane.ops("default").tickets()) == []  # nothing was enqueued
 
 
 def test_failure_retries_then_reports_remote_error(q: Any) -> None:
@@ -159,7 +159,7 @@ def test_unknown_function_and_lookup_errors(q: Any) -> None:
         q.status("not-an-id")
     ghost = q.udf(jobs.add_one)
     inv = ghost.submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     ops.cas(rec.next_write(fn="tests.nowhere:gone"), etag)
     ok = ghost.submit(2)
@@ -211,7 +211,7 @@ def test_tampered_spill_is_refused(q: Any) -> None:
 
 def test_key_repair_after_a_crash_between_key_and_record(q: Any) -> None:
     f = q.udf(jobs.add_one)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     orphan = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     q.store.put(ops.keys.idem("k1"), codec.encode({"id": orphan, "input_hash": "?"}))
     repaired = f.submit(1, _key="k1")  # the key moves to a new invocation
@@ -224,7 +224,7 @@ def test_key_repair_after_a_crash_between_key_and_record(q: Any) -> None:
 
 def test_deadline_passes_while_queued(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1, _deadline_s=0.05)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     deadline = time.monotonic() + 10
     while q.store.now() <= q.get(inv).deadline_at and time.monotonic() < deadline:
         time.sleep(0.02)  # waiting out the deadline itself is the point of this test
@@ -255,7 +255,7 @@ def test_result_from_a_process_that_never_saw_the_submit(tmp_path: Path) -> None
 def test_pickled_callables_need_both_sides(plane: Any, tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     trusting = make_plane(plane.store, allow_pickle=True)
-    if not plane.in_process:  # a worker elsewhere could not find a lambda: refused at submit
+    if not plane.plane.in_process:  # a worker elsewhere could not find a lambda: refused at submit
         with pytest.raises(dls.InvalidArgument, match=r"no importable name.*allow_pickle=True"):
             plane.udf(lambda x: x).submit(1)
 
@@ -438,7 +438,7 @@ def test_a_record_s_function_name_reaches_the_log_inert(
     f = q.udf(jobs.add_one)
     hostile = "\x1b]0;PWNED\x07\x1b[2J\rmod:fn"
     inv = f.submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     import dataclasses
 

@@ -152,7 +152,7 @@ def test_cancel_running_stops_the_body(atomic_store: Any, tmp_path: Path, isolat
         poll(lambda: not alive(pid), 5, "the body's process to end")
     with pytest.raises(dls.Killed):
         q.result(inv)
-    assert list(q.ops("default").tickets()) == []  # the killed invocation left no ticket
+    assert list(q.plane.ops("default").tickets()) == []  # the killed invocation left no ticket
 
 
 def test_timeout_stops_a_sync_body(atomic_store: Any, tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ def test_timeout_stops_a_sync_body(atomic_store: Any, tmp_path: Path) -> None:
 def test_stale_worker_is_fenced(atomic_plane: Any) -> None:
     q = atomic_plane
     inv = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     ops.cas(rec.next_write(lease_s=0.2), etag)
     a = Claimer(ops, "worker-a").claim(q.store.now())

@@ -24,7 +24,7 @@ from tests.tiers import make_plane
 
 def test_the_ticket_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None
     # A retry is half done: the ticket is a marker again, the record still says running.
@@ -41,7 +41,7 @@ def test_the_ticket_of_a_requeue_in_flight_survives_a_claimer(q: Any) -> None:
 
 def test_the_ticket_of_a_running_job_survives_claimers_and_reapers(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     held = Claimer(ops, "w1").claim(q.store.now())
     assert held is not None
     ticket = [i.key for i in ops.tickets()]
@@ -57,7 +57,7 @@ def test_the_ticket_of_a_running_job_survives_claimers_and_reapers(q: Any) -> No
 def test_newer_records_are_left_alone(q: Any) -> None:
     f = q.udf(jobs.add_one)
     future, ok = f.submit(1), f.submit(2)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     ticket = ops.keys.ticket_of_id(future)
     assert ticket is not None
     raw, _ = q.store.get(ticket)  # the record, before its first claim
@@ -73,7 +73,7 @@ def test_newer_records_are_left_alone(q: Any) -> None:
 
 def test_a_young_key_without_record_is_waited_for_then_repaired(q: Any) -> None:
     f = q.udf(jobs.add_one)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     first = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     # a first submitter is between key and record, and has half a second of its grace left
     at = q.store.now() - idempotency.KEY_REPAIR_GRACE_S + 0.5
@@ -87,7 +87,7 @@ def test_a_young_key_without_record_is_waited_for_then_repaired(q: Any) -> None:
 
 def test_retries_at_the_head_do_not_hide_work_behind_them(q: Any) -> None:
     f = q.udf(jobs.add_one)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     for i in range(20):
         inv = f.submit(i)
         rec, etag = ops.read(inv)
@@ -146,7 +146,7 @@ def test_payloads_over_the_cap_are_refused(plane: Any) -> None:
 def test_the_ticket_of_a_rerun_in_flight_survives_a_claimer(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     assert rec.state == "succeeded" and list(ops.tickets()) == []
     # `lakeshore retry` is half done: the new ticket is written, the record still terminal
@@ -163,7 +163,7 @@ def test_the_ticket_of_a_rerun_in_flight_survives_a_claimer(q: Any) -> None:
 def test_retry_puts_back_a_ticket_dropped_while_it_ran(q: Any) -> None:
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     real_put = ops.put_marker
     calls = []
 
@@ -190,7 +190,7 @@ def test_an_idle_exit_waits_for_a_retry_backing_off(q: Any, tmp_path: Path) -> N
     # a record claiming a retry far past the longest backoff is not waited for (one further
     # off than a day is failed: tests/queue/test_stalls_and_due_times.py)
     hostile = slow.udf(jobs.add_one).submit(1)
-    ops = slow.ops("default")
+    ops = slow.plane.ops("default")
     rec, etag = ops.read(hostile)
     ops.cas(rec.next_write(not_before=slow.store.now() + 3600), etag)
     ran = dls.run_worker(slow, isolation="thread", idle_exit=0.2, max_poll_s=0.05)
@@ -232,9 +232,9 @@ def test_a_retry_is_waited_for_until_a_pass_that_began_after_it_was_due() -> Non
     store.t = 1000.0
     q = make_plane(store)
     ticks = [0.0]
-    mine = Claimer(q.ops("default"), "mine", ticks=lambda: ticks[0])
+    mine = Claimer(q.plane.ops("default"), "mine", ticks=lambda: ticks[0])
     inv = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
     ops.cas(rec.next_write(not_before=1100.0), etag)  # backing off for 100 s
     assert mine.claim(store.now()) is None and mine.retry_pending()
@@ -300,7 +300,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
     store = _FlakyClock()
     store.t = 1000.0
     q = make_plane(store)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     f = q.udf(jobs.add_one)
     a1, a2, k = f.submit(1), f.submit(2), f.submit(3)
     rec, etag = ops.read(k)

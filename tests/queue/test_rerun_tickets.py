@@ -29,7 +29,7 @@ def _finished(q: Any) -> tuple[str, Any]:
     """A succeeded invocation whose ticket is gone; returns its id and its ops."""
     inv = q.udf(jobs.add_one).submit(1)
     assert dls.run_worker(q, once=True, isolation="thread") == 1
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     assert q.status(inv) == "succeeded" and list(ops.tickets()) == []
     return inv, ops
 
@@ -115,7 +115,7 @@ def test_a_lookup_racing_a_claim_and_completion_finds_the_invocation() -> None:
     gate = Gate(MemoryStore())
     q = make_plane(gate)
     inv = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     trap = gate.trap("GET", lambda k: k == ops.keys.record(inv), "reader", after=True)
     reader = make_plane(gate)  # another process: it never saw the submit
     run = Run("reader", lambda: reader.status(inv))

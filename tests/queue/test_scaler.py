@@ -475,7 +475,7 @@ def test_tombstones_and_payloads_keep_no_worker_cycling() -> None:
     store = Counting(MemoryStore())
     q = _plane_with_work(store, 0, max_workers=2)
     keys = QueueKeys("default", "hpc")
-    wq = dls.WorkQueue("hpc", dispatch=q)
+    wq = dls.WorkQueue("hpc", plane=q)
     wq.submit({"a": 1})  # a work queue's payload: no function worker takes it
     inv = q.udf(jobs.add_one, queue="hpc").submit(1)
     ticket = next(i.key for i in store.list(keys.tickets_prefix) if inv in i.key)

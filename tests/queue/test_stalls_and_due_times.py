@@ -118,14 +118,14 @@ def test_a_claim_that_stalls_while_the_invocation_finishes_and_is_collected_does
     q = make_plane(inner)
     marker = str(tmp_path / "runs")
     inv = q.udf(jobs.once_marker).submit(marker)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     ticks, gc_ticks = Ticks(), Ticks()
 
     def another_worker_and_gc() -> None:
         drain(q)  # W claims, runs and finishes it; its ticket is deleted when it stops
         assert q.status(inv) == "succeeded"
         report = collect(
-            ops, q.settings, 0.0, inner.now() + 1, ticks=gc_ticks, sleep=gc_ticks.sleep
+            ops, q.plane.settings, 0.0, inner.now() + 1, ticks=gc_ticks, sleep=gc_ticks.sleep
         )
         assert report.expired == [inv]
         ticks.t += 10 * CLAIM_FENCE_S  # the claimer's request took this long
@@ -149,7 +149,7 @@ def test_gc_deletes_records_no_sooner_than_the_claim_fence_after_it_saw_their_ti
     q = make_plane(inner)
     ids = [q.udf(jobs.add_one).submit(i) for i in range(3)]
     drain(q, 3)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     ticks = Ticks()
     deleted_at: list[float] = []
 
@@ -161,7 +161,9 @@ def test_gc_deletes_records_no_sooner_than_the_claim_fence_after_it_saw_their_ti
 
     watched = QueueOps(Watch(inner), ops.keys)
     listed = ticks.t
-    report = collect(watched, q.settings, 0.0, inner.now() + 1, ticks=ticks, sleep=ticks.sleep)
+    report = collect(
+        watched, q.plane.settings, 0.0, inner.now() + 1, ticks=ticks, sleep=ticks.sleep
+    )
     assert sorted(report.expired) == sorted(ids)
     assert len(deleted_at) == 3 and min(deleted_at) >= listed + CLAIM_FENCE_S
     assert len(ticks.slept) == 1  # one wait for the whole run, not one per invocation
@@ -173,7 +175,7 @@ def test_gc_deletes_records_no_sooner_than_the_claim_fence_after_it_saw_their_ti
 def plant(q: Any, n: int, not_before: float, priority: int = 9) -> list[str]:
     """What a producer with its policy can do: ``n`` create-only tickets of well-formed
     queued records that say they are not due until ``not_before``."""
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     args = Blob(inline=codec.encode(((1,), {})))
     now = q.store.now()
     ids = []
@@ -204,7 +206,7 @@ def test_tickets_not_due_for_years_are_failed_and_the_job_behind_them_runs() -> 
     assert {r.state for r in failed} == {"failed"}
     assert failed[0].error is not None and failed[0].error["type"] == "ImplausibleRecord"
     # and gc removes them like any finished invocation
-    report = collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1)
+    report = collect(q.plane.ops("default"), q.plane.settings, 0.0, q.store.now() + 1)
     assert set(junk[:50]) <= set(report.expired)
 
 
@@ -261,7 +263,7 @@ def test_the_scaler_does_not_count_tickets_not_due_or_never_due_as_work() -> Non
     q.configure("hpc", provider={"kind": "local", "cooldown_s": 0, "idle_exit_s": 60})
     now = store.now()
     args = Blob(inline=codec.encode(((1,), {})))
-    ops = q.ops("hpc")
+    ops = q.plane.ops("hpc")
     for not_before in (now + 10 * 365 * 86400, now + 240):  # never, and after idle_exit_s
         inv = new_id(5)
         rec = Record(id=inv, ns=q.ns, queue="hpc", fn="tests.jobs:add_one", args=args)
@@ -282,7 +284,7 @@ def test_a_slot_left_by_a_worker_dead_after_its_terminal_write_is_freed_by_the_n
     q.configure("default", max_depth=1, on_full="reject")
     f = q.udf(jobs.add_one)
     inv = f.submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     held = Claimer(ops, "dies").claim(q.store.now())
     assert held is not None and held.record.slot is not None
     done = lifecycle.succeed(held.record, held.token, Blob(inline=b"\x02"), q.store.now())
@@ -303,7 +305,7 @@ def test_a_full_ticket_whose_record_was_undone_is_claimed_again_not_dropped() ->
     inner = MemoryStore()
     q = make_plane(inner)
     inv = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     other = Claimer(ops, "C")
 
     def c_claims_first() -> None:
@@ -321,7 +323,7 @@ def test_a_pass_from_the_head_goes_on_past_a_scan_of_remembered_tickets() -> Non
     q = make_plane(MemoryStore())
     plant(q, 5001, q.store.now() + 240)
     inv = q.udf(jobs.add_one).submit(1)
-    k = Claimer(q.ops("default"), "k")
+    k = Claimer(q.plane.ops("default"), "k")
     assert k.claim(q.store.now()) is None  # reads (and remembers) the first 4000
     held = k.claim(q.store.now())  # from the head: 5000 remembered, then past them
     assert held is not None and held.record.id == inv

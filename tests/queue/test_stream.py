@@ -62,7 +62,7 @@ def test_fast_generator_batches_frames(atomic_plane: Any, report: list[str]) -> 
     dls.run_worker(q, once=True)
     reader.join(120)
     assert reader_out == list(range(n))
-    segments = list(q.store.list(q.ops("default").keys.journal_prefix(inv, 1)))
+    segments = list(q.store.list(q.plane.ops("default").keys.journal_prefix(inv, 1)))
     assert len(segments) <= n // 50, f"{len(segments)} PUTs for {n} frames"
     report.append(f"stream {q.store.url[:40]:<40} {n} frames in {len(segments)} segments")
     assert q.get(inv).journal == {"attempt": 1, "frames": n + 1, "ended": True}  # + END
@@ -221,4 +221,4 @@ def test_plain_failure_writes_no_journal(plane: Any) -> None:
     inv = plane.udf(jobs.fail_always, max_attempts=1).submit("x")
     dls.run_worker(plane, once=True)
     assert plane.get(inv).journal is None
-    assert list(plane.store.list(plane.ops("default").keys.journal_prefix(inv, 1))) == []
+    assert list(plane.store.list(plane.plane.ops("default").keys.journal_prefix(inv, 1))) == []

@@ -39,7 +39,7 @@ def gate(atomic_store: Store) -> Gate:
 
 def _live(q: Any, queue: str = "default") -> list[Record]:
     """The queue's live records: ``<id>/record``, or the ticket of one nothing moved yet."""
-    ops = q.ops(queue)
+    ops = q.plane.ops(queue)
     ids = []
     for info in list(q.store.list(ops.keys.base + "/")):
         if info.key.endswith("/record"):
@@ -55,7 +55,7 @@ def _live(q: Any, queue: str = "default") -> list[Record]:
 
 
 def _ticketed(q: Any, rec: Record) -> bool:
-    ops = q.ops(rec.queue)
+    ops = q.plane.ops(rec.queue)
     try:
         ops.store.get(ops.keys.ticket(rec.priority, rec.id))
     except dls.NotFound:
@@ -68,7 +68,7 @@ def _runnable(q: Any, inv: str) -> Record:
     rec = q.get(inv)
     assert rec.state == "queued", rec.state
     assert _ticketed(q, rec), "a queued record without its ticket: no worker will find it"
-    q.ops(rec.queue).get_blob(rec.args, "arguments")  # raises if the spilled args are gone
+    q.plane.ops(rec.queue).get_blob(rec.args, "arguments")  # raises if the spilled args are gone
     return rec
 
 
@@ -89,11 +89,11 @@ def test_a_submit_stalled_before_its_ticket_longer_than_every_grace_still_runs(
     stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")
     slow = Run("slow", lambda: f.submit(41))
     stall.wait()  # about to write its ticket
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     later = q.store.now() + 2 * ORPHAN_GRACE_S  # two minutes on, in the store's clock
     claimer = Claimer(QueueOps(gate.inner, ops.keys), "w")
     assert claimer.claim(later) is None
-    report = collect(ops, q.settings, 0.0, later)
+    report = collect(ops, q.plane.settings, 0.0, later)
     assert (report.orphans, report.expired, report.objects) == ([], [], [])
     stall.go.set()
     inv = slow.result()
@@ -142,7 +142,7 @@ def _expired_keyed(q: Any, f: Any, payload: bytes) -> str:
 
 
 def _gc(q: Any) -> Any:
-    return collect(q.ops("default"), q.settings, 0.0, q.store.now() + 1)
+    return collect(q.plane.ops("default"), q.plane.settings, 0.0, q.store.now() + 1)
 
 
 @pytest.mark.parametrize("pause", list(GC_PAUSES))
@@ -201,7 +201,9 @@ def test_gc_sweeping_the_folder_of_a_slow_submit_fences_it_out(gate: Gate) -> No
     slow = Run("slow", lambda: f.submit(b"z" * 1000))
     stall.wait()  # spilled arguments written, no ticket
     # gc, 2 minutes later in the store's clock: an orphaned folder
-    report = collect(q.ops("default"), q.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S)
+    report = collect(
+        q.plane.ops("default"), q.plane.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S
+    )
     [orphan] = report.orphans
     stall.go.set()
     with pytest.raises(dls.Conflict, match="abandoned"):
@@ -215,7 +217,7 @@ def test_gc_sweeping_the_folder_of_a_slow_submit_fences_it_out(gate: Gate) -> No
 
 def test_key_repair_after_a_crash_that_left_spilled_arguments(atomic_plane: Any) -> None:
     q = make_plane(atomic_plane.store, spill_bytes=64)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     f = q.udf(jobs.size_of)
     crashed = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     old = q.store.now() - 3600  # the key was taken an hour ago
@@ -237,7 +239,7 @@ def test_slow_submit_whose_slot_was_repaired_never_exceeds_max_depth(
 ) -> None:
     q = make_plane(gate)
     q.configure("adm", max_depth=1, on_full="reject", rate_limit="1000/h")
-    ops = q.ops("adm")
+    ops = q.plane.ops("adm")
     f = q.udf(queue="adm")(jobs.add_one)
     options = {"_key": "k"} if keyed else {}
     stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")  # slot taken, no record
@@ -262,7 +264,7 @@ def test_a_slot_with_garbage_in_it_does_not_block_the_queue_forever(
     q: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     q.configure("adm", max_depth=1)
-    ops = q.ops("adm")
+    ops = q.plane.ops("adm")
     q.store.put(ops.keys.slot(0), b"\xff\xfe not a slot")
     monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)
     with pytest.raises(dls.QueueFull):  # a producer does not read slots
@@ -275,7 +277,7 @@ def test_a_leaked_slot_of_a_missing_record_is_fenced_then_freed(
     q: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     q.configure("adm", max_depth=1)
-    ops = q.ops("adm")
+    ops = q.plane.ops("adm")
     dead = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
     q.store.put(ops.keys.slot(0), f"{dead} x".encode())  # a submitter died here
     monkeypatch.setattr(adm, "SLOT_REPAIR_AGE_S", -1.0)
@@ -289,7 +291,7 @@ def test_a_leaked_slot_of_a_missing_record_is_fenced_then_freed(
 
 
 def test_a_refused_submit_names_the_rate_limit_with_its_period(plane: Any) -> None:
-    ops = plane.ops("adm")
+    ops = plane.plane.ops("adm")
     at = 1_000_000.5  # one window for every call
     for i in range(5):
         admit(ops, f"i{i}", None, (5, 1), "reject", 0.0, lambda: at)
@@ -328,7 +330,7 @@ def test_an_unknown_submit_option_is_refused_naming_the_valid_ones() -> None:
     g = q.udf(underscored)  # a parameter named like an option goes by position
     with pytest.raises(dls.InvalidArgument, match="passed by position"):
         g.submit(1, _x=2)
-    assert codec.decode(q.ops("default").get_blob(q.get(g.submit(1, 2)).args, "args")) == (
+    assert codec.decode(q.plane.ops("default").get_blob(q.get(g.submit(1, 2)).args, "args")) == (
         (1, 2),
         {},
     )
@@ -354,7 +356,7 @@ HOSTILE_KEYS = {
 @pytest.mark.parametrize("body", list(HOSTILE_KEYS))
 @pytest.mark.parametrize("strict", [False, True], ids=["lax", "strict"])
 def test_a_hostile_key_object_gives_a_clear_error(q: Any, body: str, strict: bool) -> None:
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     q.store.put(ops.keys.idem("k"), HOSTILE_KEYS[body])
     with pytest.raises(dls.StoreError, match="not one lakeshore wrote"):
         q.udf(jobs.add_one).submit(1, _key="k", _strict_key=strict)
@@ -366,7 +368,7 @@ def test_gc_keeps_going_past_a_hostile_key_object(q: Any, body: str) -> None:
     f = q.udf(jobs.add_one)
     first = f.submit(1, _key="k")
     _finish(q)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     q.store.put(ops.keys.idem("k"), HOSTILE_KEYS[body])
     assert _gc(q).expired == [first]
     assert q.store.get(ops.keys.idem("k"))[0] == HOSTILE_KEYS[body]  # not ours: left alone
@@ -400,7 +402,7 @@ def test_a_keyed_retry_during_a_stalled_submit_never_gets_an_id_that_will_not_ru
     assert retry.result() == later
     assert first.result() == later  # fenced out, it started over from the key
     assert q.status(later) == "queued"
-    assert [i.key.rsplit("/", 1)[1] for i in q.ops("default").tickets()].count(later) == 1
+    assert [i.key.rsplit("/", 1)[1] for i in q.plane.ops("default").tickets()].count(later) == 1
 
 
 class RetriedCreate(Gate):
@@ -424,7 +426,7 @@ def test_a_ticket_create_whose_answer_was_lost_still_returns_the_id(
     inv = q.udf(jobs.add_one).submit(41, **options)
     assert gate.counts["TICKET"] == 1  # the lost answer happened
     _runnable(q, inv)
-    assert [QueueKeys.id_of(i.key) for i in q.ops("default").tickets()] == [inv]
+    assert [QueueKeys.id_of(i.key) for i in q.plane.ops("default").tickets()] == [inv]
     _finish(q)
     assert q.result(inv, timeout=30) == 42
 
@@ -432,7 +434,7 @@ def test_a_ticket_create_whose_answer_was_lost_still_returns_the_id(
 def test_a_ticket_create_that_meets_a_tombstone_is_refused() -> None:
     # The same Conflict, but the object there is not the one this submit wrote: a tombstone.
     q = make_plane(MemoryStore())
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     inv = new_id(5)
     assert ops.fence(inv, q.store.now(), "judged dead")
     args = Blob(inline=codec.encode(((1,), {})))
@@ -449,11 +451,11 @@ def test_a_stalled_keyed_submit_fenced_by_a_tombstone_at_its_ticket_starts_over(
     # key to a new id that runs (the caller gets that id, never the fenced one).
     q = make_plane(gate, spill_bytes=64)
     f = q.udf(jobs.size_of)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")
     slow = Run("slow", lambda: f.submit(b"k" * 1000, _key="k"))
     stall.wait()  # key taken, arguments spilled, no ticket
-    report = collect(ops, q.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S)
+    report = collect(ops, q.plane.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S)
     [fenced] = report.orphans
     assert q.get(fenced).error["type"] == "SubmitAbandoned"  # type: ignore[index]
     stall.go.set()

@@ -55,7 +55,7 @@ def _hand_written(producer: Any, fn: str, *args: Any) -> str:
     make one: a submit of a harmless function, its record (the ticket's content, before
     any claim) then rewritten (a plain put)."""
     inv: str = producer.udf(jobs.echo).submit(*args)
-    key = record_key(producer.ops("default"), inv)
+    key = record_key(producer.plane.ops("default"), inv)
     rec = Record.from_bytes(producer.store.get(key)[0])
     producer.store.put(key, dataclasses.replace(rec, fn=fn).to_bytes())
     return inv

@@ -71,7 +71,7 @@ def test_counts_queued_running_and_what_left_between_rounds() -> None:
     board = Board(q.store)
     board.poll()
     assert (_row(board)["queued"], _row(board)["running"]) == (5, 0)
-    held = Claimer(q.ops("default"), "w1").claim(q.store.now())
+    held = Claimer(q.plane.ops("default"), "w1").claim(q.store.now())
     assert held is not None
     board.poll()
     row = _row(board)
@@ -211,7 +211,7 @@ def test_hostile_objects_do_not_stop_the_board() -> None:
     f = q.udf(jobs.add_one)
     f.submit(1)
     bad = f.submit(2)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     held = Claimer(ops, "w1").claim(q.store.now())  # takes `good` or `bad`: both get records
     assert held is not None
     Claimer(ops, "w2").claim(q.store.now())
@@ -239,7 +239,7 @@ def test_a_record_pointing_outside_its_invocation_is_not_followed() -> None:
     q = make_plane(store, spill_bytes=10)
     inv = q.udf(jobs.echo).submit("x" * 100)  # spilled: <id>/args
     store.put("lakeshore/other/secret", b"the other tenant's data")
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec, _ = ops.read(inv)
     forged = rec.next_write(args=Blob(ref="lakeshore/other/secret", size=23, sha256="0" * 64))
     store.put(record_key(ops, inv), forged.to_bytes())
@@ -270,7 +270,7 @@ def test_list_invocations_filters_by_function_and_stops_reading() -> None:
     wanted = [echo.submit(0)]
     [add.submit(i) for i in range(40)]
     wanted.append(echo.submit(1))
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     now = q.store.now()
     page = list_invocations(ops, now, fn="tests.jobs:echo", limit=5)
     assert [r.id for r in page.records] == wanted[::-1] and page.next_before is None
@@ -324,7 +324,7 @@ def test_the_poller_sleeps_while_no_page_asks() -> None:
 def test_a_tombstone_in_a_ticket_is_not_counted_as_queued() -> None:
     q = make_plane(MemoryStore())
     live = q.udf(jobs.add_one).submit(1)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     from lakeshore.keys import new_id
 
     dead = new_id()
@@ -410,7 +410,7 @@ def test_a_long_journal_is_read_from_its_newest_frames() -> None:
     q = make_plane(store)
     inv = q.udf(jobs.squares).submit(3000)
     dls.run_worker(q, once=True, isolation="thread")
-    segments = len(list(store.list(q.ops("default").keys.journal_prefix(inv, 1))))
+    segments = len(list(store.list(q.plane.ops("default").keys.journal_prefix(inv, 1))))
     board = Board(store)
     store.calls.clear()
     frames = board.frames("default", inv, -1)["frames"]
@@ -423,7 +423,7 @@ def test_a_spilled_value_is_read_once_and_only_from_its_own_key() -> None:
     q = make_plane(store, spill_bytes=10)
     a = q.udf(jobs.echo).submit("SECRET-OF-A" * 10)
     b = q.udf(jobs.echo).submit("b" * 100)
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     rec_b, _ = ops.read(b)
     rec_a, _ = ops.read(a)
     forged = rec_b.next_write(args=rec_a.args)  # b's record names a's arguments
@@ -446,7 +446,7 @@ def test_long_logs_are_read_from_their_newest_segments() -> None:
     q = make_plane(store)
     inv = q.udf(jobs.add_one).submit(1)
     dls.run_worker(q, once=True, isolation="thread")
-    ops = q.ops("default")
+    ops = q.plane.ops("default")
     writer = JournalWriter(store, lambda seq: ops.keys.logs(inv, 1, seq), 1, flush_frames=1)
     for i in range(400):  # a segment each
         writer.add(codec.encode(f"line {i} " + "x" * 2000 + "\n"))

@@ -383,7 +383,7 @@ def test_queue_verbs_take_a_job_or_the_id_of_one_this_object_holds(wq: dls.WorkQ
     wq.ack(a, "done")
     assert wq.nack(b, "no", retry=False) == "failed"
     with pytest.raises(InvalidArgument, match="holds no such job"):
-        dls.WorkQueue("work", wq.dispatch).ack(a)
+        dls.WorkQueue("work", wq.plane).ack(a)
     assert wq.result(a, timeout=5) == "done"
 
 
@@ -507,7 +507,7 @@ def test_a_heartbeat_thread_woken_past_the_lease_never_renews_it(
 
 def _rewrite_args(q: Any, inv: str, args: bytes) -> None:
     """Replace the arguments of ``inv``'s record as someone with write access could."""
-    ops = q.ops(q.get(inv).queue)
+    ops = q.plane.ops(q.get(inv).queue)
     key = record_key(ops, inv)
     rec = Record.from_bytes(q.store.get(key)[0])
     forged = rec.next_write(args=Blob(inline=args))
@@ -536,7 +536,7 @@ def test_a_forged_argument_shape_is_failed_by_consumers_and_workers_alike(
 
 
 def test_a_spilled_object_larger_than_its_record_says_is_not_read(q: Any) -> None:
-    ops = q.ops("work")
+    ops = q.plane.ops("work")
     q.store.put("elsewhere/huge", b"x" * 100_000)
     blob = Blob(ref="elsewhere/huge", size=10, sha256="0" * 64)
     with pytest.raises(dls.StoreError, match="does not match its size"):

@@ -17,3 +17,17 @@ def test_put_mode_kind_is_its_name() -> None:
 def test_frame_kind_is_always_value() -> None:
     with pytest.warns(DeprecationWarning, match="every frame handed out is a value"):
         assert dls.Frame(0, 1, 1).kind == "value"
+
+
+def test_a_work_queue_names_its_plane_plane() -> None:
+    q = dls.Dispatch(":memory:")
+    with pytest.warns(DeprecationWarning, match=r"WorkQueue\(dispatch=\.\.\.\) is deprecated"):
+        wq = dls.WorkQueue("work", dispatch=q)
+    assert wq.plane is q
+    with pytest.warns(DeprecationWarning, match=r"WorkQueue\.dispatch is deprecated"):
+        assert wq.dispatch is q
+    with pytest.warns(DeprecationWarning, match=r"AsyncWorkQueue\(dispatch=\.\.\.\) is"):
+        aq = dls.AsyncWorkQueue("work", dispatch=q)
+    assert aq.sync.plane is q
+    with pytest.raises(dls.InvalidArgument, match="both plane= and dispatch="):
+        dls.WorkQueue("work", q, dispatch=q)

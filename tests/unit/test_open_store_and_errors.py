@@ -213,3 +213,64 @@ def test_an_empty_url_is_refused_not_taken_for_the_default(
         assert "an empty URL names no store" in capsys.readouterr().err, argv
     assert not (tmp_path / ".lakeshore").exists(), "no home store was made"
     assert lakeshore.Dispatch(None, store=MemoryStore()).url.endswith(".lakeshore")  # None: default
+
+
+# what a user sees on a Dispatch: the verbs, the async spellings, four read-only properties
+# and the plane under the facade (for lakeshore's own layers and for tests)
+DISPATCH_SURFACE = {
+    "udf", "scope", "get", "status", "result", "stream", "astream", "cancel", "retry", "logs",
+    "follow_logs", "configure", "queue_config", "topic",
+    "aget", "astatus", "aresult", "acancel",
+    "url", "ns", "store", "data_root", "plane",
+}  # fmt: skip
+
+
+def test_a_dispatch_shows_the_users_verbs_and_holds_its_plane() -> None:
+    from lakeshore.plane import Plane, plane_of
+
+    q = lakeshore.Dispatch(":memory:", ns="surface")
+    public = {name for name in dir(q) if not name.startswith("_")}
+    assert public == DISPATCH_SURFACE
+    assert public == {name for name in dir(lakeshore.Dispatch) if not name.startswith("_")}
+    assert not isinstance(q, Plane) and isinstance(q.plane, Plane)
+    for internal in ("ops", "claimer", "locate", "remember", "registry", "settings"):
+        assert not hasattr(q, internal), internal
+    for internal in ("in_process", "queues", "submit_call", "lease_s", "allow_pickle"):
+        assert not hasattr(q, internal), internal
+    for prop in ("url", "ns", "store", "data_root", "plane"):
+        with pytest.raises(AttributeError):
+            setattr(q, prop, None)
+    assert (q.url, q.ns, q.store, q.data_root) == (
+        q.plane.url,
+        q.plane.ns,
+        q.plane.store,
+        q.plane.data_root,
+    )
+    assert repr(q) == "Dispatch(':memory:', ns='surface')"
+    assert plane_of(q) is q.plane and plane_of(q.plane) is q.plane
+    with pytest.raises(InvalidArgument, match="not a plane"):
+        plane_of("memory")  # type: ignore[arg-type]
+
+
+def test_what_takes_a_plane_takes_a_dispatch_or_its_plane() -> None:
+    from tests import jobs
+    from tests.fleet import Fleet, scaler_for
+
+    q = lakeshore.Dispatch(":memory:")
+    f = q.udf(jobs.add_one)
+    assert f.plane is q  # a function declared on a Dispatch names it
+    ids = [f.submit(1), f.submit(2)]
+    assert lakeshore.run_worker(q, isolation="thread", max_jobs=1, idle_exit=0) == 1
+    assert lakeshore.run_worker(q.plane, isolation="thread", max_jobs=1, idle_exit=0) == 1
+    assert [q.result(i, timeout=5) for i in ids] == [2, 3]
+    for given in (q, q.plane):
+        wq = lakeshore.WorkQueue("work", given)
+        assert wq.plane is given
+        inv = wq.submit("p")
+        job = wq.claim()
+        assert job is not None and job.id == inv
+        job.ack("done")
+        assert (wq.status(inv), wq.result(inv, timeout=5)) == ("succeeded", "done")
+        scaler = scaler_for(given, Fleet())
+        assert scaler.plane is q.plane
+        assert [r.queue for r in scaler.tick()] == ["hpc"]
