@@ -29,9 +29,10 @@ terminal. The orders below keep the invariant through any crash between two requ
   (``<id>.<n>``, the record's ``reruns``), and a life that ended never comes back, so a
   ticket whose life is over is deleted without a condition: when its record is terminal in
   that life or has reached a later one. A ticket of a life the record has not reached is a
-  rerun between its ticket and its record write, left alone until ``_RERUN_GRACE_S`` old.
-  A marker whose record is missing is dropped once ``ORPHAN_GRACE_S`` old. A ticket that
-  holds a terminal record is a tombstone and is left to gc.
+  rerun between its ticket and its record write, left alone until ``_RERUN_GRACE_S`` old
+  (``lakeshore.protocol.claim_examine``). A marker whose record is missing is dropped once
+  ``ORPHAN_GRACE_S`` old. A ticket that holds a terminal record is a tombstone and is left
+  to gc.
 * **expired leases**: a claimer that reads a running record whose lease has run out (in the
   store's clock) requeues or fails it by CAS; the holder's late writes are then fenced.
 
