@@ -58,7 +58,7 @@ from lakeshore.keys import ROOT, QueueKeys, worker_key
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Record
 from lakeshore.plane import Plane
-from lakeshore.protocol import claims
+from lakeshore.protocol import claim_listing
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.tidy import BATCH, BATCH_S, Tidier
 from lakeshore.store import MemoryStore, ObjectInfo, PutMode, Store
@@ -347,16 +347,16 @@ def _claims_on(sched: Scheduler) -> Iterator[None]:
     """The claim scheduler ages its listing on ``time.monotonic()`` (it takes no clock for
     it): for the run, its module sees the virtual clock there, everything else of ``time``
     as it is."""
-    real = claims.time
+    real = claim_listing.time
     shim = types.SimpleNamespace(
         **{k: getattr(real, k) for k in dir(real) if not k.startswith("__")}
     )
     shim.monotonic = sched.ticks
-    claims.time = shim  # type: ignore[assignment]
+    claim_listing.time = shim  # type: ignore[assignment]
     try:
         yield
     finally:
-        claims.time = real
+        claim_listing.time = real
 
 
 # -- the simulation ------------------------------------------------------------------------

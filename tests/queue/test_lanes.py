@@ -13,7 +13,7 @@ import pytest
 
 from lakeshore import codec
 from lakeshore.keys import QueueKeys, worker_key
-from lakeshore.protocol import claims
+from lakeshore.protocol import claim_listing
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.lanes import (
     FLOOR_S,
@@ -258,7 +258,7 @@ def test_two_processes_with_signs_of_life_claim_apart_with_no_lost_create() -> N
     a = Claimer(QueueOps(store, keys), "w1", ticks)
     b = Claimer(QueueOps(store, keys), "w2", ticks)
     for c in (a, b):  # each has seen the other claim from this queue
-        c._lanes.contended()
+        c.lanes.contended()
     got: list[str] = []
     for _ in range(10):  # in turn, each from its own listing (reused between its claims)
         for c in (a, b):
@@ -318,7 +318,7 @@ def test_a_pass_that_leaves_short_lanes_to_their_owners_says_the_queue_is_not_dr
 ) -> None:
     ticks = Ticks()
     # the listing's age too is this clock's: a stalled machine must not make it stale
-    monkeypatch.setattr(claims, "time", types.SimpleNamespace(monotonic=ticks))
+    monkeypatch.setattr(claim_listing, "time", types.SimpleNamespace(monotonic=ticks))
     store = Tally()
     q = make_plane(store)
     f = q.udf(jobs.add_one)
@@ -343,18 +343,18 @@ def test_a_pass_that_leaves_short_lanes_to_their_owners_says_the_queue_is_not_dr
     )
     _alive(store, q.ns, me, other)
     w1 = Claimer(QueueOps(store, keys), me, ticks)
-    w1._lanes.contended()  # it has seen the other claim here
+    w1.lanes.contended()  # it has seen the other claim here
     assert w1.claim(store.now()) is None  # a lane this short is left to its owner
     assert w1.held_back(grace=1.0)  # but the queue is not drained: a draining worker stays
     ticks.t += 2.0
     assert not w1.held_back(grace=1.0)
     consumer = Claimer(QueueOps(store, keys), me, ticks, payloads=True)
-    consumer._lanes.contended()
-    assert consumer._lanes.help([_ticket(1)], eager=True) == 0  # a consumer takes what there is
+    consumer.lanes.contended()
+    assert consumer.lanes.help([_ticket(1)], eager=True) == 0  # a consumer takes what there is
     # whatever keeps that lane from being adopted (here: its head looks new in every
     # listing, as when listings alternate past a scan of skipped tickets), a process whose
     # passes have left work to the others for 10 s takes it itself
-    w1._lanes.observe = lambda listing: w1._lanes._since.clear()  # type: ignore[method-assign]
+    w1.lanes.observe = lambda listing: w1.lanes._since.clear()  # type: ignore[method-assign]
     held_from = ticks.t
     while (held := w1.claim(store.now())) is None:
         assert ticks.t - held_from < 2 * STUCK_S + 1, "left to its owner for good"

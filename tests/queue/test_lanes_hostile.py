@@ -17,7 +17,7 @@ from lakeshore import codec
 from lakeshore.keys import QueueKeys, worker_key
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Blob
-from lakeshore.protocol import claims
+from lakeshore.protocol import claim_listing
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.lanes import HELP_WAIT_S, STUCK_S, Lanes, ring
 from lakeshore.store import MemoryStore
@@ -38,9 +38,9 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """One clock for the store, the claimer's ticks and its listing age (time.monotonic as
-    claims.py sees it), so a listing is reused or not by this clock alone."""
+    claim_listing.py sees it), so a listing is reused or not by this clock alone."""
     c = Clock()
-    monkeypatch.setattr(claims, "time", types.SimpleNamespace(monotonic=c))
+    monkeypatch.setattr(claim_listing, "time", types.SimpleNamespace(monotonic=c))
     return c
 
 
@@ -89,7 +89,7 @@ def test_a_lane_no_one_serves_is_adopted_while_other_workers_come_and_go(
     # the lanes it lands between, never gives one to "a")
     target = next(i for i in ids if ring_.lane(keys.ticket_of_id(i) or "") != ring_.index)
     c = Claimer(q.plane.ops("default"), "a", ticks=clock)
-    c._lanes.contended()  # as if a race on this queue had been lost: lanes apply
+    c.lanes.contended()  # as if a race on this queue had been lost: lanes apply
     got = []
     for step in range(30):  # 30 s; STUCK_S is 5 s
         store.delete(worker_key(q.ns, f"b-fleet-{step - 1}"))
@@ -116,7 +116,7 @@ def test_control_with_a_steady_census_the_lane_is_adopted(clock: Clock) -> None:
     ring_.number(ring(["a", "b"]))
     target = next(i for i in ids if ring_.lane(keys.ticket_of_id(i) or "") != ring_.index)
     c = Claimer(q.plane.ops("default"), "a", ticks=clock)
-    c._lanes.contended()
+    c.lanes.contended()
     got = []
     for _ in range(30):
         held = c.claim(store.now())
@@ -263,7 +263,7 @@ def test_a_frozen_owners_invocation_is_taken_once_its_lease_and_backoff_end(
     held = Claimer(q.plane.ops("default"), frozen, ticks=clock).claim(store.now())
     assert held is not None and held.record.id == inv  # then its node freezes
     b = Claimer(q.plane.ops("default"), taker, ticks=clock)
-    b._lanes.contended()  # another process claims here: lanes apply
+    b.lanes.contended()  # another process claims here: lanes apply
     clock.t = held.record.lease.expires_at + 0.01  # type: ignore[union-attr]
     expired = clock.t
     got, at = None, clock.t

@@ -14,7 +14,7 @@ import lakeshore as dls
 from lakeshore import codec
 from lakeshore.model import lifecycle
 from lakeshore.model.record import SCHEMA_VERSION
-from lakeshore.protocol import claims, idempotency
+from lakeshore.protocol import claim_listing, claim_memory, claims, idempotency
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.store import MemoryStore
@@ -295,7 +295,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Scaled down: one ticket per listing, one listing per pass (real: 1000 and 4).
-    monkeypatch.setattr(claims, "_LISTING", 1)
+    monkeypatch.setattr(claim_listing, "_LISTING", 1)
     monkeypatch.setattr(claims, "_LISTS_PER_CLAIM", 1)
     store = _FlakyClock()
     store.t = 1000.0
@@ -316,7 +316,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
     store.t = 1090.0
     held = [ops.heartbeat(h, store.now()) for h in held if h is not None]  # leases to 1190
     store.t = 1150.0
-    mine._listed_at = -1e9  # its listing has aged out (as after claims._LISTING_S)
+    mine.listing.listed_at = -1e9  # its listing has aged out (as after LISTING_S)
     # the pass lists one running invocation and has no listing left: K was never looked at
     assert mine.claim(store.now()) is None and mine.retry_pending()
     # a pass that found nothing while another slot's pass (begun before K was due) is in
@@ -342,7 +342,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
         if late.retry_pending(grace=60.0):
             break
     assert late.retry_pending(grace=60.0)
-    fresh_ticks[0] = 280.0 + claims._SLACK_S + 59.0
+    fresh_ticks[0] = 280.0 + claim_memory.SLACK_S + 59.0
     assert late.retry_pending(grace=60.0) and not late.retry_pending(grace=0.0)
-    fresh_ticks[0] = 280.0 + claims._SLACK_S + 61.0
+    fresh_ticks[0] = 280.0 + claim_memory.SLACK_S + 61.0
     assert not late.retry_pending(grace=60.0)

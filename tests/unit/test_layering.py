@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         {"protocol", "protocol.steps", "protocol.claims", "protocol.tidy"}
         | {"protocol.admission", "protocol.queue_record", "protocol.census", "protocol.polling"}
         | {"protocol.scaler_lease", "protocol.lanes", "protocol.idempotency", "protocol.gc"}
+        | {"protocol.claim_memory", "protocol.claim_listing", "protocol.claim_order"}
+        | {"protocol.claim_examine"}
         | {"streams.stream", "streams.topic", "running.logs", "doctor"},
     ),
     (
