@@ -213,6 +213,10 @@ def _default(obj: Any) -> Any:
         return dict(obj)
     if isinstance(obj, list):
         return list(obj)
+    if isinstance(obj, str) and type(obj).__module__.startswith("lakeshore."):
+        # lakeshore's own StrEnums (a record's state, a body's kind): sent as the text they
+        # stand for, which is what they were before they were enums
+        return str(obj)
     raise TypeError(f"type {type(obj).__module__}.{type(obj).__qualname__}")
 
 

@@ -203,7 +203,7 @@ class Dispatch:
         Raises:
             InvalidArgument: ``inv`` is not an id. NotFound: no such invocation.
         """
-        return self.get(inv).state
+        return str(self.get(inv).state)  # the plain text, as documented
 
     def result(self, inv: str, timeout: float | None = None) -> Any:
         """Wait for the invocation to finish and return its value.

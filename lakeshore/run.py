@@ -11,7 +11,17 @@ The machinery lives in :mod:`lakeshore.files`; the contract is on docs/files.md.
 
 from __future__ import annotations
 
-from lakeshore.files.context import active, flush, read, scope, write
+from lakeshore.files.context import RunContext, active, flush, read, scope, write
 from lakeshore.files.root import DataRoot, Fence, data_root
 
-__all__ = ["DataRoot", "Fence", "active", "data_root", "flush", "read", "scope", "write"]
+__all__ = [
+    "DataRoot",
+    "Fence",
+    "RunContext",
+    "active",
+    "data_root",
+    "flush",
+    "read",
+    "scope",
+    "write",
+]

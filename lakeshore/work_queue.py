@@ -469,7 +469,7 @@ class WorkQueue:
 
     def status(self, inv: str) -> str:
         """The job's state. Raises: NotFound, InvalidArgument (as ``Dispatch.status``)."""
-        return self._plane.locate(inv)[1].state
+        return str(self._plane.locate(inv)[1].state)
 
     def cancel(self, inv: str) -> bool:
         """Cancel job ``inv``; False if it had ended. A consumer holding it finds its next
@@ -499,7 +499,7 @@ class WorkQueue:
             StoreError: the store failed.
         """
         found = self._census(live_only=False)
-        return {s: found.get(s, 0) for s in STATES}
+        return {str(s): found.get(s, 0) for s in STATES}
 
     def __len__(self) -> int:
         return self.count("queued")

@@ -48,7 +48,7 @@ from lakeshore.protocol.census import write_sign_of_life
 from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.polling import pause
 from lakeshore.protocol.steps import Claimed, QueueOps
-from lakeshore.running.attempt import Attempt, Halt, Slot, run_attempt
+from lakeshore.running.attempt import Attempt, Halt, Isolation, Slot, run_attempt
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
@@ -71,7 +71,7 @@ class _State:
 
     plane: Plane
     worker_id: str
-    isolation: str
+    isolation: Isolation
     max_jobs: int | None
     stop: threading.Event
     hooks: Hooks = field(default_factory=Hooks)
@@ -210,6 +210,7 @@ def run_worker(
             "grace_s >= 0; lease_s > 0",
         )
     plane = plane_of(plane)
+    isolation = Isolation(isolation)
     refuse_script_rerun("run_worker")
     if worker_id is not None:
         check_text(worker_id, "lease.worker", "run_worker")  # it is in every lease
@@ -238,9 +239,9 @@ def run_worker(
     ops = [plane.ops(name) for name in names]
     state.claimers = [plane.claimer(name, state.worker_id) for name in names]
     state.idle_exit, state.max_poll_s = idle_exit, max_poll_s
-    if isolation == "process":
+    if isolation is Isolation.PROCESS:
         warm_up()  # body processes: their fork server starts while the first claims go out
-    if hooks.on_start is not None and isolation != "process":
+    if hooks.on_start is not None and isolation is not Isolation.PROCESS:
         try:
             hooks.on_start()  # bodies run in this process
         except BaseException as e:
@@ -270,7 +271,7 @@ def run_worker(
     finally:
         if restore is not None:
             restore()
-        if hooks.on_stop is not None and isolation != "process":
+        if hooks.on_stop is not None and isolation is not Isolation.PROCESS:
             try:
                 hooks.on_stop()
             except Exception as e:  # best effort

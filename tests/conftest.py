@@ -86,16 +86,39 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Under pytest-xdist (scripts/test runs the suite in several processes), every test of
     # the SLURM tier goes to one process, so that one cluster serves them all.
     for item in items:
         if item.get_closest_marker("slurm") or "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-    # and the slowest tests first (marked ``slow``), so that none of them starts last and
-    # holds the run up while the other processes sit idle
-    if getattr(config.option, "numprocesses", None):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if not hasattr(config, "workerinput"):  # not a process of pytest-xdist: nothing to order
+        return
+    # the slowest tests first (marked ``slow``), so that none of them starts last and holds
+    # the run up while the other processes sit idle
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse a run in which pytest-xdist did not group what must stay together (its
+    grouping once broke silently with a pytest release): several SLURM clusters, or
+    upstream's scripts run in every process, must not pass for the real thing."""
+    config = session.config
+    argv = list(getattr(config, "workerinput", {}).get("mainargv", []))
+    grouped = "--dist=loadgroup" in argv or ["--dist", "loadgroup"] in (
+        argv[i : i + 2] for i in range(len(argv))
+    )
+    if not grouped:  # (a worker's own options say --dist no: the controller's argv tells)
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group")]
+    lost = [n for n in lost if "@" not in n]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} test(s), e.g. {lost[0]}: this pytest and "
+            "pytest-xdist do not work together (see the pins in pyproject.toml)"
+        )
 
 
 _TIER_KEYS = {"seaweed": _seaweed_key, "slurm": _slurm_key, "browser": _browser_key}
@@ -130,7 +153,7 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 def merge_tier_info(into: dict[str, Any], part: dict[str, Any]) -> None:
     """Tests and servers add up; the first process to say anything else is the one shown."""
     for k, v in part.items():
-        if k in ("tests", "servers"):
+        if k in ("tests", "servers", "clusters"):
             into[k] = into.get(k, 0) + v
         else:
             into.setdefault(k, v)
@@ -167,10 +190,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 def _slurm_summary(info: dict[str, Any]) -> str:
     if "version" in info:
+        clusters = info.get("clusters", 1)
         return (
             f"SLURM tier: RAN — {info['tests']} tests against slurm {info['version']} "
             f"({info['cpus']} CPUs on node {info['node']}, up in {info['startup_s']:.1f} s), "
-            "started by this session"
+            + ("started by this session" if clusters == 1 else f"{clusters} clusters started")
         )
     if "failed" in info:
         return f"SLURM tier: FAILED — {info['failed']}"
@@ -320,6 +344,7 @@ def slurm_cluster(
         cpus=cluster.cpus,
         node=cluster.node,
         startup_s=time.monotonic() - t0,
+        clusters=1,
     )
     try:
         yield cluster

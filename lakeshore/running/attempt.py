@@ -58,6 +58,7 @@ __all__ = [
     "Attempt",
     "Halt",
     "Heartbeats",
+    "Isolation",
     "Running",
     "Slot",
     "conclude",
@@ -138,6 +139,16 @@ class Heartbeats:
                         self._att = None
 
 
+class Isolation(StrEnum):
+    """Where a worker slot runs bodies."""
+
+    # a body process for an invocation with a timeout_s (only a process can be stopped),
+    # the slot's own thread for the others
+    AUTO = "auto"
+    THREAD = "thread"  # the slot's own thread: light bodies; a sync body cannot be stopped
+    PROCESS = "process"  # the slot's child process: killable, and cannot crash the worker
+
+
 @dataclass
 class Slot:
     """What one worker slot keeps between attempts: its child process (process isolation)
@@ -145,7 +156,7 @@ class Slot:
     body, a new thread carries on with the same slot."""
 
     plane: Plane
-    isolation: str
+    isolation: Isolation
     hooks: Hooks
     allow: Allow = field(default_factory=Allow)  # the operator's allow-list (run_worker)
     signalled: Callable[[], bool] = field(default=lambda: False)  # the worker got SIGTERM/INT
@@ -198,7 +209,7 @@ class Attempt:
 
     def halt(self, why: Halt) -> None:
         if not self.stop.is_set():
-            self.why = why
+            self.why = Halt(why)
             self.stop.set()
 
     def body_starts(self) -> None:
@@ -458,14 +469,18 @@ def _execute(
         return fatal(e)
     fn = target.fn if isinstance(target, Declared) else target
     kind = target.kind if isinstance(target, Declared) else body_kind(fn)
-    isolation = slot.isolation
-    if isolation == "auto":
-        isolation = "process" if rec.timeout_s is not None else "thread"
+    match slot.isolation:
+        case Isolation.AUTO:
+            isolation = Isolation.PROCESS if rec.timeout_s is not None else Isolation.THREAD
+        case Isolation.THREAD | Isolation.PROCESS:
+            isolation = slot.isolation
+        case unknown:
+            assert_never(unknown)
     local = isinstance(target, Declared) and target.local_only
-    if isolation == "process" and (local or not child_can_import(rec.fn, rec.fn_pickle)):
+    if isolation is Isolation.PROCESS and (local or not child_can_import(rec.fn, rec.fn_pickle)):
         # a child could not find it (our registry, or a __main__ with no file to import):
         # run it here, where it is; a timeout then ends the attempt but cannot stop the body
-        if slot.isolation == "process" and slot.hooks.on_start is not None:
+        if slot.isolation is Isolation.PROCESS and slot.hooks.on_start is not None:
             # this worker runs on_start only in its body processes: the body would miss it
             return fatal(
                 InvalidArgument(
@@ -476,8 +491,8 @@ def _execute(
                     'isolation="auto" or "thread"',
                 )
             )
-        isolation = "thread"
-        if rec.timeout_s is not None and slot.isolation != "thread":
+        isolation = Isolation.THREAD
+        if rec.timeout_s is not None and slot.isolation is not Isolation.THREAD:
             log.warning(
                 "%s %s runs in a thread of the worker (a body process could not load it): "
                 "its timeout ends the attempt but cannot stop the body",
@@ -485,7 +500,7 @@ def _execute(
                 rec.id,
             )
     spec = RunSpec(slot.plane.data_root, rec.prefix, staging_name=f"{rec.id}-{rec.attempt}")
-    if isolation == "process":
+    if isolation is Isolation.PROCESS:
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks, slot.signalled)
         call = BodyCall(rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True)  # by _load

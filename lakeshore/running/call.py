@@ -74,6 +74,9 @@ class Outcome:
     error: dict[str, str] | None = None
     final: bool = False
 
+    def __post_init__(self) -> None:
+        self.verdict = Verdict(self.verdict)  # "ok" from a caller is Verdict.OK: `is` holds
+
 
 def error_of(e: BaseException) -> dict[str, str]:
     return {

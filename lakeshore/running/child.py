@@ -53,6 +53,7 @@ from lakeshore.running.call import (
     unsendable_error,
 )
 from lakeshore.running.logs import Sink, capture
+from lakeshore.running.zygote import short_socket_dir
 
 __all__ = [
     "BodyCall",
@@ -268,6 +269,7 @@ def _context() -> Any:
     lakeshore), where the platform has one; else spawn."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
+    short_socket_dir()  # before the stdlib's server makes its socket
     ctx = mp.get_context("forkserver")
     # only what a server that is not running yet will import; the worker's __main__ is not
     # among them (the stdlib's default): each child imports it, as a spawned one would
@@ -327,8 +329,14 @@ class ChildProcess:
             name=_PROCESS_NAME,
             daemon=True,
         )
-        self.proc.start()
-        child.close()
+        try:
+            self.proc.start()
+        except BaseException:  # no process (no fork server): nothing to stop or wait for
+            self.proc = None
+            parent.close()
+            raise
+        finally:
+            child.close()
         self.conn = parent
         self.starts += 1
         while not parent.poll(POLL_S):  # on_start may take long: loading a model, say
@@ -494,7 +502,8 @@ class ChildProcess:
             elif self._orphaned():  # by pid: the pipe it holds shows it still runs
                 with contextlib.suppress(OSError):
                     os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.join(5)
+            if self.proc.pid is not None:  # started: it has an end to wait for
+                self.proc.join(5)
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None

@@ -20,14 +20,44 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from typing import Any
 
-__all__ = ["fork_server"]
+__all__ = [
+    "fork_server",
+    "short_socket_dir",
+]
 
 _KNOWN_MAIN = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+
+
+# An AF_UNIX address holds 107 bytes. multiprocessing puts its fork server's socket at
+# <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX, so a TMPDIR longer than about 75 bytes (a SLURM
+# job's own, under a long scratch path) leaves no room, and no body process could start.
+_SOCKET_ROOM = 107 - len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+_SHORT_TMP = "/tmp"
+
+
+def short_socket_dir() -> None:
+    """Give multiprocessing a temporary folder short enough for its sockets when the one
+    ``TMPDIR`` names is too long: a private one (``mkdtemp``: mode 0700) in /tmp, removed at
+    exit as multiprocessing removes its own. Nothing changes while the default fits, or once
+    multiprocessing has chosen its folder."""
+    from multiprocessing import process, util
+
+    current: Any = process.current_process()
+    config: dict[str, Any] = current._config  # where multiprocessing.util.get_temp_dir looks
+    if config.get("tempdir") is not None:
+        return
+    if len(os.fsencode(tempfile.gettempdir())) <= _SOCKET_ROOM or not os.path.isdir(_SHORT_TMP):
+        return
+    tempdir = tempfile.mkdtemp(prefix="pymp-", dir=_SHORT_TMP)
+    util.Finalize(None, shutil.rmtree, args=(tempdir, True), exitpriority=-100)
+    config["tempdir"] = tempdir
 
 
 def _single_threaded() -> bool:
@@ -62,6 +92,7 @@ def _fork_server() -> bool:
     if not _single_threaded():
         return False
     resource_tracker.ensure_running()  # a spawned process: children report to it
+    short_socket_dir()
     address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address)

@@ -199,3 +199,46 @@ def test_a_worker_started_from_python_gets_the_stdlibs_fork_server(tmp_path: Pat
     # a process of an application: what it holds is not this package's to hand to bodies
     assert body_parent == server and stdlib == "True"
     poll(lambda: not alive(int(server)), timeout=30, what="the server ends with its worker")
+
+
+_LONG_TMPDIR = """
+import sys
+import lakeshore as dls
+from tests import jobs
+q = dls.Dispatch(sys.argv[1])
+inv = q.udf(jobs.add_one).submit(1)
+assert dls.run_worker(q, once=True, isolation="process") == 1
+print(q.result(inv, timeout=30))
+"""
+
+
+@pytest.mark.skipif("forkserver" not in mp.get_all_start_methods(), reason="spawned here")
+@pytest.mark.parametrize("started_by", ["command line", "python"])
+def test_body_processes_start_under_a_tmpdir_too_long_for_a_socket(
+    tmp_path: Path, started_by: str
+) -> None:
+    """A SLURM job's TMPDIR can be long (a per-job folder under a deep scratch path), and an
+    AF_UNIX socket path holds 107 bytes: multiprocessing's fork server could not bind its
+    socket below it, so no body process started and every attempt was handed back."""
+    import subprocess
+    import sys
+
+    tmpdir = tmp_path / ("t" * 60) / ("d" * 40)
+    tmpdir.mkdir(parents=True)
+    assert len(str(tmpdir)) > 107 - len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+    url, root = f"file://{tmp_path}/store", Path(__file__).parents[2]
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(root), "LAKESHORE_URL": url}
+    if started_by == "python":
+        argv = ["-c", _LONG_TMPDIR, url]
+    else:
+        inv = dls.Dispatch(url).udf(jobs.add_one).submit(1)
+        argv = ["-m", "lakeshore", "worker", "--allow", "tests.jobs:*", "--max-jobs", "1"]
+    out = subprocess.run(
+        [sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert out.returncode == 0, out.stderr
+    if started_by == "python":
+        assert out.stdout.splitlines()[-1] == "2", out.stdout
+    else:
+        assert "-> succeeded" in out.stderr, out.stderr
+        assert dls.Dispatch(url).result(inv, timeout=10) == 2
