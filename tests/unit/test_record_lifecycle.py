@@ -245,3 +245,20 @@ def test_records_in_every_state_are_stored_as_0_4_0_stored_them() -> None:
         assert hashlib.sha256(data).hexdigest()[:16] == STORED_0_4_0[name], name
         back = Record.from_bytes(data)
         assert type(back.state) is State and back.state == rec.state
+
+
+def test_a_state_reaches_users_as_text_and_is_sent_as_text() -> None:
+    """States are an enum inside; what users get and send is the plain text it was."""
+    import lakeshore as dls
+    from lakeshore import codec
+    from lakeshore.model.record import State
+    from tests import jobs
+
+    q = dls.Dispatch(":memory:")
+    inv = q.udf(jobs.add_one).submit(1)
+    assert type(q.status(inv)) is str and q.status(inv) == "queued"
+    back = codec.decode(codec.encode({"state": q.get(inv).state, "all": list(State)}))
+    assert back == {"state": "queued", "all": [s.value for s in State]}
+    assert type(back["state"]) is str
+    work = dls.WorkQueue("jobs", q)
+    assert all(type(k) is str for k in work.counts())
