@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tests.seaweed import Seaweed, find_weed, start_seaweed
-from tests.tiers import FAKE_CREDS, _create_bucket
+from tests.tiers import FAKE_CREDS, create_bucket
 
 BUCKET = "lakeshore-test"
 
@@ -25,7 +25,7 @@ def seaweed_server(metrics: bool = False) -> Iterator[Seaweed | None]:
         return
     server = start_seaweed(weed, metrics=metrics)
     try:
-        _create_bucket(server.endpoint)
+        create_bucket(server.endpoint)
         yield server
     finally:
         server.stop()

@@ -45,6 +45,7 @@ from tests.tiers import (
     FAKE_CREDS,
     S3URL_ENV,
     TEST_BUCKET,
+    create_bucket,
     make_plane,
     make_tier_store,
     s3url,
@@ -312,7 +313,7 @@ def seaweed(pytestconfig: pytest.Config) -> Iterator[Seaweed]:
     server = start_seaweed(weed)
     info.update(endpoint=server.endpoint, version=server.version, servers=1)
     try:
-        _create_bucket(server.endpoint)
+        create_bucket(server.endpoint)
         yield server
     finally:
         server.stop()
@@ -350,30 +351,6 @@ def slurm_cluster(
         yield cluster
     finally:
         cluster.stop()
-
-
-def _create_bucket(endpoint: str, timeout: float = 60.0) -> None:
-    import boto3
-    import botocore.exceptions
-
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **FAKE_CREDS)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            client.create_bucket(Bucket=TEST_BUCKET)
-            return
-        except botocore.exceptions.ClientError as e:
-            if e.response["Error"].get("Code") in (
-                "BucketAlreadyOwnedByYou",
-                "BucketAlreadyExists",
-            ):
-                return
-            if time.monotonic() > deadline:
-                raise
-        except botocore.exceptions.BotoCoreError:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.25)  # the filer behind the gateway may still be starting
 
 
 @pytest.fixture

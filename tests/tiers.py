@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,28 @@ def record_key(ops: Any, inv: str) -> str:
         return str(key)
     ticket = ops.keys.ticket_of_id(inv)
     return str(key if ticket is None else ticket)
+
+
+def create_bucket(endpoint: str, timeout: float = 60.0) -> None:
+    """The test bucket on the S3 server at ``endpoint``, made once the server answers."""
+    import boto3
+    import botocore.exceptions
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **FAKE_CREDS)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.create_bucket(Bucket=TEST_BUCKET)
+            return
+        except botocore.exceptions.ClientError as e:
+            if e.response["Error"].get("Code") in (
+                "BucketAlreadyOwnedByYou",
+                "BucketAlreadyExists",
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise
+        except botocore.exceptions.BotoCoreError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.25)  # the filer behind the gateway may still be starting
