@@ -24,7 +24,7 @@ from pathlib import Path
 __all__ = ["Seaweed", "find_weed", "start_seaweed"]
 
 # Flags of `weed mini` that open a listening port. All of them get a free port.
-_PORT_FLAGS = (
+PORT_FLAGS = (
     "master.port",
     "master.port.grpc",
     "volume.port",
@@ -87,12 +87,31 @@ def start_seaweed(weed: str, timeout: float = 90.0, metrics: bool = False) -> Se
     """Start ``weed mini`` and wait until its S3 endpoint answers. With ``metrics``, it also
     serves its Prometheus counters (requests by S3 operation and status code) on loopback.
 
+    A server that exits before it answers is started again on other ports, twice at most:
+    a port found free may be taken before the server binds it (the suite's processes start
+    their servers at the same moment, and ``weed mini`` exits on a port in use).
+
     Raises:
-        RuntimeError: the server exited or did not answer within ``timeout`` seconds (the
-            message carries the tail of its log).
+        RuntimeError: the server exited three times or did not answer within ``timeout``
+            seconds (the message carries the tail of its log).
     """
+    for attempt in range(3):
+        try:
+            return _start_seaweed(weed, timeout, metrics)
+        except _ExitedEarly as e:
+            if attempt == 2:
+                why = f"weed mini exited before it answered, three times:\n{e}"
+                raise RuntimeError(why) from None
+    raise AssertionError("unreachable")
+
+
+class _ExitedEarly(Exception):
+    """The server exited before its endpoint answered (its log's tail is the message)."""
+
+
+def _start_seaweed(weed: str, timeout: float, metrics: bool) -> Seaweed:
     workdir = Path(tempfile.mkdtemp(prefix="lakeshore-seaweed-"))
-    flags = (*_PORT_FLAGS, "metricsPort") if metrics else _PORT_FLAGS
+    flags = (*PORT_FLAGS, "metricsPort") if metrics else PORT_FLAGS
     ports = dict(zip(flags, free_ports(len(flags)), strict=True))
     args = [
         weed,
@@ -126,7 +145,10 @@ def start_seaweed(weed: str, timeout: float = 90.0, metrics: bool = False) -> Se
             return server
         time.sleep(0.2)  # polling a server that is booting; no event to wait on
     tail = (workdir / "weed.log").read_text(errors="replace")[-3000:]
+    exited = proc.poll() is not None
     server.stop()
+    if exited:
+        raise _ExitedEarly(tail)
     raise RuntimeError(f"weed mini did not come up within {timeout:.0f}s:\n{tail}")
 
 
