@@ -48,7 +48,13 @@ __all__ = [
     "clip_error",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Fields added after schema 1. Each is left out of the bytes while it holds its default, so a
+# record that uses none of them is stored exactly as 0.4 stored it (``v = 1``); a record that
+# sets one is written as ``v = 2``, which a 0.4 worker leaves alone (``NewerRecord``) rather
+# than run it without the field's meaning (a child before its parents, say). A field
+# registers here with its default: ``{name: default}``.
+SINCE_V2: dict[str, Any] = {}
 
 
 class State(StrEnum):
@@ -295,7 +301,7 @@ class Record:
     history: tuple[Turn, ...] = ()  # the newest MAX_HISTORY attempts: who ran them, when
     rev: int = 0
     wid: str = field(default_factory=lambda: write_id())
-    v: int = SCHEMA_VERSION
+    v: int = 1  # the oldest schema that holds it: to_bytes raises it when a later field is set
 
     @property
     def terminal(self) -> bool:
@@ -336,6 +342,14 @@ class Record:
             if lease
             else None
         )
+        later = False
+        for name, default in SINCE_V2.items():
+            if obj[name] == default:
+                del obj[name]
+            else:
+                later = True
+        if later and obj["v"] < 2:
+            obj["v"] = 2
         return pack_plain(obj)
 
     @classmethod

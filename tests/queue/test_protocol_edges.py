@@ -61,7 +61,8 @@ def test_newer_records_are_left_alone(q: Any) -> None:
     ticket = ops.keys.ticket_of_id(future)
     assert ticket is not None
     raw, _ = q.store.get(ticket)  # the record, before its first claim
-    newer = raw.replace(b"\xa1v" + bytes([SCHEMA_VERSION]), b"\xa1v" + bytes([SCHEMA_VERSION + 1]))
+    newer = raw.replace(b"\xa1v\x01", b"\xa1v" + bytes([SCHEMA_VERSION + 1]))
+    assert newer != raw
     q.store.put(ticket, newer)
     assert dls.run_worker(q, idle_exit=0.3) == 1
     assert q.result(ok) == 3
