@@ -33,6 +33,7 @@ __all__ = [
     "check_id",
     "check_name",
     "id_index",
+    "id_time",
     "is_name",
     "namespace_prefix",
     "namespaces_prefix",
@@ -93,20 +94,37 @@ def check_id(inv: str) -> str:
         ) from None
 
 
-def new_id(priority: int = 5) -> str:
+def new_id(priority: int = 5, at: float | None = None) -> str:
     """A fresh invocation id: a ULID, so ids sort by submission time, whose last character
     is its ticket's band (``9 - priority``), so the ticket of any id can be found without a
-    listing.
+    listing. ``at`` (epoch seconds) gives the id another time than now: a delayed submit's
+    id carries its due time, so its ticket sorts behind the work that is due before it.
 
     Raises:
-        InvalidArgument: ``priority`` is not an integer from 0 to 9.
+        InvalidArgument: ``priority`` is not an integer from 0 to 9, or ``at`` is outside
+            what a ULID can hold.
     """
-    value = int(ULID())
+    if at is None:
+        value = int(ULID())
+    else:
+        if not 0 <= at < 2**48 / 1000:
+            raise InvalidArgument("invocation id", f"time {at!r} is out of range", "use epoch s")
+        value = int(ULID.from_timestamp(at))
     # The random part moves up 5 bits to make room for the band (the last base32 digit is the
     # low 5 bits). The library counts it up by one for ids of the same millisecond, so they
     # stay distinct and in order; masking the low bits instead would make them collide.
     rand = ((value << 5) | int(band(priority))) & _RANDOM_MASK
     return str(ULID.from_int((value & ~_RANDOM_MASK) | rand))
+
+
+def id_time(inv: str) -> float:
+    """The time (seconds since the epoch) an id carries: when it was submitted, or, for a
+    delayed submit, when it comes due.
+
+    Raises:
+        ValueError: ``inv`` is not a ULID.
+    """
+    return float(ULID.from_str(inv).timestamp)
 
 
 def band_of_id(inv: str) -> str | None:

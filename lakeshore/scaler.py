@@ -232,7 +232,9 @@ class Scaler:
         # counting stops where no larger number would change the decision
         ops = self.plane.ops(queue)
         enough = block.max_workers * block.jobs_per_worker
-        tickets, report.more = live_tickets(ops.store, ops.keys, enough)
+        # delayed work counts once it is as near as _judge counts it (its id tells, unread)
+        due_by = ops.store.now() + block.idle_exit_s
+        tickets, report.more = live_tickets(ops.store, ops.keys, enough, due_by)
         live = len(tickets)
         if not report.more and 0 < live <= JUDGED_UP_TO:
             # a near-empty queue: read what its tickets hold (once per ticket and etag), so a

@@ -16,6 +16,7 @@ key, starts over.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import math
 from inspect import Parameter
@@ -31,6 +32,7 @@ from lakeshore.errors import (
 )
 from lakeshore.files.context import flush
 from lakeshore.keys import band, new_id
+from lakeshore.model.lifecycle import MAX_DELAY_S
 from lakeshore.model.record import MAX_COUNT, Blob, Record, State, check_fields, check_key_arg
 from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol.admission import admit, give_back_rate
@@ -54,7 +56,17 @@ __all__ = [
 
 # the options of a submit (``Udf.submit`` spells them with a leading underscore)
 OPTIONS = frozenset(
-    {"key", "priority", "max_attempts", "timeout_s", "deadline_s", "strict_key", "submit_timeout"}
+    {
+        "key",
+        "priority",
+        "max_attempts",
+        "timeout_s",
+        "deadline_s",
+        "strict_key",
+        "submit_timeout",
+        "delay_s",
+        "not_before",
+    }
 )
 
 
@@ -117,6 +129,8 @@ def prepare_call(
     deadline_s: float | None = None,
     strict_key: bool = False,
     submit_timeout: float = 60.0,
+    delay_s: float | None = None,
+    not_before: datetime.datetime | None = None,
 ) -> Prepared:
     """Everything a submit settles without writing: options checked, the call bound to the
     signature, the arguments encoded. Reads only the queue's (cached) settings, and the
@@ -150,6 +164,7 @@ def prepare_call(
             f"use 1 <= _max_attempts <= {MAX_COUNT} and finite positive _timeout_s / _deadline_s",
         )
     check_key_arg(key, f"submit {udf.ref}")
+    due = _due(plane, f"submit {udf.ref}", delay_s, not_before)
     payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
     if len(payload) > plane.max_payload_bytes:
         raise InvalidArgument(
@@ -176,6 +191,7 @@ def prepare_call(
             b for b in (conf.retry_backoff_s, plane.retry_backoff_s) if b is not None
         ),
         lease_s=conf.lease_s or plane.lease_s,
+        not_before=due,
     )
     check_fields(draft, f"submit {udf.ref}")  # size caps, before anything is written
     return Prepared(
@@ -192,7 +208,7 @@ def publish_prepared(prep: Prepared) -> str:
     """
     ref, key = prep.draft.fn, prep.draft.key
     if key is None:
-        inv = new_id(prep.draft.priority)
+        inv = prep.new_id()
         admitted, token = prep.admit(inv)
         if not _publish_admitted(prep, inv, admitted, token):
             raise _abandoned(ref, inv)
@@ -212,6 +228,11 @@ class Prepared:
     deadline_s: float | None
     wait_s: float
     strict_key: bool = False
+
+    def new_id(self) -> str:
+        """An id for this submit: a delayed one carries its due time, so its ticket sorts
+        behind the work due before it."""
+        return new_id(self.draft.priority, self.draft.not_before or None)
 
     @property
     def limited(self) -> bool:
@@ -252,7 +273,7 @@ def _submit_keyed(prep: Prepared, ref: str, key: str, strict: bool) -> str:
     An invocation is never published under an id whose key was taken by someone else."""
     fenced: set[str] = set()  # ids this call saw fenced: the key must move off them
     for _ in range(_KEY_ROUNDS):
-        inv = new_id(prep.draft.priority)
+        inv = prep.new_id()
         # on a limited queue only look: admission comes before the key is taken
         held = take_or_read(prep.ops, key, inv, prep.draft.input_hash, create=not prep.limited)
         if held is None and not prep.limited:
@@ -287,6 +308,51 @@ def _submit_keyed(prep: Prepared, ref: str, key: str, strict: bool) -> str:
         f"the key changed under this submit {_KEY_ROUNDS} times in a row",
         "other producers are racing on this key; submit again",
     )
+
+
+def _due(
+    plane: Plane, op: str, delay_s: float | None, not_before: datetime.datetime | None
+) -> float:
+    """The store time a delayed submit comes due (0.0: at once), from ``_delay_s`` (counted
+    on the store's clock, which is the one claims are judged by) or ``_not_before``.
+
+    Raises:
+        InvalidArgument: both given, a delay that is not a number from 0 to
+            ``MAX_DELAY_S``, or a ``_not_before`` that is not an aware datetime (or too far).
+    """
+    if delay_s is None and not_before is None:
+        return 0.0
+    if delay_s is not None and not_before is not None:
+        raise InvalidArgument(op, "both _delay_s and _not_before given", "pass one of them")
+    now = plane.store.now()
+    if delay_s is not None:
+        if (
+            isinstance(delay_s, bool)
+            or not isinstance(delay_s, (int, float))
+            or not (math.isfinite(delay_s) and 0 <= delay_s <= MAX_DELAY_S)
+        ):
+            raise InvalidArgument(
+                op,
+                f"_delay_s={delay_s!r}",
+                f"pass seconds from 0 to {MAX_DELAY_S:.0f} (a year and a day); "
+                "for later or repeated runs use a schedule",
+            )
+        due = now + float(delay_s)
+    else:
+        if not isinstance(not_before, datetime.datetime) or not_before.utcoffset() is None:
+            raise InvalidArgument(
+                op,
+                f"_not_before={not_before!r} is not a datetime with a time zone",
+                "pass an aware datetime, e.g. datetime.now(timezone.utc) + timedelta(hours=1)",
+            )
+        due = not_before.timestamp()
+        if due > now + MAX_DELAY_S:
+            raise InvalidArgument(
+                op,
+                f"_not_before={not_before.isoformat()} is more than a year and a day away",
+                "use a schedule for runs that far ahead",
+            )
+    return due if due > now else 0.0  # a time already past: due at once, like no delay
 
 
 def _abandoned(ref: str, inv: str) -> Conflict:

@@ -9,6 +9,7 @@ set the window title or write the clipboard (OSC 52) of the terminal that shows 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -19,8 +20,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from lakeshore.dispatch import DEFAULT_URL, Dispatch
-from lakeshore.errors import NotFound
+from lakeshore.errors import InvalidArgument, NotFound
 from lakeshore.keys import QueueKeys, check_name
+from lakeshore.model.record import Record, State
+from lakeshore.protocol.gc import parse_age
 from lakeshore.text import inert, inert_json
 
 __all__ = [
@@ -55,6 +58,36 @@ def finite(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
     return value
+
+
+def duration(text: str) -> float:
+    """An argparse type: seconds, or a number with a unit (``30s``, ``10m``, ``2h``, ``1d``,
+    ``2w``)."""
+    try:
+        return parse_age(text)
+    except InvalidArgument:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: write seconds, or e.g. 30s, 10m, 2h, 1d"
+        ) from None
+
+
+def aware_time(text: str) -> datetime.datetime:
+    """An argparse type: an ISO 8601 time with its zone (``Z`` or ``+01:00``); a time without
+    one is refused, since this machine's zone need not be the reader's."""
+    try:
+        value = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time") from None
+    if value.utcoffset() is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no time zone: add one, e.g. {text}Z or {text}+01:00"
+        )
+    return value
+
+
+def waits(rec: Record, now: float) -> bool:
+    """Queued, and not to be claimed before a later time (a delay or a retry's backoff)."""
+    return rec.state == State.QUEUED and rec.not_before > now
 
 
 def default_url() -> str:

@@ -12,11 +12,14 @@ from typing import Any
 from lakeshore.cli.common import (
     add_common,
     ago,
+    aware_time,
     dumps,
+    duration,
     err,
     finite,
     plane,
     print_json,
+    waits,
     wall,
 )
 from lakeshore.errors import Failed, InvalidArgument, JobError, LakeshoreError, NotFound
@@ -58,6 +61,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"_key": args.key} if args.key else {}
     if args.priority is not None:
         options["_priority"] = args.priority
+    if args.delay is not None:
+        options["_delay_s"] = args.delay
+    if args.not_before is not None:
+        options["_not_before"] = args.not_before
     decorated = target if isinstance(target, Declared) else None  # keeps its @udf settings
     inv = q.udf(
         queue=queue,
@@ -109,6 +116,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
         ("key", rec.key or "-"),
         ("scope", rec.prefix or "-"),
         ("submitted", wall(rec.submitted_at)),
+        (
+            "scheduled",
+            f"{wall(rec.not_before)} (in {ago(rec.not_before - now)})" if waits(rec, now) else "-",
+        ),
         ("started", wall(rec.started_at)),
         ("finished", wall(rec.finished_at)),
         ("ran for", ago(run_s) if run_s is not None else "-"),
@@ -333,6 +344,19 @@ def register(sub: Any) -> None:
     p.add_argument("--key", help="idempotency key (unique per namespace and queue)")
     p.add_argument("--queue", help="queue (default: the function's @udf queue, else default)")
     p.add_argument("--priority", type=int, help="0 (lowest) to 9 (highest); default 5")
+    p.add_argument(
+        "--delay",
+        type=duration,
+        metavar="DURATION",
+        help="run no sooner than this long from now, by the store's clock: seconds or "
+        "30s, 10m, 2h, 1d",
+    )
+    p.add_argument(
+        "--not-before",
+        type=aware_time,
+        metavar="TIME",
+        help="run no sooner than this ISO 8601 time with a zone, e.g. 2026-12-24T18:00+01:00",
+    )
     add_common(p)
     p.set_defaults(func=_cmd_submit)
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lakeshore.cli.common import add_common, ago, note_if_unknown, plane, print_json, table
+from lakeshore.cli.common import (
+    add_common,
+    ago,
+    note_if_unknown,
+    plane,
+    print_json,
+    table,
+    waits,
+)
 from lakeshore.dispatch import Dispatch
 from lakeshore.errors import InvalidArgument, LakeshoreError
 from lakeshore.keys import check_id
@@ -93,7 +101,12 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print_json({"invocations": [summary(r) for r in found], "next_before": more})
         return 0
     rows = [[r.id, r.state, str(r.attempt), ago(r.submitted_at, now), r.fn] for r in found]
-    print(table(rows, ["ID", "STATE", "ATTEMPT", "SUBMITTED", "FUNCTION"]))
+    head = ["ID", "STATE", "ATTEMPT", "SUBMITTED", "FUNCTION"]
+    if any(waits(r, now) for r in found):  # delayed or backing off: when each comes due
+        head.insert(4, "SCHEDULED")
+        for row, r in zip(rows, found, strict=True):
+            row.insert(4, f"in {ago(r.not_before - now)}" if waits(r, now) else "-")
+    print(table(rows, head))
     if more:
         print(f"\nmore: lakeshore ls {args.queue} --before {more}")
     return 0

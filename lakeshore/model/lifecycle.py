@@ -17,11 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from lakeshore.errors import IllegalTransition
+from lakeshore.keys import id_time
 from lakeshore.model.record import MAX_HISTORY, Lease, Record, State, Turn
 
 __all__ = [
     "CLOCK_SLACK_S",
     "MAX_BACKOFF_S",
+    "MAX_DELAY_S",
     "backoff_s",
     "cancel",
     "claim",
@@ -39,6 +41,9 @@ __all__ = [
 ]
 
 MAX_BACKOFF_S = 300.0
+# The longest delay a submit may ask for (``_delay_s``, ``_not_before``): a year and a day.
+# Further than that is a schedule's job, and a record claiming more is refused as implausible.
+MAX_DELAY_S = 366 * 86_400.0
 # How far ahead of the reader's store clock a time another process wrote may lie. Every
 # writer takes its times from the store's clock, so honest ones differ by seconds; but a
 # reader's clock may lag for a while (a machine that resumed from a suspend, an S3 clock
@@ -243,7 +248,8 @@ def implausible(rec: Record, now: float) -> str | None:
     in a year would hold the invocation as long. So no time may lie further ahead than
     its writer could have put it honestly: ``CLOCK_SLACK_S`` past ``now`` for the times
     something happened (``submitted_at``, ``started_at``, ``finished_at``), a backoff
-    more for ``not_before``, a lease more for the lease's end. ``deadline_at`` is a
+    more for ``not_before`` (up to ``MAX_DELAY_S`` for a delayed submit, whose id sorts its
+    ticket by its due time), a lease more for the lease's end. ``deadline_at`` is a
     promise, not an event, and may lie as far ahead as the submitter likes; the id's time
     comes from the submitter's own clock, which may be off, and an id from the future only
     sorts its ticket last."""
@@ -256,10 +262,12 @@ def implausible(rec: Record, now: float) -> str | None:
     for name, t in events.items():
         if t is not None and t > ahead:
             return f"{name} lies {t - now:.0f} s ahead of the store's clock"
-    if rec.not_before > ahead + MAX_BACKOFF_S:
+    if rec.not_before > ahead + MAX_BACKOFF_S and (
+        rec.not_before > ahead + MAX_DELAY_S or not _sorts_when_due(rec)
+    ):
         return (
             f"not_before lies {rec.not_before - now:.0f} s ahead of the store's clock, "
-            f"more than any backoff ({MAX_BACKOFF_S:g} s)"
+            f"more than any backoff ({MAX_BACKOFF_S:g} s) and not a delayed submit's"
         )
     if rec.lease is not None and rec.lease.expires_at > ahead + rec.lease_s:
         return (
@@ -267,6 +275,16 @@ def implausible(rec: Record, now: float) -> str | None:
             f"more than its lease_s ({rec.lease_s:g} s)"
         )
     return None
+
+
+def _sorts_when_due(rec: Record) -> bool:
+    """A delayed submit's id carries its due time (``keys.new_id(at=)``), so its ticket sorts
+    behind the work due before it: such a record harms no one by waiting. The id's time is
+    the submitter's reading of the store clock, the same one ``not_before`` came from."""
+    try:
+        return id_time(rec.id) >= rec.not_before - 1.0
+    except ValueError:
+        return False
 
 
 def refuse(rec: Record, now: float, why: str) -> Record:

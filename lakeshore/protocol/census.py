@@ -29,7 +29,7 @@ from ulid import ULID
 
 from lakeshore import codec
 from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, NotFound, RecordError
-from lakeshore.keys import QueueKeys, is_name, past_folder, worker_key, workers_prefix
+from lakeshore.keys import QueueKeys, id_time, is_name, past_folder, worker_key, workers_prefix
 from lakeshore.model.record import LIVE, Record, State
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import OVERWRITE, ObjectInfo, Store
@@ -39,7 +39,6 @@ __all__ = [
     "Page",
     "QueueStatus",
     "folder_names",
-    "id_time",
     "list_invocations",
     "live_ids",
     "live_tickets",
@@ -55,11 +54,6 @@ __all__ = [
 _FIRST_WINDOW_MS = 60_000
 EXACT_UP_TO = 256  # live invocations whose records status reads for exact counts
 MAX_SCAN = 200_000  # ticket keys a scaler's count lists at most (200 LIST pages)
-
-
-def id_time(inv: str) -> float:
-    """Submission time (seconds since the epoch) carried by an id."""
-    return ULID.from_str(inv).timestamp
 
 
 def _floor(ms: int) -> str:
@@ -133,10 +127,14 @@ def newest_ids(store: Store, keys: QueueKeys, before: str | None, now: float) ->
     """Ids of the queue, newest first (older than ``before`` when given). Lists backwards
     in time windows of doubling length, so finding the newest N costs about what listing N
     does, however long the history. An invocation nothing has moved yet has no folder, only
-    its ticket: the tickets (one LIST page per 1000 live invocations) are merged in."""
+    its ticket: the tickets (one LIST page per 1000 live invocations) are merged in. A
+    delayed invocation's id carries its due time, later than now: the first page takes
+    every ticket, those included, and the folders from now on back."""
     hi = before or _floor(int(now * 1000) + 60_000)
     ticketed = {QueueKeys.id_of(info.key) for info in store.list(keys.tickets_prefix)}
-    unmoved = sorted((i for i in ticketed if i < hi and _is_id(i)), reverse=True)
+    unmoved = sorted(
+        (i for i in ticketed if (before is None or i < hi) and _is_id(i)), reverse=True
+    )
     last = None
     for inv in heapq.merge(_folders_newest(store, keys, hi), unmoved, reverse=True):
         if inv != last:  # a moved invocation has both
@@ -232,9 +230,14 @@ def _live(
             yield info
 
 
-def live_tickets(store: Store, keys: QueueKeys, enough: int) -> tuple[list[ObjectInfo], bool]:
+def live_tickets(
+    store: Store, keys: QueueKeys, enough: int, due_by: float | None = None
+) -> tuple[list[ObjectInfo], bool]:
     """The first ticket of each live invocation, and whether the listing stopped early
-    (then take the count as *at least* ``enough``: a scaler needs no more).
+    (then take the count as *at least* ``enough``: a scaler needs no more). With
+    ``due_by`` (store time), a delayed invocation that comes due later is left out: its id
+    carries its due time, so this costs no read, and no worker is started for work that
+    cannot run yet.
 
     It stops at ``enough`` invocations, and also after ``2 × enough + 1000`` keys (at most
     ``MAX_SCAN``): a ticket name that is no id counts for nothing, but listing it costs, and
@@ -246,6 +249,8 @@ def live_tickets(store: Store, keys: QueueKeys, enough: int) -> tuple[list[Objec
     found: list[ObjectInfo] = []
     scanned, limit = [0], min(2 * enough + 1000, MAX_SCAN)
     for info in _live(store, keys, scanned, limit):
+        if due_by is not None and id_time(QueueKeys.id_of(info.key)) > due_by:
+            continue
         found.append(info)
         if len(found) >= enough:
             return found, True
@@ -418,4 +423,5 @@ def summary(r: Record) -> dict[str, Any]:
         "fn": r.fn,
         "submitted_at": r.submitted_at,
         "finished_at": r.finished_at,
+        "not_before": r.not_before,
     }

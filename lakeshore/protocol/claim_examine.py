@@ -332,10 +332,12 @@ class Examiner:
         return _settled(moved)
 
     def _backing_off(self, info: ObjectInfo, got: Read, now: float, moved: bool) -> Seen:
-        # backing off before a retry; the ticket stays
+        # backing off before a retry, or delayed by its submitter; the ticket stays
         due = got.record.not_before
         self._remember(_ticket(info, got.ticket_etag), due)
-        self._memory.backing_off(due, now)
+        if got.record.attempt > 0:
+            # a retry: a draining worker waits for it; a delayed first run is not yet work
+            self._memory.backing_off(due, now)
         return _settled(moved)
 
     def _other_side(self, info: ObjectInfo, got: Read, now: float, moved: bool) -> Seen:

@@ -362,7 +362,8 @@ class QueueOps:
         rec = dataclasses.replace(
             draft,
             args=self.put_args(draft.id, payload, spill_bytes),
-            deadline_at=now + deadline_s if deadline_s is not None else None,
+            # a delayed submit's deadline counts from when it comes due
+            deadline_at=max(now, draft.not_before) + deadline_s if deadline_s is not None else None,
             submitted_at=now,
         )
         if rec.queue != DEFAULT_QUEUE:

@@ -28,12 +28,13 @@ from typing import Any
 from lakeshore.errors import LakeshoreError, NewerRecord, NotFound, RecordError, StoreError
 from lakeshore.keys import (
     QueueKeys,
+    id_time,
     is_name,
     namespace_prefix,
     namespaces_prefix,
     workers_prefix,
 )
-from lakeshore.protocol.census import folder_names, id_time, live_tickets, read_sign_of_life
+from lakeshore.protocol.census import folder_names, live_tickets, read_sign_of_life
 from lakeshore.protocol.queue_record import QueueSettings
 from lakeshore.protocol.steps import MARKER_MAX, MAX_SMALL_BYTES, QueueOps, decode_ticket
 from lakeshore.store.base import ObjectInfo, Store

@@ -32,9 +32,9 @@ from lakeshore.errors import (
     StoreError,
     StoreUnavailable,
 )
-from lakeshore.keys import QueueKeys, check_id, check_name, id_index, is_name
+from lakeshore.keys import QueueKeys, check_id, check_name, id_index, id_time, is_name
 from lakeshore.model.record import STATES, TERMINAL, Blob, Record
-from lakeshore.protocol.census import id_time, list_invocations, summary
+from lakeshore.protocol.census import list_invocations, summary
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
 from lakeshore.store.base import OVERWRITE, ObjectInfo, PutMode, Store
 from lakeshore.ui.following import MAX_SEGMENT_READ, Following, shown

@@ -167,6 +167,19 @@ def test_a_failed_invocation_shows_its_traceback(dash: Callable[..., Dash]) -> N
     d.shot("failed")
 
 
+def test_a_delayed_invocation_shows_when_it_is_scheduled(dash: Callable[..., Dash]) -> None:
+    from playwright.sync_api import expect
+
+    d = dash()
+    inv = d.q.udf(_add, queue="default").submit(1, _delay_s=2 * 3600)
+    d.page.goto(f"{d.base}#/q/default/default")
+    row = d.page.locator("table.invocations tbody tr", has_text=inv)
+    expect(row.locator(".scheduled")).to_have_text(" scheduled in 2 h")
+    d.page.click(f"a:text-is('{inv}')")
+    expect(d.page.locator("p.scheduled")).to_contain_text("(in 2 h)")
+    expect(d.page.locator("p.scheduled")).to_contain_text("scheduled: not before 20")
+
+
 def test_a_generators_frames_appear_live(dash: Callable[..., Dash]) -> None:
     from playwright.sync_api import expect
 

@@ -237,7 +237,7 @@ def test_a_retry_is_waited_for_until_a_pass_that_began_after_it_was_due() -> Non
     inv = q.udf(jobs.add_one).submit(1)
     ops = q.plane.ops("default")
     rec, etag = ops.read(inv)
-    ops.cas(rec.next_write(not_before=1100.0), etag)  # backing off for 100 s
+    ops.cas(rec.next_write(not_before=1100.0, attempt=1), etag)  # backing off for 100 s
     assert mine.claim(store.now()) is None and mine.retry_pending()
     store.t = 1150.0  # due: another worker takes it first
     assert Claimer(ops, "other").claim(store.now()) is not None
@@ -250,7 +250,7 @@ def test_a_retry_is_waited_for_until_a_pass_that_began_after_it_was_due() -> Non
     for due in (1150.0 + lifecycle.MAX_BACKOFF_S + 60, 1400.0):  # too far, then within reach
         inv = q.udf(jobs.add_one).submit(2)
         rec, etag = ops.read(inv)
-        ops.cas(rec.next_write(not_before=due), etag)
+        ops.cas(rec.next_write(not_before=due, attempt=1), etag)
         assert fresh.claim(store.now()) is None
         assert fresh.retry_pending() == (due == 1400.0)
     store.t = 1000.0  # the store clock steps back: the retry is due further away now
@@ -305,7 +305,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
     f = q.udf(jobs.add_one)
     a1, a2, k = f.submit(1), f.submit(2), f.submit(3)
     rec, etag = ops.read(k)
-    ops.cas(rec.next_write(not_before=1100.0), etag)
+    ops.cas(rec.next_write(not_before=1100.0, attempt=1), etag)
     other, mine = Claimer(ops, "other"), Claimer(ops, "mine")
     held = [other.claim(store.now(), lease_s=100.0), other.claim(store.now(), lease_s=100.0)]
     assert {h.record.id for h in held if h is not None} == {a1, a2}
@@ -337,7 +337,7 @@ def test_a_pass_that_ran_out_of_listings_or_overlapped_another_does_not_end_the_
     late = Claimer(ops, "late", ticks=lambda: fresh_ticks[0])
     r = f.submit(4)
     rec, etag = ops.read(r)
-    ops.cas(rec.next_write(not_before=store.now() + 280.0), etag)
+    ops.cas(rec.next_write(not_before=store.now() + 280.0, attempt=1), etag)
     for _ in range(10):  # a fresh scheduler reads its way down to the retry
         assert late.claim(store.now()) is None
         if late.retry_pending(grace=60.0):

@@ -243,7 +243,7 @@ def test_a_live_record_with_a_time_from_the_future_is_refused(field: str, ahead:
 
 def test_a_lease_longer_than_its_lease_s_is_refused() -> None:
     now = 1_000_000.0
-    rec = Record(id=new_id(), ns="default", queue="default", fn="m:f", args=Blob(inline=b""))
+    rec = Record(id=new_id(at=now), ns="default", queue="default", fn="m:f", args=Blob(inline=b""))
     running = lifecycle.claim(rec, "w", "t", now, lease_s=30.0)
     assert lifecycle.implausible(running, now + 10) is None
     assert lifecycle.implausible(running, now - 3600) is None  # a reader's clock an hour behind

@@ -180,7 +180,8 @@ async function showQueue(ns, queue, params, route) {
   } }, stateSel, fnInput, el("button", { type: "submit" }, "filter"));
   const rows = data.invocations.map((r) => el("tr", {},
     el("td", {}, el("a", { href: `#/i/${encodeURIComponent(ns)}/${encodeURIComponent(r.id)}` }, r.id)),
-    el("td", {}, stateBadge(r.state)),
+    el("td", {}, stateBadge(r.state), r.state === "queued" && r.not_before > data.at
+      ? el("span", { class: "muted small scheduled" }, ` scheduled in ${ago(r.not_before - data.at)}`) : null),
     el("td", { class: "num" }, r.attempt),
     el("td", {}, `${ago(data.at - r.submitted_at)} ago`),
     el("td", {}, el("code", {}, r.fn))));
@@ -274,6 +275,8 @@ async function showInvocation(ns, id, params, route) {
     el("h2", {}, "invocation ", el("code", {}, r.id), " ", stateBadge(r.state)),
     el("p", {}, el("a", { href: `#/q/${encodeURIComponent(ns)}/${encodeURIComponent(r.queue)}` }, `queue ${r.queue}`), " · ", el("code", {}, r.fn)),
     actions,
+    r.state === "queued" && r.not_before > data.at
+      ? el("p", { class: "scheduled" }, `scheduled: not before ${when(r.not_before)} (in ${ago(r.not_before - data.at)})`) : null,
     err ? el("div", { class: "failure" },
       el("h3", {}, "error ", el("code", { class: "etype" }, err.type || "")),
       el("pre", { class: "message" }, err.message || ""),
