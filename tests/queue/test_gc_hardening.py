@@ -268,7 +268,7 @@ def test_gc_leaves_alone_the_spilled_arguments_of_a_submit_whose_id_is_old(
     # the id was minted before an admission wait of two orphan graces (it can block 60 s)
     old = str(ULID.from_timestamp(atomic_store.now() - 2 * ORPHAN_GRACE_S))
     old_id = old[:-1] + band(5)  # made for the default priority, as new_id(5) makes ids
-    monkeypatch.setattr(sub, "new_id", lambda priority: old_id)
+    monkeypatch.setattr(sub, "new_id", lambda priority, at=None: old_id)
     q, store = _gc_before_each_ticket(atomic_store)
     inv = q.udf(jobs.size_of).submit(b"z" * 1000)  # spilled: its folder exists before its ticket
     assert inv == old_id
