@@ -47,6 +47,7 @@ _TZ = re.compile(r"[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+)*\Z")
 _HORIZON_DAYS = 41 * 366
 
 _SHIFT_H = 3  # more than any zone's daylight-saving or other shift of its clocks in a day
+_SHIFT_S = _SHIFT_H * 3600 + 60
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 _DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
 _ALIASES = {
@@ -234,18 +235,22 @@ def next_slot(cron: Cron, after: float, tz: ZoneInfo) -> int | None:
     """The first slot strictly after ``after`` (an epoch second), or None if there is none
     within 41 years (a leap day on one weekday can take that long)."""
     local = datetime.fromtimestamp(after, tz)
+    # On the first day, wall times before ``after``'s hold no later slot: those more than a
+    # few hours before never (no zone shifts its clocks more), the others not while the
+    # clocks did not change in between.
+    steady = _offset(after - _SHIFT_S, tz) == local.utcoffset()
+    floor = (local.hour, local.minute) if steady else (local.hour - _SHIFT_H, 0)
     start = local.date()
     for n in range(_HORIZON_DAYS):
         day = start + timedelta(days=n)
         if not cron.day_matches(day):
             continue
-        # on the first day, hours well before ``after`` cannot hold a later slot (the margin
-        # covers any daylight-saving shift)
-        low = local.hour - _SHIFT_H if n == 0 else 0
         for hour in cron.hours:
-            if hour < low:
+            if n == 0 and hour < floor[0]:
                 continue
             for minute in cron.minutes:
+                if n == 0 and (hour, minute) < floor:
+                    continue
                 t = _instant(day, hour, minute, tz)
                 if t is not None and t > after:
                     return t
@@ -256,6 +261,8 @@ def prev_slot(cron: Cron, at_or_before: float, tz: ZoneInfo) -> int | None:
     """The last slot at or before ``at_or_before``, or None if there is none within 41
     years back (or before 1970)."""
     local = datetime.fromtimestamp(at_or_before, tz)
+    steady = _offset(at_or_before + _SHIFT_S, tz) == local.utcoffset()
+    ceiling = (local.hour, local.minute) if steady else (local.hour + _SHIFT_H, 59)
     start = local.date()
     for n in range(_HORIZON_DAYS):
         day = start - timedelta(days=n)
@@ -263,15 +270,20 @@ def prev_slot(cron: Cron, at_or_before: float, tz: ZoneInfo) -> int | None:
             return None
         if not cron.day_matches(day):
             continue
-        high = local.hour + _SHIFT_H if n == 0 else 23
         for hour in reversed(cron.hours):
-            if hour > high:
+            if n == 0 and hour > ceiling[0]:
                 continue
             for minute in reversed(cron.minutes):
+                if n == 0 and (hour, minute) > ceiling:
+                    continue
                 t = _instant(day, hour, minute, tz)
                 if t is not None and t <= at_or_before:
                     return t
     return None
+
+
+def _offset(t: float, tz: ZoneInfo) -> timedelta | None:
+    return datetime.fromtimestamp(t, tz).utcoffset()
 
 
 def describe(t: int) -> str:
