@@ -424,3 +424,19 @@ def test_a_cron_slot_key_is_the_slot_in_utc() -> None:
     # the encoded arguments of a definition are the codec's, as a submit's are
     s = _good()
     assert codec.decode_call(s.args) == ((1,), {})
+
+
+def test_a_producer_may_set_and_tick_schedules_but_not_remove_them(
+    principals: dict[str, Any],
+) -> None:
+    """docs/iam: producer credentials suffice for ``lakeshore schedule tick --queue Q`` (a
+    serverless timer's), removing is an operator's or a worker's."""
+    q = principals["producer"].plane()
+    s = q.schedule("timer", "tests.jobs:add_one", every=60, args=[1], queue="jobs")
+    poll(lambda: q.store.now() >= s.start, 10, "the first slot")
+    (done,) = q.tick_schedules(["jobs"])
+    assert done.action == "fired" and done.id is not None
+    assert q.status(done.id) == "queued"
+    with pytest.raises(dls.PermissionDenied):
+        q.unschedule("timer", "jobs")
+    assert principals["worker"].plane().unschedule("timer", "jobs") is True
