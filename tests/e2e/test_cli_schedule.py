@@ -45,7 +45,8 @@ def test_set_ls_tick_rm(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "schedule", "tick", "--queue", "default")
     assert code == 0
     (fired,) = out.splitlines()
-    assert fired.startswith(f"fired default/often slot {slot_key('often', often['next_slot'])[15:]}")
+    slot_text = slot_key("often", often["next_slot"]).rsplit("/", 1)[1]
+    assert fired.startswith(f"fired default/often slot {slot_text} -> ")
     inv = fired.rsplit(" ", 1)[1]
     assert dls.Dispatch(url).get(inv).key == slot_key("often", often["next_slot"])
     code, out, _ = run(capsys, "schedule", "tick")  # every queue; nothing due now
