@@ -359,6 +359,8 @@ class Dispatch:
 
         Raises:
             InvalidArgument: a bad definition (nothing is written).
+            NewerRecord: a newer lakeshore's schedule has that name (left alone).
+            Conflict: the schedule kept changing under this write.
             StoreError: the store failed.
         """
         target: Declared | str

@@ -202,12 +202,13 @@ def set_schedule(plane: Plane | HasPlane, new: Schedule) -> Schedule:
     unset ``start`` (0) is the time it was first set, kept across replacements.
 
     Raises:
-        InvalidArgument: a bad definition. StoreError: the store failed (an unreadable
-            object in its place is replaced).
+        InvalidArgument: a bad definition. NewerRecord: a newer lakeshore's schedule is
+            there (left alone). Conflict: the object kept changing under this write.
+        StoreError: the store failed (an unreadable object in its place is replaced).
     """
     p = plane_of(plane)
     objs = ScheduleObjects(p.store, QueueKeys(p.ns, new.queue))
-    while True:
+    for _ in range(_ROUNDS):
         now = p.store.now()
         try:
             old, etag = objs.read(new.name)
@@ -230,6 +231,11 @@ def set_schedule(plane: Plane | HasPlane, new: Schedule) -> Schedule:
             return written
         except Conflict:
             continue  # changed or created meanwhile: merge onto what is there now
+    raise Conflict(
+        f"schedule {new.name}",
+        f"the object changed under this write {_ROUNDS} times in a row",
+        "something rewrites it all the time; look at who does, then set it again",
+    )
 
 
 def _etag_of(objs: ScheduleObjects, name: str) -> str | None:
@@ -501,13 +507,16 @@ class Watch:
                 done.action,
                 f" as {done.id}" if done.id else "",
             )
-        if done.action == "failed" or done.etag is None:
+        stuck = done.action == "idle" and (
+            done.next_slot is not None and done.next_slot <= self.plane.store.now()
+        )
+        if done.action == "failed" or done.etag is None or stuck:
             # the slot stays due (or its object kept changing): read it again in a while
             log.warning(
                 "schedule %s of %s: %s; trying again in %g s",
                 done.name,
                 done.queue,
-                inert(done.error or "its object kept changing"),
+                inert(done.error or ("nothing to fire" if stuck else "its object kept changing")),
                 RETRY_S,
             )
             self._seen.setdefault(key, _Seen(None, None)).retry_at = t + RETRY_S

@@ -268,17 +268,22 @@ class Schedule:
 
     @property
     def next_due(self) -> int | None:
-        """The first slot at or after ``next_slot``: ``next_slot`` itself unless the object
-        was written by hand with a time that is no slot."""
-        return None if self.next_slot is None else self.slot_after(self.next_slot - 1)
+        """The first slot this object may still fire: at or after ``next_slot`` and after
+        ``last_slot`` (``next_slot`` itself, unless the object was written by hand)."""
+        if self.next_slot is None:
+            return None
+        floor = self.next_slot
+        if self.last_slot is not None:
+            floor = max(floor, self.last_slot + 1)
+        return self.slot_after(floor - 1)
 
     def due(self, now: float) -> int | None:
-        """The slot a firer at store time ``now`` acts on: the latest slot that is due and
-        not before ``next_slot`` (the catch-up rule); None when nothing is due."""
-        if self.next_slot is None or self.next_slot > now:
+        """The slot a firer at store time ``now`` acts on: the latest slot that is due, and
+        not before :attr:`next_due` (the catch-up rule); None when nothing is due."""
+        first = self.next_due
+        if first is None or first > now:
             return None
-        latest = self.slot_at_or_before(now)
-        return latest if latest is not None and latest >= self.next_slot else None
+        return self.slot_at_or_before(now)
 
     def missed_before(self, slot: int) -> int:
         """How many slots from ``next_slot`` up to (not including) ``slot`` the catch-up

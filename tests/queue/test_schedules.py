@@ -440,3 +440,18 @@ def test_a_producer_may_set_and_tick_schedules_but_not_remove_them(
     with pytest.raises(dls.PermissionDenied):
         q.unschedule("timer", "jobs")
     assert principals["worker"].plane().unschedule("timer", "jobs") is True
+
+
+def test_a_slot_at_or_before_the_last_fired_is_never_fired_again() -> None:
+    q, moved = shifted(MemoryStore())
+    s = q.schedule("back", "tests.jobs:add_one", every=10, args=[1])
+    moved.by += 1
+    (first,) = q.tick_schedules(["default"])
+    objs = objects(q)
+    cur, etag = objs.read("back")
+    objs.write(dataclasses.replace(cur, next_slot=s.start - 100), etag)  # set back by hand
+    assert [d.action for d in q.tick_schedules(["default"])] == ["idle"]
+    moved.by += 10
+    (second,) = q.tick_schedules(["default"])
+    assert (second.action, second.slot) == ("fired", s.start + 10)
+    assert len(tickets(q)) == 2 and first.id != second.id
