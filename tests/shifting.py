@@ -13,10 +13,12 @@ from tests.forwarding import Forwarding
 
 
 class Moved:
-    """Seconds added to a store's clock, moved by the test (shared by several stores)."""
+    """Seconds added to a store's clock, moved by the test (shared by several stores). A
+    frozen one stands still at ``frozen`` + ``by`` however long the test takes, so that
+    what is due depends on what the test did, never on how busy the machine is."""
 
-    def __init__(self, by: float = 0.0) -> None:
-        self.by = by
+    def __init__(self, by: float = 0.0, frozen: float | None = None) -> None:
+        self.by, self.frozen = by, frozen
 
 
 class Shifted(Forwarding):
@@ -28,7 +30,8 @@ class Shifted(Forwarding):
         self.moved, self.skew = moved, skew
 
     def now(self) -> float:
-        return self.inner.now() + self.moved.by + self.skew
+        base = self.moved.frozen if self.moved.frozen is not None else self.inner.now()
+        return base + self.moved.by + self.skew
 
 
 class Crash(BaseException):

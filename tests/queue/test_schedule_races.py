@@ -66,7 +66,7 @@ def fire_all(planes: list[Any], name: str) -> list[firing.Fired]:
 
 
 def test_many_firers_racing_on_each_slot_make_one_invocation(atomic_store: Store) -> None:
-    moved = Moved()
+    moved = Moved(frozen=atomic_store.now())
     planes = firers(atomic_store, moved, [0.0] * FIRERS)
     s = planes[0].schedule("race", "tests.jobs:add_one", every=60, args=[1])
     for n in range(3):
@@ -90,7 +90,7 @@ def test_firers_with_skewed_clocks_fire_each_slot_once_and_never_early(
     """Firers whose store clocks differ by up to 3 s (S3's Date clock is good to about 1 s)
     fire in rounds while time passes in half seconds: each slot is one invocation, and its
     record was made by a firer whose clock said the slot had come."""
-    moved = Moved()
+    moved = Moved(frozen=atomic_store.now())
     skews = [-3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 2.0, 3.0]
     planes = firers(atomic_store, moved, skews)
     s = planes[4].schedule("skewed", "tests.jobs:add_one", every=10, args=[1])
@@ -119,7 +119,7 @@ def test_firers_with_skewed_clocks_fire_each_slot_once_and_never_early(
 
 
 def _one_due(store: Store, every: int = 3600) -> tuple[Any, Moved, dls.Schedule]:
-    moved = Moved()
+    moved = Moved(frozen=store.now())
     q = make_plane(Shifted(store, moved))
     s = q.schedule("crashy", q.udf(jobs.add_one), every=every, args=(1,))
     moved.by = 1.0
@@ -198,7 +198,14 @@ def test_an_idle_worker_lists_schedules_once_not_per_poll() -> None:
     )
     t.start()
     try:
-        poll(lambda: logged.count("LIST", "/_tickets/") >= 100, 60, "100 idle polls")
+        poll(
+            lambda: (
+                logged.count("LIST", "/_tickets/") >= 100
+                and logged.count("LIST", "/_schedules/") >= 1
+            ),
+            60,
+            "100 idle polls",
+        )
     finally:
         stop.set()
         t.join(30)
@@ -218,8 +225,9 @@ def test_a_worker_told_not_to_fire_never_looks_at_schedules() -> None:
 
 
 def test_watch_lists_once_a_minute_reads_changes_only_and_fires_when_due() -> None:
-    moved = Moved()
-    logged = Logged(MemoryStore(), moved)
+    inner = MemoryStore()
+    moved = Moved(frozen=inner.now())
+    logged = Logged(inner, moved)
     q = make_plane(logged)
     s = q.schedule("w", "tests.jobs:add_one", every=300, start=q.store.now() + 100, args=[1])
     ticks = [1000.0]
@@ -297,8 +305,9 @@ def test_a_worker_keeps_firing_after_the_store_failed_for_a_while() -> None:
                 raise dls.StoreUnavailable("get", "down", "wait")
             return self.inner.get(key, max_bytes)
 
-    moved = Moved()
-    flaky = Flaky(MemoryStore(), moved)
+    inner = MemoryStore()
+    moved = Moved(frozen=inner.now())
+    flaky = Flaky(inner, moved)
     q = make_plane(flaky)
     q.schedule("f", "tests.jobs:add_one", every=10, args=[1])
     ticks = [0.0]

@@ -31,8 +31,8 @@ from tests.waiting import poll
 
 
 def shifted(store: Store) -> tuple[Any, Moved]:
-    """A plane on ``store`` whose store clock the test moves."""
-    moved = Moved()
+    """A plane on ``store`` whose store clock stands still until the test moves it."""
+    moved = Moved(frozen=math.floor(store.now()) + 0.5)  # half a second before a new slot
     return make_plane(Shifted(store, moved)), moved
 
 
