@@ -455,3 +455,18 @@ def test_a_slot_at_or_before_the_last_fired_is_never_fired_again() -> None:
     (second,) = q.tick_schedules(["default"])
     assert (second.action, second.slot) == ("fired", s.start + 10)
     assert len(tickets(q)) == 2 and first.id != second.id
+
+
+def test_a_slot_a_full_queue_refuses_stays_due_and_fires_when_there_is_room() -> None:
+    q, moved = shifted(MemoryStore())
+    q.configure("default", max_depth=1)
+    f = q.udf(jobs.add_one)
+    f.submit(1)  # the queue is full
+    s = q.schedule("full", f, every=60, args=(1,))
+    moved.by += 1
+    (refused,) = q.tick_schedules(["default"])
+    assert refused.action == "failed" and "full" in (refused.error or "")
+    assert q.schedules()[0].next_slot == s.start  # still due
+    assert dls.run_worker(q, once=True, isolation="thread") == 1  # room again
+    (done,) = q.tick_schedules(["default"])
+    assert (done.action, done.slot) == ("fired", s.start)
