@@ -50,6 +50,7 @@ from lakeshore.files.root import DataRoot
 from lakeshore.model.provider import ProviderConfig
 from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
+from lakeshore.model.schedule import Schedule
 from lakeshore.scaler import Scaler
 from lakeshore.store import open_store
 from lakeshore.streams.journal import Frame
@@ -91,6 +92,7 @@ __all__ = [
     "Record",
     "RecordError",
     "Scaler",
+    "Schedule",
     "StoreError",
     "StoreUnavailable",
     "TimedOut",

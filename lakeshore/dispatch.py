@@ -12,16 +12,19 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
-from lakeshore import results
+from lakeshore import firing, results
 from lakeshore.files.context import scope as run_scope
 from lakeshore.files.root import DataRoot
 from lakeshore.keys import DEFAULT_QUEUE, check_name
 from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
+from lakeshore.model.schedule import Schedule
 from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
+from lakeshore.running.bodies import Declared
 from lakeshore.running.logs import follow_logs, read_logs
 from lakeshore.store import Store
 from lakeshore.streams.journal import Frame
@@ -316,6 +319,100 @@ class Dispatch:
         """
         check_name(queue, "queue")
         return self._plane.settings.read(queue)[0]
+
+    # -- schedules (docs/schedules.md) -----------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        fn: Callable[..., Any] | str,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        tz: str = "UTC",
+        overlap: str = "allow",
+        start: datetime | float | None = None,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        queue: str | None = None,
+        **options: Any,
+    ) -> Schedule:
+        """Fire ``fn(*args, **kwargs)`` at every slot of ``cron`` (in zone ``tz``) or every
+        ``every`` seconds from ``start``; each slot is one keyed submit, fired by the workers
+        serving the queue or by ``lakeshore schedule tick``. Setting a name again replaces
+        its definition (docs/schedules.md#changing-a-schedule).
+
+        Args:
+            name: the schedule's name, unique per queue.
+            fn: a ``@q.udf`` function (its queue and defaults come along) or
+                ``"module:qualname"``, which workers must declare to run it.
+            cron: five-field cron expression or ``@daily``-style shorthand.
+            every: interval in whole seconds (at least 10), instead of ``cron``.
+            tz: IANA zone the cron expression is read in.
+            overlap: ``"allow"``, or ``"skip"`` a slot while the previous invocation is live.
+            start: no slot before it; an interval's slots are ``start + k * every``
+                (default: when the schedule was first set).
+            args, kwargs: the call's arguments (encoded now, at most 64 KiB).
+            queue: the queue, for a ``"module:qualname"`` (default ``"default"``).
+            **options: submit options for each slot: ``priority``, ``max_attempts``,
+                ``timeout_s``, ``deadline_s``.
+
+        Raises:
+            InvalidArgument: a bad definition (nothing is written).
+            NewerRecord: a newer lakeshore's schedule has that name (left alone).
+            Conflict: the schedule kept changing under this write.
+            StoreError: the store failed.
+        """
+        target: Declared | str
+        if isinstance(fn, str | Declared):
+            target = fn
+        else:  # a plain function: its name and signature, declared nowhere
+            target = Declared(fn, False, queue=queue or DEFAULT_QUEUE)
+        sched = firing.define(
+            self._plane,
+            name,
+            target,
+            args,
+            kwargs,
+            cron=cron,
+            every=every,
+            tz=tz,
+            overlap=overlap,
+            start=start,
+            queue=queue,
+            **options,
+        )
+        return firing.set_schedule(self._plane, sched)
+
+    def schedules(self, queue: str | None = None) -> list[Schedule]:
+        """The schedules of ``queue`` (default: every queue of the namespace), with their
+        next slot and what they fired last. One that cannot be read is left out (and
+        logged); ``lakeshore schedule ls`` shows it.
+
+        Raises:
+            InvalidArgument: a bad queue name. StoreError: the store failed.
+        """
+        found = firing.read_schedules(self._plane, [check_name(queue, "queue")] if queue else None)
+        return [s for s in found if isinstance(s, Schedule)]
+
+    def unschedule(self, name: str, queue: str = DEFAULT_QUEUE) -> bool:
+        """Remove the schedule ``name`` of ``queue``; False if there was none. Invocations it
+        fired are not touched.
+
+        Raises:
+            InvalidArgument: a bad name. StoreError: the store failed.
+        """
+        return firing.remove(self._plane, check_name(queue, "queue"), name)
+
+    def tick_schedules(self, queues: list[str] | None = None) -> list[firing.Fired]:
+        """Fire every due slot of the schedules of ``queues`` (default: every queue of the
+        namespace) once, as ``lakeshore schedule tick`` does; returns what was done with
+        each schedule.
+
+        Raises:
+            StoreError: a listing failed.
+        """
+        return firing.tick(self._plane, queues)
 
     def topic(self, name: str) -> Topic:
         """The topic ``name`` of this plane's namespace (created by its first post). The

@@ -2,7 +2,7 @@
 
 No other module spells a key: queue records, records, spilled values, journals, logs,
 tickets, idempotency keys, admission slots and rate tokens, topic posts, the id index, signs
-of life, the scaler's lease and the doctor's probes all come from here, relative to the
+of life, the scaler's lease, schedules and the doctor's probes all come from here, relative to the
 store's root (the Dispatch URL's prefix).
 
 Keys sort correctly by construction, also on servers that list by walking directories
@@ -170,6 +170,18 @@ class QueueKeys:
     @property
     def scaler_lease(self) -> str:
         return f"{self.base}/_scaler"
+
+    @property
+    def schedules_prefix(self) -> str:
+        return f"{self.base}/_schedules/"
+
+    def schedule(self, name: str) -> str:
+        """A schedule object of this queue (the name is checked like a queue's).
+
+        Raises:
+            InvalidArgument: a bad schedule name.
+        """
+        return f"{self.schedules_prefix}{check_name(name, 'schedule')}"
 
     def record(self, inv: str) -> str:
         return f"{self.base}/{inv}/record"

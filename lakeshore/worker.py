@@ -40,6 +40,7 @@ from lakeshore.errors import (
     LakeshoreError,
     StoreError,
 )
+from lakeshore.firing import Watch
 from lakeshore.model import lifecycle
 from lakeshore.model.record import check_text
 from lakeshore.plane import HasPlane, Plane, plane_of
@@ -63,6 +64,7 @@ _SWEEP_EVERY_S = 300.0  # rate tokens live for hours: a rare sweep keeps idle wo
 # must still leave more than the watchdog's sixth: L * 2/3 - 1 > L / 6, so L > 2 s, plus slack.
 _MIN_DATE_LEASE_S = 3.0
 _SIGNAL_WAIT_S = 2.0  # how long a slot waits to learn whether a signal reached the worker
+_SCHEDULES_JOIN_S = 10.0  # one firing: a read, a submit (which waits 5 s for room at most)
 
 
 @dataclass
@@ -152,6 +154,7 @@ def run_worker(
     handle_signals: bool = False,
     announce_s: float = 30.0,
     allow: list[str] | None = None,
+    fire_schedules: bool = True,
 ) -> int:
     """Serve invocations from ``queues`` of ``plane`` (a ``Dispatch``, or its ``Plane``);
     return how many attempts it ran.
@@ -190,6 +193,9 @@ def run_worker(
             module if need be. Without it the worker runs only declared bodies: functions
             decorated on ``plane``, and ``@udf`` functions of modules already imported in
             this process. Anything else an invocation names fails it, never called.
+        fire_schedules: fire the due slots of the schedules of ``queues`` (a thread that
+            lists them at start and once a minute; not with ``once``). See
+            docs/schedules.md#who-fires.
 
     Raises:
         InvalidArgument: a bad option, hook or ``allow`` pattern.
@@ -259,6 +265,7 @@ def run_worker(
                 signalled=lambda: state.signalled(_SIGNAL_WAIT_S),
             )
         )
+    watching = _watch_schedules(plane, names) if fire_schedules and not once else None
     try:
         for i in range(len(state.slots)):
             _start_slot(state, i)
@@ -269,6 +276,9 @@ def run_worker(
         _supervise(state, names, 0.0, announce_s, deadline=time.monotonic() + 10)
         raise
     finally:
+        if watching is not None:  # a firing under way ends first (its object stays right)
+            watching[0].set()
+            watching[1].join(_SCHEDULES_JOIN_S)
         if restore is not None:
             restore()
         if hooks.on_stop is not None and isolation is not Isolation.PROCESS:
@@ -285,6 +295,17 @@ def run_worker(
     if state.failure is not None:
         raise state.failure
     return state.done
+
+
+def _watch_schedules(plane: Plane, names: list[str]) -> tuple[threading.Event, threading.Thread]:
+    """Fire the queues' due schedule slots from a thread of this worker until the returned
+    event is set."""
+    done = threading.Event()
+    thread = threading.Thread(
+        target=Watch(plane, names).run, args=(done,), name="lakeshore-schedules", daemon=True
+    )
+    thread.start()
+    return done, thread
 
 
 def _supervise(

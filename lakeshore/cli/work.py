@@ -111,6 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
         on_stop=args.on_stop,
         handle_signals=True,
         allow=args.allow or [],
+        fire_schedules=args.schedules,
     )
     logging.getLogger("lakeshore.worker").info("worker done: %d attempt(s)", done)
     return 0
@@ -331,6 +332,13 @@ def register(sub: Any) -> None:
         "--on-stop",
         metavar="MODULE:FUNCTION",
         help="hook run when a body process shuts down in order (best effort)",
+    )
+    p.add_argument(
+        "--schedules",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fire the due slots of the queues' schedules (default; --no-schedules: leave "
+        "them to 'lakeshore schedule tick' or other workers)",
     )
     p.add_argument("--worker-id", help="name in leases and logs (default host:pid)")
     p.add_argument("--data", help="data root for dls.run files (default: beside the store)")

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("providers (tools that launch workers)", {"providers/"}),
     ("the protocol on the store", {"protocol/", "streams/", "doctor"}),
     ("running bodies and the plane", {"files/", "running/", "run", "plane"}),
-    ("submitting, waiting and scaling", {"submit", "batch", "results", "scaler"}),
+    ("submitting, waiting and scaling", {"submit", "batch", "results", "scaler", "firing"}),
     ("worker and declared functions", {"worker", "udf"}),
     ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
     ("the dashboard", {"ui/"}),
@@ -206,9 +206,10 @@ def test_no_relative_imports_and_no_private_names_of_other_modules() -> None:
 # them are of the layer "the protocol on the store" (protocol/, streams/, and the doctor's
 # probes of its own _doctor/ keys); only the stores below carry their writes out.
 WRITERS = {"protocol.steps", "protocol.admission", "protocol.queue_record", "protocol.census"}
-WRITERS |= {"protocol.idempotency", "protocol.scaler_lease"}
+WRITERS |= {"protocol.idempotency", "protocol.scaler_lease", "protocol.schedules"}
 WRITERS |= {"streams.journal", "streams.topic", "doctor"}  # doctor: its _doctor/ keys
 DELETERS = {"protocol.steps", "protocol.tidy", "protocol.admission", "protocol.gc"}
+DELETERS |= {"protocol.schedules"}
 DELETERS |= {"streams.topic", "doctor"}
 
 

@@ -98,6 +98,8 @@ PUBLIC = {
     "WorkQueue", "AsyncWorkQueue", "Job",
     # elastic queues
     "ProviderConfig", "Scaler",
+    # schedules
+    "Schedule",
     # every error a caller can meet (the tree in lakeshore/errors.py)
     "LakeshoreError", "NotFound", "Conflict", "Fenced", "InvalidArgument", "UnreturnedWrite",
     "PermissionDenied", "StoreError", "TooLarge", "StoreUnavailable", "RecordError",
@@ -220,6 +222,7 @@ def test_an_empty_url_is_refused_not_taken_for_the_default(
 DISPATCH_SURFACE = {
     "udf", "scope", "get", "status", "result", "stream", "astream", "cancel", "retry", "logs",
     "follow_logs", "configure", "queue_config", "topic",
+    "schedule", "schedules", "unschedule", "tick_schedules",
     "aget", "astatus", "aresult", "acancel",
     "url", "ns", "store", "data_root", "plane",
 }  # fmt: skip
