@@ -22,6 +22,7 @@ from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
 from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
+from lakeshore.running.failure import RetryOptions
 from lakeshore.running.logs import follow_logs, read_logs
 from lakeshore.store import Store
 from lakeshore.streams.journal import Frame
@@ -154,6 +155,11 @@ class Dispatch:
         max_attempts: int | None = None,
         timeout_s: float | None = None,
         priority: int | None = None,
+        retry_for: Any = None,
+        no_retry_for: Any = None,
+        retry_backoff_s: float | None = None,
+        retry_backoff_cap_s: float | None = None,
+        retry_jitter: float | None = None,
     ) -> Callable[[F], Udf[Any, Any]]: ...
 
     def udf(
@@ -164,14 +170,29 @@ class Dispatch:
         max_attempts: int | None = None,
         timeout_s: float | None = None,
         priority: int | None = None,
+        retry_for: Any = None,
+        no_retry_for: Any = None,
+        retry_backoff_s: float | None = None,
+        retry_backoff_cap_s: float | None = None,
+        retry_jitter: float | None = None,
     ) -> Udf[Any, Any] | Callable[[F], Udf[Any, Any]]:
         """Decorate a function so it can be submitted to ``queue`` on this plane. A lambda or
         a nested function (no importable name) is submitted only where its workers are in
         this process (``:memory:``), unless the plane allows pickling.
 
+        The retry rule of its invocations (a submit's ``_retry_for=`` and the like override
+        it; docs/retries.md): ``retry_for`` (retry only these exception types: classes or
+        ``"module.QualName"`` names), ``no_retry_for`` (fail at once on these),
+        ``retry_backoff_s`` (base of the exponential backoff; default the queue's, else
+        the plane's), ``retry_backoff_cap_s`` (its longest wait, default 300 s, at most
+        3600 s), ``retry_jitter`` (the fraction of each wait drawn off at random, 0 to 1).
+
         Raises:
-            InvalidArgument: bad queue name.
+            InvalidArgument: bad queue name or retry option.
         """
+        retry = RetryOptions.given(
+            "udf", retry_for, no_retry_for, retry_backoff_s, retry_backoff_cap_s, retry_jitter
+        )
 
         def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:
             u: Udf[Any, Any] = Udf(
@@ -181,6 +202,7 @@ class Dispatch:
                 max_attempts=max_attempts,
                 timeout_s=timeout_s,
                 priority=priority,
+                retry=retry,
             )
             self._plane.registry[u.ref] = u
             return u
@@ -371,13 +393,21 @@ def udf(
     max_attempts: int | None = None,
     timeout_s: float | None = None,
     priority: int | None = None,
+    retry_for: Any = None,
+    no_retry_for: Any = None,
+    retry_backoff_s: float | None = None,
+    retry_backoff_cap_s: float | None = None,
+    retry_jitter: float | None = None,
 ) -> Any:
-    """``@dls.udf``: like ``@q.udf`` but bound to the default plane (``Dispatch()``), which
-    is created on the first submit.
+    """``@dls.udf``: like ``@q.udf`` (the same options, the retry rule's included) but
+    bound to the default plane (``Dispatch()``), which is created on the first submit.
 
     Raises:
-        InvalidArgument: bad queue name.
+        InvalidArgument: bad queue name or retry option.
     """
+    retry = RetryOptions.given(
+        "udf", retry_for, no_retry_for, retry_backoff_s, retry_backoff_cap_s, retry_jitter
+    )
 
     def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:
         return Udf(
@@ -388,6 +418,7 @@ def udf(
             timeout_s=timeout_s,
             priority=priority,
             default=default_plane,
+            retry=retry,
         )
 
     return wrap(fn) if fn is not None else wrap
