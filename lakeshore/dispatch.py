@@ -12,9 +12,11 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any, TypeVar, overload
 
 from lakeshore import results
+from lakeshore.errors import InvalidArgument
 from lakeshore.files.context import scope as run_scope
 from lakeshore.files.root import DataRoot
 from lakeshore.keys import DEFAULT_QUEUE, check_name
@@ -22,6 +24,7 @@ from lakeshore.model.queue_config import QueueConfig
 from lakeshore.model.record import Record
 from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
+from lakeshore.protocol.bulk_retry import Selection, epoch_s, retry_selected
 from lakeshore.running.failure import RetryOptions
 from lakeshore.running.logs import follow_logs, read_logs
 from lakeshore.store import Store
@@ -287,6 +290,41 @@ class Dispatch:
         """
         ops, rec, etag = self._plane.locate(inv)
         return ops.rerun(rec, etag)
+
+    def retry_many(
+        self,
+        queue: str = DEFAULT_QUEUE,
+        *,
+        state: str = "failed",
+        fn: str | Callable[..., Any] | None = None,
+        since: float | datetime | None = None,
+        until: float | datetime | None = None,
+        dry_run: bool = False,
+    ) -> list[str]:
+        """Run again every finished invocation of ``queue`` in ``state`` (default
+        ``failed``), of function ``fn`` (a ``"module:qualname"`` or a declared function)
+        if given, submitted at or after ``since`` (the id's time), that finished at or
+        before ``until`` (default: now, in the store's clock). Each is rerun as
+        :meth:`retry` does; returns the ids queued again (with ``dry_run``: the ids that
+        would be, nothing written). Two runs at once rerun each invocation once; a second
+        run with the same ``until`` does nothing (docs/retries.md#bulk-retry).
+
+        Raises:
+            InvalidArgument: a bad queue name, state or time (a datetime must be aware).
+            StoreError: the store failed while listing (reruns already made stay).
+        """
+        check_name(queue, "queue")
+        ops = self._plane.ops(queue)
+        ref = getattr(fn, "ref", fn)
+        if ref is not None and not isinstance(ref, str):
+            raise InvalidArgument(
+                "retry", f"fn={fn!r}", "pass a declared function or its 'module:qualname'"
+            )
+        end = epoch_s(until, "until")
+        sel = Selection(
+            state, ref, epoch_s(since, "since"), self.store.now() if end is None else end
+        )
+        return retry_selected(ops, sel, dry_run).retried
 
     def logs(self, inv: str, attempt: int | None = None) -> str:
         """What the invocation's body printed and logged so far: every attempt in order (or

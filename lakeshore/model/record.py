@@ -665,7 +665,8 @@ def _retry_rule(full: dict[str, Any]) -> None:
         if type(names) is tuple and not names:
             continue  # the default: the field was left out
         if type(names) not in (list, tuple) or len(names) > MAX_NAMES:
-            raise _Bad(name, f"must be a list of at most {MAX_NAMES} type names, got {_show(names)}")
+            want = f"must be a list of at most {MAX_NAMES} type names"
+            raise _Bad(name, f"{want}, got {_show(names)}")
         for item in names:
             problem = name_problem(item)
             if problem is not None:

@@ -30,8 +30,8 @@ from lakeshore.errors import InvalidArgument
 __all__ = [
     "DEFAULT_BACKOFF_CAP_S",
     "MAX_BACKOFF_CAP_S",
-    "MAX_NAME_BYTES",
     "MAX_NAMES",
+    "MAX_NAME_BYTES",
     "check_backoff",
     "check_names",
     "name_problem",
@@ -112,7 +112,9 @@ def check_backoff(name: str, value: Any, op: str) -> float:
     return float(value)
 
 
-def retries(retry_for: tuple[str, ...], no_retry_for: tuple[str, ...], kinds: tuple[str, ...]) -> bool:
+def retries(
+    retry_for: tuple[str, ...], no_retry_for: tuple[str, ...], kinds: tuple[str, ...]
+) -> bool:
     """Whether a failure whose exception has the classes ``kinds`` (most derived first)
     may be retried under the rule (attempts left are the caller's to check). A failure
     with no classes is not the body's exception: it is retried as before."""
