@@ -25,6 +25,7 @@ from lakeshore.model.record import Record
 from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
 from lakeshore.protocol.bulk_retry import Selection, epoch_s, retry_selected
+from lakeshore.running.bodies import function_ref
 from lakeshore.running.failure import RetryOptions
 from lakeshore.running.logs import follow_logs, read_logs
 from lakeshore.store import Store
@@ -302,7 +303,7 @@ class Dispatch:
         dry_run: bool = False,
     ) -> list[str]:
         """Run again every finished invocation of ``queue`` in ``state`` (default
-        ``failed``), of function ``fn`` (a ``"module:qualname"`` or a declared function)
+        ``failed``), of function ``fn`` (the function, or its ``"module:qualname"``)
         if given, submitted at or after ``since`` (the id's time), that finished at or
         before ``until`` (default: now, in the store's clock). Each is rerun as
         :meth:`retry` does; returns the ids queued again (with ``dry_run``: the ids that
@@ -315,10 +316,15 @@ class Dispatch:
         """
         check_name(queue, "queue")
         ops = self._plane.ops(queue)
-        ref = getattr(fn, "ref", fn)
-        if ref is not None and not isinstance(ref, str):
+        if fn is None or isinstance(fn, str):
+            ref = fn
+        elif isinstance(fn, Udf):
+            ref = fn.ref
+        elif callable(fn):
+            ref = function_ref(fn)
+        else:
             raise InvalidArgument(
-                "retry", f"fn={fn!r}", "pass a declared function or its 'module:qualname'"
+                "retry", f"fn={fn!r} is not a function", "pass one, or its 'module:qualname'"
             )
         end = epoch_s(until, "until")
         sel = Selection(
