@@ -218,3 +218,20 @@ def test_a_nack_of_a_permanent_exception_fails_the_job_at_once() -> None:
     job = wq.claim()
     assert job is not None and job.nack(ValueError("again")) == "queued"  # not permanent
     assert q.get(other).state == "queued"
+
+
+def test_a_permanent_raised_in_the_upstream_working_block_fails_the_job_at_once() -> None:
+    from dreamlake.lakeshore import Dispatch, SyncQueue
+
+    dp = Dispatch(":memory:")
+    sq = SyncQueue("jobs", dispatch=dp)
+    inv = sq.submit({"n": 1})
+    with pytest.raises(retry_jobs.BadInput), sq.working() as job:
+        assert job is not None
+        raise retry_jobs.BadInput("no")
+    rec = dp.get(inv)
+    assert (rec.state, rec.attempt) == ("failed", 1)
+    other = sq.submit({"n": 2})
+    with pytest.raises(ValueError), sq.working() as job:
+        raise ValueError("not permanent")
+    assert dp.get(other).state == "queued"  # any other exception: retried, as upstream's
