@@ -118,6 +118,8 @@ def test_the_rule_is_written_into_the_record_as_names(rules_store: Store) -> Non
     assert rec.retry_for == (BASE, "mypkg.errors.Flaky", "KeyError")
     assert rec.no_retry_for == ("tests.retry_jobs.SubProblem",)
     assert (rec.retry_backoff_cap_s, rec.retry_jitter, rec.v) == (900.0, 0.25, 2)
+    (mapped,) = f.map(["key"], _retry_for=KeyError, _retry_jitter=0)
+    assert (q.get(mapped).retry_for, q.get(mapped).retry_jitter) == (("KeyError",), 0.0)
     plain = q.get(q.udf(retry_jobs.raise_kind, queue="plain").submit("key"))
     assert (plain.retry_for, plain.retry_backoff_cap_s, plain.retry_jitter, plain.v) == (
         (),
@@ -203,6 +205,11 @@ def test_backoff_bounds_for_any_draw() -> None:
     assert lifecycle.backoff_s(dataclasses.replace(rec, retry_backoff_cap_s=0.0)) == 0.0
     long = dataclasses.replace(rec, attempt=12, retry_backoff_cap_s=3600.0)
     assert lifecycle.backoff_s(long) == 2048.0
+    # the reaper's requeue of an expired lease takes its draw too
+    held = lifecycle.claim(dataclasses.replace(rec, max_attempts=9), "w", "t", now=100.0)
+    expired = lifecycle.expire(held, now=200.0, draw=0.5)
+    assert expired.state == "queued"
+    assert expired.not_before - 200.0 == pytest.approx(3.0 * 0.8)
 
 
 def test_a_nack_of_a_permanent_exception_fails_the_job_at_once() -> None:
