@@ -47,7 +47,7 @@ class Selection:
     state: str = "failed"
     fn: str | None = None
     since: float | None = None  # the id's time (its submit), seconds since the epoch
-    until: float = 0.0  # finished at or before, store time
+    until: float = math.inf  # finished at or before, store time
 
     def __post_init__(self) -> None:
         if self.state not in TERMINAL:
@@ -59,7 +59,9 @@ class Selection:
         for name in ("since", "until"):
             t = getattr(self, name)
             number = isinstance(t, float | int) and not isinstance(t, bool)
-            if t is not None and not (number and 0 <= t < 2**47 / 1000):
+            # a time a ULID can carry (48 bits of milliseconds); an until of "for ever"
+            in_range = number and (0 <= t < 2**47 / 1000 or (name == "until" and t == math.inf))
+            if t is not None and not in_range:
                 raise InvalidArgument(
                     "retry", f"{name} must be a time in seconds since the epoch", f"got {t!r}"
                 )

@@ -426,7 +426,8 @@ class ChildProcess:
                             emit_encoded(rest[0])
                         except BaseException as e:
                             self._kill_during(call)
-                            return Outcome(Verdict.ERROR, error=error_of(e))
+                            # as in a thread, where the body meets this error at its yield
+                            return body_error(e)
                     elif tag == "log":
                         if log is not None:
                             with contextlib.suppress(Exception):  # output is best effort
