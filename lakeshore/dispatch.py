@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 
 from lakeshore import firing, results
+from lakeshore.errors import InvalidArgument
 from lakeshore.files.context import scope as run_scope
 from lakeshore.files.root import DataRoot
 from lakeshore.keys import DEFAULT_QUEUE, check_name
@@ -24,7 +25,9 @@ from lakeshore.model.record import Record
 from lakeshore.model.schedule import Schedule
 from lakeshore.offload import aiterate, offload
 from lakeshore.plane import DEFAULT_URL, Plane
-from lakeshore.running.bodies import Declared
+from lakeshore.protocol.bulk_retry import Selection, epoch_s, retry_selected
+from lakeshore.running.bodies import Declared, function_ref
+from lakeshore.running.failure import RetryOptions
 from lakeshore.running.logs import follow_logs, read_logs
 from lakeshore.store import Store
 from lakeshore.streams.journal import Frame
@@ -157,6 +160,11 @@ class Dispatch:
         max_attempts: int | None = None,
         timeout_s: float | None = None,
         priority: int | None = None,
+        retry_for: Any = None,
+        no_retry_for: Any = None,
+        retry_backoff_s: float | None = None,
+        retry_backoff_cap_s: float | None = None,
+        retry_jitter: float | None = None,
     ) -> Callable[[F], Udf[Any, Any]]: ...
 
     def udf(
@@ -167,14 +175,29 @@ class Dispatch:
         max_attempts: int | None = None,
         timeout_s: float | None = None,
         priority: int | None = None,
+        retry_for: Any = None,
+        no_retry_for: Any = None,
+        retry_backoff_s: float | None = None,
+        retry_backoff_cap_s: float | None = None,
+        retry_jitter: float | None = None,
     ) -> Udf[Any, Any] | Callable[[F], Udf[Any, Any]]:
         """Decorate a function so it can be submitted to ``queue`` on this plane. A lambda or
         a nested function (no importable name) is submitted only where its workers are in
         this process (``:memory:``), unless the plane allows pickling.
 
+        The retry rule of its invocations (a submit's ``_retry_for=`` and the like override
+        it; docs/retries.md): ``retry_for`` (retry only these exception types: classes or
+        ``"module.QualName"`` names), ``no_retry_for`` (fail at once on these),
+        ``retry_backoff_s`` (base of the exponential backoff; default the queue's, else
+        the plane's), ``retry_backoff_cap_s`` (its longest wait, default 300 s, at most
+        3600 s), ``retry_jitter`` (the fraction of each wait drawn off at random, 0 to 1).
+
         Raises:
-            InvalidArgument: bad queue name.
+            InvalidArgument: bad queue name or retry option.
         """
+        retry = RetryOptions.given(
+            "udf", retry_for, no_retry_for, retry_backoff_s, retry_backoff_cap_s, retry_jitter
+        )
 
         def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:
             u: Udf[Any, Any] = Udf(
@@ -184,6 +207,7 @@ class Dispatch:
                 max_attempts=max_attempts,
                 timeout_s=timeout_s,
                 priority=priority,
+                retry=retry,
             )
             self._plane.registry[u.ref] = u
             return u
@@ -268,6 +292,46 @@ class Dispatch:
         """
         ops, rec, etag = self._plane.locate(inv)
         return ops.rerun(rec, etag)
+
+    def retry_many(
+        self,
+        queue: str = DEFAULT_QUEUE,
+        *,
+        state: str = "failed",
+        fn: str | Callable[..., Any] | None = None,
+        since: float | datetime | None = None,
+        until: float | datetime | None = None,
+        dry_run: bool = False,
+    ) -> list[str]:
+        """Run again every finished invocation of ``queue`` in ``state`` (default
+        ``failed``), of function ``fn`` (the function, or its ``"module:qualname"``)
+        if given, submitted at or after ``since`` (the id's time), that finished at or
+        before ``until`` (default: now, in the store's clock). Each is rerun as
+        :meth:`retry` does; returns the ids queued again (with ``dry_run``: the ids that
+        would be, nothing written). Two runs at once rerun each invocation once; a second
+        run with the same ``until`` does nothing (docs/retries.md#bulk-retry).
+
+        Raises:
+            InvalidArgument: a bad queue name, state or time (a datetime must be aware).
+            StoreError: the store failed while listing (reruns already made stay).
+        """
+        check_name(queue, "queue")
+        ops = self._plane.ops(queue)
+        if fn is None or isinstance(fn, str):
+            ref = fn
+        elif isinstance(fn, Udf):
+            ref = fn.ref
+        elif callable(fn):
+            ref = function_ref(fn)
+        else:
+            raise InvalidArgument(
+                "retry", f"fn={fn!r} is not a function", "pass one, or its 'module:qualname'"
+            )
+        end = epoch_s(until, "until")
+        sel = Selection(
+            state, ref, epoch_s(since, "since"), self.store.now() if end is None else end
+        )
+        return retry_selected(ops, sel, dry_run).retried
 
     def logs(self, inv: str, attempt: int | None = None) -> str:
         """What the invocation's body printed and logged so far: every attempt in order (or
@@ -468,13 +532,21 @@ def udf(
     max_attempts: int | None = None,
     timeout_s: float | None = None,
     priority: int | None = None,
+    retry_for: Any = None,
+    no_retry_for: Any = None,
+    retry_backoff_s: float | None = None,
+    retry_backoff_cap_s: float | None = None,
+    retry_jitter: float | None = None,
 ) -> Any:
-    """``@dls.udf``: like ``@q.udf`` but bound to the default plane (``Dispatch()``), which
-    is created on the first submit.
+    """``@dls.udf``: like ``@q.udf`` (the same options, the retry rule's included) but
+    bound to the default plane (``Dispatch()``), which is created on the first submit.
 
     Raises:
-        InvalidArgument: bad queue name.
+        InvalidArgument: bad queue name or retry option.
     """
+    retry = RetryOptions.given(
+        "udf", retry_for, no_retry_for, retry_backoff_s, retry_backoff_cap_s, retry_jitter
+    )
 
     def wrap(f: Callable[..., Any]) -> Udf[Any, Any]:
         return Udf(
@@ -485,6 +557,7 @@ def udf(
             timeout_s=timeout_s,
             priority=priority,
             default=default_plane,
+            retry=retry,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -37,6 +37,7 @@ __all__ = [
     "NewerRecord",
     "NotFinished",
     "NotFound",
+    "Permanent",
     "PermissionDenied",
     "ProviderError",
     "QueueFull",
@@ -229,6 +230,20 @@ class Abandoned(BaseException):
     """Raised in a worker's slot thread whose body returned after the watchdog had given up
     on it: the attempt was concluded by another thread, which serves the slot now. A
     BaseException, so that no handler meant for errors catches it on the way out."""
+
+
+class Permanent(Exception):
+    """Raised by a body to fail its invocation at once, whatever attempts are left and
+    whatever its retry rule says: ``raise dls.Permanent("no such user") from e``. The
+    invocation's error names this class (or a subclass of it), with the message; when it
+    was raised ``from`` another exception, the message ends with that one's type and
+    message, and the traceback holds both.
+
+    Not a :class:`LakeshoreError`: lakeshore never raises it, and a body's
+    ``except LakeshoreError`` around its own calls must not swallow it. Subclass it with an
+    exception of your own (``class BadInput(ValueError, dls.Permanent)``) to make that one
+    permanent everywhere.
+    """
 
 
 class Stopped(Exception):

@@ -34,12 +34,14 @@ from lakeshore.files.context import flush
 from lakeshore.keys import band, new_id
 from lakeshore.model.lifecycle import MAX_DELAY_S
 from lakeshore.model.record import MAX_COUNT, Blob, Record, State, check_fields, check_key_arg
+from lakeshore.model.retry import DEFAULT_BACKOFF_CAP_S
 from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol.admission import admit, give_back_rate
 from lakeshore.protocol.idempotency import HeldKey, move_key, needs_new_id, take_or_read
 from lakeshore.protocol.steps import QueueOps
 from lakeshore.running.bodies import Declared
 from lakeshore.running.child import refuse_script_rerun
+from lakeshore.running.failure import RetryOptions
 from lakeshore.scope import current_prefix
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ OPTIONS = frozenset(
         "delay_s",
         "not_before",
     }
-)
+) | {"retry_for", "no_retry_for", "retry_backoff_s", "retry_backoff_cap_s", "retry_jitter"}
 
 
 def check_options(
@@ -131,6 +133,11 @@ def prepare_call(
     submit_timeout: float = 60.0,
     delay_s: float | None = None,
     not_before: datetime.datetime | None = None,
+    retry_for: Any = None,
+    no_retry_for: Any = None,
+    retry_backoff_s: float | None = None,
+    retry_backoff_cap_s: float | None = None,
+    retry_jitter: float | None = None,
 ) -> Prepared:
     """Everything a submit settles without writing: options checked, the call bound to the
     signature, the arguments encoded. Reads only the queue's (cached) settings, and the
@@ -165,6 +172,14 @@ def prepare_call(
         )
     check_key_arg(key, f"submit {udf.ref}")
     due = _due(plane, f"submit {udf.ref}", delay_s, not_before)
+    rule = RetryOptions.given(
+        f"submit {udf.ref}",
+        retry_for,
+        no_retry_for,
+        retry_backoff_s,
+        retry_backoff_cap_s,
+        retry_jitter,
+    ).over(udf.retry)
     payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
     if len(payload) > plane.max_payload_bytes:
         raise InvalidArgument(
@@ -188,10 +203,18 @@ def prepare_call(
         max_attempts=attempts,
         timeout_s=tmo,
         retry_backoff_s=next(
-            b for b in (conf.retry_backoff_s, plane.retry_backoff_s) if b is not None
+            b
+            for b in (rule.backoff_s, conf.retry_backoff_s, plane.retry_backoff_s)
+            if b is not None
         ),
         lease_s=conf.lease_s or plane.lease_s,
         not_before=due,
+        retry_for=rule.retry_for or (),
+        no_retry_for=rule.no_retry_for or (),
+        retry_backoff_cap_s=(
+            rule.backoff_cap_s if rule.backoff_cap_s is not None else DEFAULT_BACKOFF_CAP_S
+        ),
+        retry_jitter=rule.jitter or 0.0,
     )
     check_fields(draft, f"submit {udf.ref}")  # size caps, before anything is written
     return Prepared(

@@ -15,6 +15,7 @@ from lakeshore.errors import InvalidArgument
 from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.running.bodies import Declared
 from lakeshore.running.call import call_local
+from lakeshore.running.failure import RetryOptions
 from lakeshore.submit import submit_call
 
 __all__ = ["Udf"]
@@ -36,6 +37,7 @@ class Udf(Declared, Generic[P, R]):
         timeout_s: float | None = None,
         priority: int | None = None,
         default: Callable[[], Plane | HasPlane] | None = None,
+        retry: RetryOptions | None = None,
     ) -> None:
         super().__init__(
             fn,
@@ -44,6 +46,7 @@ class Udf(Declared, Generic[P, R]):
             max_attempts=max_attempts,
             timeout_s=timeout_s,
             priority=priority,
+            retry=retry,
         )
         self._plane = plane
         self._default = default  # the plane to bind to on first use, when ``plane`` is None
@@ -102,7 +105,10 @@ class Udf(Declared, Generic[P, R]):
         first), ``_max_attempts``, ``_timeout_s``, ``_deadline_s`` (seconds from now after
         which a still-queued invocation never starts), ``_strict_key`` (raise if ``_key`` was
         used before with different arguments), ``_submit_timeout`` (how long a submit to a
-        full queue with ``on_full="block"`` waits for room; default 60 s).
+        full queue with ``on_full="block"`` waits for room; default 60 s); the retry rule
+        of this call, over the function's (docs/retries.md): ``_retry_for`` and
+        ``_no_retry_for`` (exception classes or names), ``_retry_backoff_s``,
+        ``_retry_backoff_cap_s``, ``_retry_jitter``.
 
         Raises:
             InvalidArgument: an argument cannot be sent, or an option is malformed.

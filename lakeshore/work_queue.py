@@ -49,7 +49,7 @@ from lakeshore.protocol.claims import Claimer
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.attempt import Attempt, Halt, Heartbeats, conclude, fatal
 from lakeshore.running.bodies import Declared
-from lakeshore.running.call import Outcome, Verdict, error_of
+from lakeshore.running.call import Outcome, Verdict, body_error, error_of
 from lakeshore.streams.journal import Frame, JournalWriter
 from lakeshore.submit import submit_call
 from lakeshore.text import inert
@@ -187,7 +187,8 @@ class Job:
     def nack(self, error: BaseException | str = "nacked", retry: bool = True) -> str:
         """The job failed with ``error`` (an exception, traceback included, or a message).
         With ``retry`` it is queued again after the backoff while attempts remain; else, or
-        with no attempts left, it fails for good. Returns the state it is left in:
+        with no attempts left, or for a :class:`~lakeshore.errors.Permanent` exception, it
+        fails for good. Returns the state it is left in:
         ``"queued"`` or ``"failed"``.
 
         Raises:
@@ -195,11 +196,12 @@ class Job:
             InvalidArgument: the job was already ended.
             StoreError: the store failed while ending the job, as for :meth:`ack`.
         """
-        if isinstance(error, BaseException):
-            err = error_of(error)
+        if isinstance(error, BaseException):  # lakeshore.Permanent fails at once
+            outcome = body_error(error)
+            outcome.final = outcome.final or not retry
         else:
             err = {"type": "Nacked", "message": str(error), "traceback": ""}
-        outcome = Outcome(Verdict.ERROR, error=err, final=not retry)
+            outcome = Outcome(Verdict.ERROR, error=err, final=not retry)
         self._end(f"nack {self.id}", outcome, ("queued", "failed"))
         return self._ended
 

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from lakeshore.cli import bulk_retry
 from lakeshore.cli.common import (
     add_common,
     ago,
@@ -278,6 +279,9 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
+    bulk_retry.refuse_mixed(args)
+    if args.queue is not None:
+        return bulk_retry.run(args)
     check_id(args.id)
     q = plane(args)
     attempt = q.retry(args.id)
@@ -439,10 +443,13 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "retry",
-        help="run a finished invocation again as a new attempt",
+        help="run a finished invocation again as a new attempt (or every one a filter selects)",
         description="Queue a finished (succeeded, failed, killed or timed out) "
-        "invocation again: same id, arguments and key; a new attempt.",
+        "invocation again: same id, arguments and key; a new attempt. With --queue instead "
+        "of an id: every finished invocation of the queue in --state (default failed) that "
+        "--fn, --since and --until select; two runs at once rerun each once.",
     )
-    p.add_argument("id")
+    p.add_argument("id", nargs="?")
+    bulk_retry.add_arguments(p)
     add_common(p)
     p.set_defaults(func=_cmd_retry)

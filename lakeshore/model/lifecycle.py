@@ -19,6 +19,7 @@ from typing import Any
 from lakeshore.errors import IllegalTransition
 from lakeshore.keys import id_time
 from lakeshore.model.record import MAX_HISTORY, Lease, Record, State, Turn
+from lakeshore.model.retry import MAX_BACKOFF_CAP_S
 
 __all__ = [
     "CLOCK_SLACK_S",
@@ -40,7 +41,10 @@ __all__ = [
     "time_out",
 ]
 
-MAX_BACKOFF_S = 300.0
+# The longest wait before a retry: a record's retry_backoff_cap_s is at most this (its
+# default is 300 s). Readers bound a queued record's not_before by it (implausible), and a
+# draining worker waits for a retry it read no longer than this.
+MAX_BACKOFF_S = MAX_BACKOFF_CAP_S
 # The longest delay a submit may ask for (``_delay_s``, ``_not_before``): a year and a day.
 # Further than that is a schedule's job, and a record claiming more is refused as implausible.
 MAX_DELAY_S = 366 * 86_400.0
@@ -80,12 +84,17 @@ def holds(rec: Record, token: str) -> bool:
     return rec.state == State.RUNNING and rec.lease is not None and rec.lease.token == token
 
 
-def backoff_s(rec: Record) -> float:
-    """Delay before the next attempt after attempt ``rec.attempt`` failed: exponential."""
+def backoff_s(rec: Record, draw: float = 0.0) -> float:
+    """Delay before the next attempt after attempt ``rec.attempt`` failed: exponential
+    from ``retry_backoff_s``, capped at ``retry_backoff_cap_s``, less a random part of it
+    up to ``retry_jitter``: ``draw`` is the caller's random number in [0, 1) (0: none), so
+    the wait lies in ``[b * (1 - retry_jitter), b]`` for the capped backoff ``b``."""
     # the exponent is capped: a record from the store may claim any attempt number, and a
     # huge power would hold the interpreter (every thread of the worker) for minutes
     exponent = min(max(0, rec.attempt - 1), 32)
-    return float(min(MAX_BACKOFF_S, rec.retry_backoff_s * 2**exponent))
+    cap = min(rec.retry_backoff_cap_s, MAX_BACKOFF_S)
+    full = min(cap, rec.retry_backoff_s * 2**exponent)
+    return float(full * (1.0 - rec.retry_jitter * min(max(draw, 0.0), 1.0)))
 
 
 def past_deadline(rec: Record, now: float) -> bool:
@@ -142,10 +151,12 @@ def fail(
     now: float,
     retry: bool = True,
     journal: dict[str, Any] | None = None,
+    draw: float = 0.0,
 ) -> Record:
     """running -> queued for another attempt (after a backoff) while attempts remain and the
     failure is retryable; else running -> failed. ``token=None`` is the reaper's form: the
-    lease must have expired instead."""
+    lease must have expired instead. ``draw`` is the random number of the backoff's jitter
+    (see :func:`backoff_s`)."""
     if token is None:
         if rec.state != State.RUNNING or rec.lease is None or rec.lease.expires_at >= now:
             raise _illegal(rec, "expire")
@@ -157,7 +168,7 @@ def fail(
             state=State.QUEUED,
             lease=None,
             error=error,
-            not_before=now + backoff_s(rec),
+            not_before=now + backoff_s(rec, draw),
             journal=journal,
             history=_ended(rec, now, lost or "retried"),
         )
@@ -205,7 +216,7 @@ def rerun(rec: Record, now: float) -> Record:
     )
 
 
-def expire(rec: Record, now: float) -> Record:
+def expire(rec: Record, now: float, draw: float = 0.0) -> Record:
     """A running attempt whose lease ran out (worker crashed or cut off): retried or failed."""
     worker = rec.lease.worker if rec.lease else "?"
     error = {
@@ -213,7 +224,7 @@ def expire(rec: Record, now: float) -> Record:
         "message": f"attempt {rec.attempt} on worker {worker} stopped renewing its lease",
         "traceback": "",
     }
-    return fail(rec, None, error, now)
+    return fail(rec, None, error, now, draw=draw)
 
 
 def cancel(rec: Record, now: float, reason: str = "cancelled") -> Record:

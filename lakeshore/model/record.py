@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from lakeshore.codec import pack_plain, unpack_plain
 from lakeshore.errors import InvalidArgument, NewerRecord, RecordError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
+from lakeshore.model.retry import DEFAULT_BACKOFF_CAP_S, MAX_NAMES, name_problem, number_problem
 
 __all__ = [
     "LIMITS",
@@ -55,6 +56,10 @@ SCHEMA_VERSION = 2
 # than run it without the field's meaning (a child before its parents, say). A field
 # registers here with its default: ``{name: default}``.
 SINCE_V2: dict[str, Any] = {}
+# the retry rule (docs/retries.md): exception type names, and the backoff's cap and jitter
+SINCE_V2.update(
+    retry_for=(), no_retry_for=(), retry_backoff_cap_s=DEFAULT_BACKOFF_CAP_S, retry_jitter=0.0
+)
 
 
 class State(StrEnum):
@@ -299,6 +304,11 @@ class Record:
     slot: int | None = None  # admission slot held while live (queues with max_depth)
     slot_etag: str | None = None
     history: tuple[Turn, ...] = ()  # the newest MAX_HISTORY attempts: who ran them, when
+    # the retry rule (v2): exception type names matched against the raised one's classes
+    retry_for: tuple[str, ...] = ()
+    no_retry_for: tuple[str, ...] = ()
+    retry_backoff_cap_s: float = DEFAULT_BACKOFF_CAP_S
+    retry_jitter: float = 0.0  # fraction of the backoff drawn off at random, 0 to 1
     rev: int = 0
     wid: str = field(default_factory=lambda: write_id())
     v: int = 1  # the oldest schema that holds it: to_bytes raises it when a later field is set
@@ -643,7 +653,29 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     full["result"] = None if full["result"] is None else _blob(full, "result")
     full["lease"] = _lease(full["lease"])
     full["history"] = _history(full["history"])
+    _retry_rule(full)
     return full
+
+
+def _retry_rule(full: dict[str, Any]) -> None:
+    """The retry rule's fields (v2): lists of at most 32 type names (read as tuples, as
+    they were written), a cap from 0 to an hour and a jitter from 0 to 1."""
+    for name in ("retry_for", "no_retry_for"):
+        names = full[name]
+        if type(names) is tuple and not names:
+            continue  # the default: the field was left out
+        if type(names) not in (list, tuple) or len(names) > MAX_NAMES:
+            want = f"must be a list of at most {MAX_NAMES} type names"
+            raise _Bad(name, f"{want}, got {_show(names)}")
+        for item in names:
+            problem = name_problem(item)
+            if problem is not None:
+                raise _Bad(name, f"holds a type name that {problem}")
+        full[name] = tuple(names)
+    for name in ("retry_backoff_cap_s", "retry_jitter"):
+        problem = number_problem(name, full[name])
+        if problem is not None:
+            raise _Bad(name, problem)
 
 
 _REQUIRED = ("id", "ns", "queue", "fn", "args")

@@ -14,6 +14,7 @@ import contextlib
 import enum
 import logging
 import math
+import random
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -293,7 +294,7 @@ class Examiner:
         return Seen.TAKEN
 
     def _expired(self, info: ObjectInfo, got: Read, now: float) -> Examined:
-        nxt = lifecycle.expire(got.record, now)
+        nxt = lifecycle.expire(got.record, now, random.random())  # the backoff's jitter
         ticket_etag = got.ticket_etag
         if nxt.state == State.QUEUED:
             ticket_etag = self._ops.put_marker(nxt)  # before the record says queued

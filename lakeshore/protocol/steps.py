@@ -490,14 +490,26 @@ class QueueOps:
             return True
         return False
 
-    def rerun(self, rec: Record, etag: str) -> int:
+    def rerun(self, rec: Record, etag: str, only_if: Callable[[Record], bool] | None = None) -> int:
         """Queue a finished invocation again as a new life (its own ticket, written before
-        the record says queued); returns the new attempt's number.
+        the record says queued); returns the new attempt's number. With ``only_if``, a
+        record read again after a lost race is rerun only if it still passes (a bulk
+        retry's filter: whoever won the race may have rerun it, and it may have ended
+        again since).
 
         Raises:
-            Conflict: it is still live, or it is a tombstone (nothing was submitted).
+            Conflict: it is still live, or it is a tombstone (nothing was submitted), or
+                it no longer passes ``only_if``.
         """
         while True:
+            if only_if is not None and not only_if(rec):
+                raise Conflict(
+                    f"retry {rec.id}",
+                    f"the invocation changed meanwhile (now {rec.state})",
+                    "someone else moved it first; nothing to do",
+                    id=rec.id,
+                    state=rec.state,
+                )
             if abandoned(rec):
                 raise Conflict(
                     f"retry {rec.id}",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from lakeshore.errors import (
 )
 from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, State, clip_error
+from lakeshore.model.retry import retries
 from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
 from lakeshore.running.call import Outcome, RunSpec, Verdict, error_of, run_inline, unpickle
@@ -611,7 +613,8 @@ def _reported(
         final = _succeeded(plane, ops, rec, token, now, outcome, journal, streamed)
     else:
         err = dict(outcome.error or {})
-        final = lifecycle.fail(rec, token, err, now, retry=not outcome.final)
+        retry = not outcome.final and retries(rec.retry_for, rec.no_retry_for, outcome.kinds)
+        final = lifecycle.fail(rec, token, err, now, retry=retry, draw=random.random())
         ended = False
         if final.state is State.FAILED and journal.frames:
             # Only a stream gets an ERROR frame, and only when no retry follows.
@@ -688,7 +691,7 @@ def _after_lost(ops: QueueOps, held: Claimed, now: float) -> str:
         "message": "the worker could not renew its lease in time and stopped the body",
         "traceback": "",
     }
-    final = lifecycle.fail(current, held.token, error, now)
+    final = lifecycle.fail(current, held.token, error, now, draw=random.random())
     try:
         ops.finish(dataclasses.replace(held, record=current, etag=etag), final, tidy_later=True)
     except (Conflict, IllegalTransition):
@@ -717,7 +720,7 @@ def _succeeded(
         try:
             journal.close(END)
         except Exception as e:  # frames were lost: the stream is incomplete, try again
-            return lifecycle.fail(rec, token, error_of(e), now)
+            return lifecycle.fail(rec, token, error_of(e), now, draw=random.random())
         meta = {"attempt": rec.attempt, "frames": journal.frames, "ended": True}
         # a generator's result is its frames; a consumer that posted frames may ack a value
         blob = None if data is None else ops.put_result(rec, data, plane.spill_bytes)

@@ -31,6 +31,7 @@ from typing import Any
 
 from lakeshore.errors import InvalidArgument, UnknownFunction
 from lakeshore.keys import check_name
+from lakeshore.running.failure import RetryOptions
 
 __all__ = [
     "Allow",
@@ -93,7 +94,7 @@ def function_ref(fn: Callable[..., Any]) -> str:
 
 class Declared:
     """A function declared as a body: its kind, the name it travels by, and the defaults
-    its submits take (queue, attempts, timeout, priority).
+    its submits take (queue, attempts, timeout, priority, the retry rule).
 
     A function without an importable name (a lambda, a function defined inside another)
     travels pickled when ``allow_pickle``; otherwise it is ``local_only``: its name is made
@@ -114,6 +115,7 @@ class Declared:
         max_attempts: int | None = None,
         timeout_s: float | None = None,
         priority: int | None = None,
+        retry: RetryOptions | None = None,
     ) -> None:
         self.fn = fn
         self.kind = body_kind(fn)
@@ -135,6 +137,7 @@ class Declared:
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
         self.priority = priority
+        self.retry = retry or RetryOptions()
 
     @functools.cached_property
     def signature(self) -> inspect.Signature | None:

@@ -28,10 +28,18 @@ from enum import StrEnum
 from typing import Any, assert_never
 
 from lakeshore import codec
-from lakeshore.errors import Fenced, InvalidArgument, LakeshoreError, Stopped, Unsendable
+from lakeshore.errors import (
+    Fenced,
+    InvalidArgument,
+    LakeshoreError,
+    Permanent,
+    Stopped,
+    Unsendable,
+)
 from lakeshore.files.context import RunContext, active
 from lakeshore.files.root import DataRoot, Fence
 from lakeshore.running.bodies import BodyKind
+from lakeshore.running.failure import kinds_of, type_name
 from lakeshore.running.logs import Sink, capture
 from lakeshore.scope import at, current_prefix
 from lakeshore.streams.journal import check_frame
@@ -40,6 +48,7 @@ __all__ = [
     "Outcome",
     "RunSpec",
     "Verdict",
+    "body_error",
     "call_body",
     "call_local",
     "error_of",
@@ -67,12 +76,16 @@ class Verdict(StrEnum):
 class Outcome:
     """How an attempt ended: its :class:`Verdict`, and the value or the error. ``final``: an
     error that would repeat on every attempt (an unsendable value, a body the worker cannot
-    load, a nack without retry), so the invocation fails at once."""
+    load, a nack without retry, ``lakeshore.Permanent``), so the invocation fails at once.
+    ``kinds``: the names of the classes of the exception the body raised (most derived
+    first), which the record's retry rule is matched against; empty for a failure that is
+    not the body's own (retried as before)."""
 
     verdict: Verdict
     value: bytes | None = None
     error: dict[str, str] | None = None
     final: bool = False
+    kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.verdict = Verdict(self.verdict)  # "ok" from a caller is Verdict.OK: `is` holds
@@ -84,6 +97,21 @@ def error_of(e: BaseException) -> dict[str, str]:
         "message": str(e),
         "traceback": "".join(traceback.format_exception(e)),
     }
+
+
+def body_error(e: BaseException) -> Outcome:
+    """The outcome of a body that raised ``e``: its error and its classes' names, final
+    when it is a :class:`~lakeshore.errors.Permanent` (whose cause, if any, is named at the
+    end of the message: the error's type stays the class the body raised)."""
+    error = error_of(e)
+    if not isinstance(e, Permanent):
+        return Outcome(Verdict.ERROR, error=error, kinds=kinds_of(e))
+    cause = e.__cause__
+    if cause is not None:
+        said = str(cause)
+        tail = f"{type_name(type(cause))}: {said}" if said else type_name(type(cause))
+        error["message"] = f"{error['message']} (from {tail})" if error["message"] else tail
+    return Outcome(Verdict.ERROR, error=error, final=True, kinds=kinds_of(e))
 
 
 def result_bytes(kind: BodyKind, value: Any) -> bytes | None:
@@ -265,7 +293,7 @@ def run_inline(
         except Unsendable as e:
             box.append(Outcome(Verdict.ERROR, error=unsendable_error(e), final=True))
         except BaseException as e:
-            box.append(Outcome(Verdict.ERROR, error=error_of(e)))
+            box.append(body_error(e))
 
     contextvars.Context().run(body)
     return box[0]

@@ -47,6 +47,7 @@ from lakeshore.running.call import (
     Outcome,
     RunSpec,
     Verdict,
+    body_error,
     call_body,
     error_of,
     unpickle,
@@ -256,7 +257,9 @@ def _serve(conn: Any, hooks: Hooks, env: dict[str, str] | None = None) -> None:
                 except Unsendable as e:
                     send(("final", unsendable_error(e)))
                 except BaseException as e:
-                    send(("error", error_of(e)))
+                    # the class names travel with the error: the retry rule is the parent's
+                    failed = body_error(e)
+                    send(("final" if failed.final else "error", failed.error, failed.kinds))
     finally:
         if hooks.on_stop is not None:
             with contextlib.suppress(BaseException):  # best effort: the process is ending
@@ -423,7 +426,8 @@ class ChildProcess:
                             emit_encoded(rest[0])
                         except BaseException as e:
                             self._kill_during(call)
-                            return Outcome(Verdict.ERROR, error=error_of(e))
+                            # as in a thread, where the body meets this error at its yield
+                            return body_error(e)
                     elif tag == "log":
                         if log is not None:
                             with contextlib.suppress(Exception):  # output is best effort
@@ -433,7 +437,10 @@ class ChildProcess:
                     elif tag == "stopped":
                         return Outcome(Verdict.STOPPED)
                     else:  # "error", or "final": an error no retry would mend
-                        return Outcome(Verdict.ERROR, error=rest[0], final=tag == "final")
+                        kinds = tuple(rest[1]) if len(rest) > 1 else ()
+                        return Outcome(
+                            Verdict.ERROR, error=rest[0], final=tag == "final", kinds=kinds
+                        )
                 elif stop.is_set() and (
                     refused_at is None or time.monotonic() - refused_at > _WIND_UP_S
                 ):

@@ -285,7 +285,7 @@ def test_the_retry_backoff_of_any_attempt_number_is_cheap() -> None:
     from lakeshore.model.record import MAX_COUNT
 
     rec = Record(id=keys.new_id(), ns="default", queue="q", fn="m:f", args=Blob(inline=b""))
-    big = dataclasses.replace(rec, attempt=MAX_COUNT)
+    big = dataclasses.replace(rec, attempt=MAX_COUNT, retry_backoff_cap_s=lifecycle.MAX_BACKOFF_S)
     assert _within(5, lambda: lifecycle.backoff_s(big)) == lifecycle.MAX_BACKOFF_S
 
 

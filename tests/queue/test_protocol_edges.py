@@ -193,7 +193,7 @@ def test_an_idle_exit_waits_for_a_retry_backing_off(q: Any, tmp_path: Path) -> N
     hostile = slow.udf(jobs.add_one).submit(1)
     ops = slow.plane.ops("default")
     rec, etag = ops.read(hostile)
-    ops.cas(rec.next_write(not_before=slow.store.now() + 3600), etag)
+    ops.cas(rec.next_write(not_before=slow.store.now() + 2 * lifecycle.MAX_BACKOFF_S), etag)
     ran = dls.run_worker(slow, isolation="thread", idle_exit=0.2, max_poll_s=0.05)
     assert ran == 2 and slow.result(inv, timeout=1) == "ok after 2"
     assert slow.get(hostile).state == "queued"

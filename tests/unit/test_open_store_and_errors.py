@@ -106,6 +106,8 @@ PUBLIC = {
     "NewerRecord", "DecodeError", "CorruptSegment", "IllegalTransition", "JobError", "Failed",
     "Killed", "TimedOut", "NotFinished", "QueueFull", "KeyReused", "MapFailed",
     "UnknownFunction", "TopicClosed", "HookFailed", "ProviderError",
+    # what a body raises to fail at once (outside the tree: lakeshore never raises it)
+    "Permanent",
 }  # fmt: skip
 # in the tree, never raised to a caller: the worker turns them into an invocation's outcome
 INTERNAL_ERRORS = {"Unsendable", "Stopped", "Abandoned"}
@@ -136,7 +138,7 @@ def test_every_error_class_lives_in_errors_and_is_exported() -> None:
     assert set(errors.__all__) == defined
     assert defined - INTERNAL_ERRORS <= set(lakeshore.__all__)
     assert defined >= INTERNAL_ERRORS and not INTERNAL_ERRORS & set(lakeshore.__all__)
-    for name in defined - {"Stopped", "Abandoned"}:
+    for name in defined - {"Stopped", "Abandoned", "Permanent"}:
         assert issubclass(getattr(errors, name), errors.LakeshoreError), name
     root = Path(lakeshore.__file__).parent
     elsewhere = []
@@ -221,6 +223,7 @@ def test_an_empty_url_is_refused_not_taken_for_the_default(
 # and the plane under the facade (for lakeshore's own layers and for tests)
 DISPATCH_SURFACE = {
     "udf", "scope", "get", "status", "result", "stream", "astream", "cancel", "retry", "logs",
+    "retry_many",
     "follow_logs", "configure", "queue_config", "topic",
     "schedule", "schedules", "unschedule", "tick_schedules",
     "aget", "astatus", "aresult", "acancel",

@@ -171,7 +171,8 @@ def test_failures_retry_with_backoff_then_fail() -> None:
     final = lifecycle.fail(a2, "t2", err, now=7.0)
     assert (final.state, final.attempt) == ("failed", 2)
     assert lifecycle.backoff_s(rec(attempt=4, retry_backoff_s=1.0)) == 8.0
-    assert lifecycle.backoff_s(rec(attempt=40)) == lifecycle.MAX_BACKOFF_S
+    assert lifecycle.backoff_s(rec(attempt=40)) == 300.0  # the default cap
+    assert lifecycle.backoff_s(rec(attempt=40, retry_backoff_cap_s=3600.0)) == 3600.0
 
 
 def test_non_retryable_failure_ends_at_once() -> None:
