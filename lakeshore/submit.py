@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Iterable
 from inspect import Parameter
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from lakeshore.errors import (
 )
 from lakeshore.files.context import flush
 from lakeshore.keys import band, new_id
+from lakeshore.model.dependencies import check_after
 from lakeshore.model.record import MAX_COUNT, Blob, Record, State, check_fields, check_key_arg
 from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol.admission import admit, give_back_rate
@@ -54,7 +56,17 @@ __all__ = [
 
 # the options of a submit (``Udf.submit`` spells them with a leading underscore)
 OPTIONS = frozenset(
-    {"key", "priority", "max_attempts", "timeout_s", "deadline_s", "strict_key", "submit_timeout"}
+    {
+        "key",
+        "priority",
+        "max_attempts",
+        "timeout_s",
+        "deadline_s",
+        "strict_key",
+        "submit_timeout",
+        "after",
+        "after_failure",
+    }
 )
 
 
@@ -117,6 +129,9 @@ def prepare_call(
     deadline_s: float | None = None,
     strict_key: bool = False,
     submit_timeout: float = 60.0,
+    after: Iterable[str] | None = None,
+    after_failure: str = "kill",
+    after_pass: str = "",
 ) -> Prepared:
     """Everything a submit settles without writing: options checked, the call bound to the
     signature, the arguments encoded. Reads only the queue's (cached) settings, and the
@@ -150,6 +165,9 @@ def prepare_call(
             f"use 1 <= _max_attempts <= {MAX_COUNT} and finite positive _timeout_s / _deadline_s",
         )
     check_key_arg(key, f"submit {udf.ref}")
+    parents, after_failure = check_after(after, after_failure, f"submit {udf.ref}")
+    # a fan-in's body gets its parents first (docs/dependencies.md): bound as their ids
+    bound = (list(parents), *args) if after_pass else tuple(args)
     payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
     if len(payload) > plane.max_payload_bytes:
         raise InvalidArgument(
@@ -167,7 +185,7 @@ def prepare_call(
         fn_pickle=udf.pickled(),
         args=Blob(inline=b""),
         key=key,
-        input_hash=_input_hash(udf, args, kwargs, prefix),
+        input_hash=_input_hash(udf, bound, kwargs, prefix),
         prefix=prefix,
         priority=prio,
         max_attempts=attempts,
@@ -176,6 +194,9 @@ def prepare_call(
             b for b in (conf.retry_backoff_s, plane.retry_backoff_s) if b is not None
         ),
         lease_s=conf.lease_s or plane.lease_s,
+        after=parents,
+        after_failure=after_failure,
+        after_pass=after_pass,
     )
     check_fields(draft, f"submit {udf.ref}")  # size caps, before anything is written
     return Prepared(

@@ -30,6 +30,8 @@ __all__ = [
     "heartbeat",
     "holds",
     "implausible",
+    "parent_broke",
+    "parents_seen",
     "past_deadline",
     "refuse",
     "release",
@@ -91,7 +93,12 @@ def claim(rec: Record, worker: str, token: str, now: float, lease_s: float | Non
     """queued -> running: the next attempt, leased to ``worker`` until ``now + lease_s``
     (the worker's lease length when it sets one, else the invocation's; the record keeps
     the one in force, which heartbeats use)."""
-    if rec.state != State.QUEUED or rec.not_before > now or past_deadline(rec, now):
+    if (
+        rec.state != State.QUEUED
+        or rec.not_before > now
+        or past_deadline(rec, now)
+        or rec.after_done < len(rec.after)  # a parent not seen done yet
+    ):
         raise _illegal(rec, "claim")
     lease_s = lease_s or rec.lease_s
     return rec.next_write(
@@ -197,6 +204,25 @@ def rerun(rec: Record, now: float) -> Record:
         error=None,
         finished_at=None,
         journal=None,
+    )
+
+
+def parents_seen(rec: Record, done: int) -> Record:
+    """queued -> queued: ``done`` of the child's parents, in order, were seen done (a
+    progress mark, so a later look starts past them; it never goes back)."""
+    if rec.state != State.QUEUED or not rec.after_done < done <= len(rec.after):
+        raise _illegal(rec, "note parents of")
+    return rec.next_write(after_done=done)
+
+
+def parent_broke(rec: Record, now: float, parent: str, why: str) -> Record:
+    """queued -> killed: the child's ``parent`` ended badly (``why``: "failed", "was
+    killed", "timed out", "was not found") and the child does not run without it."""
+    if rec.state != State.QUEUED or parent not in rec.after[rec.after_done :]:
+        raise _illegal(rec, "end child")
+    message = f"parent {parent} {why}: this invocation depends on it and will not run"
+    return _stopped(
+        rec, now, State.KILLED, {"type": "ParentFailed", "message": message, "traceback": ""}
     )
 
 

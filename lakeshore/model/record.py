@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from lakeshore.codec import pack_plain, unpack_plain
 from lakeshore.errors import InvalidArgument, NewerRecord, RecordError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
+from lakeshore.model.dependencies import AFTER_FAILURES, AFTER_PASSES, MAX_AFTER
 
 __all__ = [
     "LIMITS",
@@ -54,7 +55,14 @@ SCHEMA_VERSION = 2
 # sets one is written as ``v = 2``, which a 0.4 worker leaves alone (``NewerRecord``) rather
 # than run it without the field's meaning (a child before its parents, say). A field
 # registers here with its default: ``{name: default}``.
-SINCE_V2: dict[str, Any] = {}
+SINCE_V2: dict[str, Any] = {
+    # dependencies (docs/dependencies.md): the parents' ids, what a failed parent does, how
+    # many parents (in order) were seen done, and what a fan-in hands its body first
+    "after": (),
+    "after_failure": "kill",
+    "after_done": 0,
+    "after_pass": "",
+}
 
 
 class State(StrEnum):
@@ -299,6 +307,10 @@ class Record:
     slot: int | None = None  # admission slot held while live (queues with max_depth)
     slot_etag: str | None = None
     history: tuple[Turn, ...] = ()  # the newest MAX_HISTORY attempts: who ran them, when
+    after: tuple[str, ...] = ()  # parents' ids: claimable once each is done (v2)
+    after_failure: str = "kill"  # a parent that ended badly: "kill" the child, or "run" (v2)
+    after_done: int = 0  # parents, in order, seen done: a later look starts past them (v2)
+    after_pass: str = ""  # a fan-in's first argument: "ids" or "results" of the parents (v2)
     rev: int = 0
     wid: str = field(default_factory=lambda: write_id())
     v: int = 1  # the oldest schema that holds it: to_bytes raises it when a later field is set
@@ -643,7 +655,35 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     full["result"] = None if full["result"] is None else _blob(full, "result")
     full["lease"] = _lease(full["lease"])
     full["history"] = _history(full["history"])
+    if not _AFTER_FIELDS.isdisjoint(obj):  # a child's (a record without parents skips this)
+        full["after"] = _after(full)
     return full
+
+
+def _after(full: dict[str, Any]) -> tuple[str, ...]:
+    """The checked dependency fields of ``full``: the parents as a tuple. A child that names
+    itself, or a parent twice, could never be judged; a count past the parents would let it
+    be claimed before them."""
+    after: Any = full["after"]
+    if type(after) is not list and type(after) is not tuple:
+        raise _Bad("after", f"must be a list of ids, got {_show(after)}")
+    if len(after) > MAX_AFTER:
+        raise _Bad("after", f"names {len(after)} parents, more than {MAX_AFTER}")
+    for inv in after:
+        if type(inv) is not str or not _ULID.match(inv):
+            raise _Bad("after", f"must hold 26-character ULIDs, got {_show(inv)}")
+    if len(set(after)) != len(after) or full["id"] in after:
+        raise _Bad("after", "names a parent twice, or the invocation itself")
+    done = full["after_done"]
+    if not _is_int(done) or not 0 <= done <= len(after):
+        raise _Bad("after_done", f"must be an integer from 0 to {len(after)}, got {_show(done)}")
+    if type(full["after_failure"]) is not str or full["after_failure"] not in AFTER_FAILURES:
+        raise _Bad(
+            "after_failure", f"must be one of {AFTER_FAILURES}, got {_show(full['after_failure'])}"
+        )
+    if type(full["after_pass"]) is not str or full["after_pass"] not in AFTER_PASSES:
+        raise _Bad("after_pass", f"must be one of {AFTER_PASSES}, got {_show(full['after_pass'])}")
+    return tuple(after)
 
 
 _REQUIRED = ("id", "ns", "queue", "fn", "args")
@@ -664,6 +704,7 @@ _INTS: tuple[tuple[str, int, float], ...] = (
     ("rev", 0, math.inf),
     ("v", 1, math.inf),
 )
+_AFTER_FIELDS = frozenset(("after", "after_failure", "after_done", "after_pass"))
 _OPTIONAL_NUMBERS = ("timeout_s", "deadline_at", "started_at", "finished_at")
 
 
