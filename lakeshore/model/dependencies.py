@@ -88,7 +88,14 @@ def check_after(
                 f"_after holds a {type(inv).__name__}, not an invocation id",
                 "pass the ids submit() returned",
             )
-        ids[check_id(inv)] = None
+        try:
+            ids[check_id(inv)] = None
+        except InvalidArgument:
+            raise InvalidArgument(
+                op,
+                f"_after holds {inv!r:.40}, which is not an invocation id",
+                "pass the ids submit() returned",
+            ) from None
         if len(ids) > MAX_AFTER:
             raise InvalidArgument(
                 op,

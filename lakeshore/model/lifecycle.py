@@ -215,15 +215,17 @@ def parents_seen(rec: Record, done: int) -> Record:
     return rec.next_write(after_done=done)
 
 
-def parent_broke(rec: Record, now: float, parent: str, why: str) -> Record:
-    """queued -> killed: the child's ``parent`` ended badly (``why``: "failed", "was
-    killed", "timed out", "was not found") and the child does not run without it."""
-    if rec.state != State.QUEUED or parent not in rec.after[rec.after_done :]:
+def parent_broke(rec: Record, now: float, done: int, why: str) -> Record:
+    """queued -> killed: the child's parents before index ``done`` were seen done, and the
+    one at ``done`` ended badly (``why``: "failed", "was killed", "timed out", "was not
+    found ..."): the child does not run without it. The count is kept, so a rerun of the
+    child after one of its parent starts at that parent."""
+    if rec.state != State.QUEUED or not rec.after_done <= done < len(rec.after):
         raise _illegal(rec, "end child")
+    parent = rec.after[done]
     message = f"parent {parent} {why}: this invocation depends on it and will not run"
-    return _stopped(
-        rec, now, State.KILLED, {"type": "ParentFailed", "message": message, "traceback": ""}
-    )
+    error = {"type": "ParentFailed", "message": message, "traceback": ""}
+    return _stopped(rec, now, State.KILLED, error, after_done=done)
 
 
 def expire(rec: Record, now: float) -> Record:
@@ -308,12 +310,16 @@ def refuse(rec: Record, now: float, why: str) -> Record:
     return _stopped(rec, now, State.FAILED, error)
 
 
-def _stopped(rec: Record, now: float, state: State, error: dict[str, Any]) -> Record:
-    """``rec`` ended by someone other than its body (a cancel, a timeout, a refusal)."""
+def _stopped(
+    rec: Record, now: float, state: State, error: dict[str, Any], **changes: Any
+) -> Record:
+    """``rec`` ended by someone other than its body (a cancel, a timeout, a refusal, a
+    parent), with ``changes`` besides."""
     return rec.next_write(
         state=state,
         lease=None,
         error=error,
         finished_at=now,
         history=_ended(rec, now, state),
+        **changes,
     )

@@ -359,7 +359,7 @@ class Examiner:
         rec = got.record
         judged = self._parents.judge(rec)
         if judged.why:  # a parent ended badly: the child never runs (docs/dependencies.md)
-            ended = lifecycle.parent_broke(rec, now, judged.parent, judged.why)
+            ended = lifecycle.parent_broke(rec, now, judged.done, judged.why)
             try:
                 self._ops.cas(ended, got.etag)
             except Conflict:
@@ -381,6 +381,7 @@ class Examiner:
                 moved,
             )
         advanced = judged.done > rec.after_done
+        ticket_etag = got.ticket_etag
         if advanced:  # shared with every claimer: the next look starts past them
             seen = lifecycle.parents_seen(rec, judged.done)
             try:
@@ -398,9 +399,11 @@ class Examiner:
                 self._memory.forget(info.key)
                 return _settled(moved)
             if unclaimed(got.etag):
-                self._memory.lost_create(info.key, got.etag)  # its record exists now
+                # its record exists now: the ticket becomes a marker, so every claimer
+                # reads the record (and its mark) instead of the ticket as submitted
+                ticket_etag = self._ops.put_marker(seen)
         wait = self._memory.waiting(info.key, advanced)
-        self._remember(_ticket(info, got.ticket_etag), now + wait)
+        self._remember(_ticket(info, ticket_etag), now + wait)
         if judged.soon:  # a parent at work, or queued here: a draining worker stays for it
             self._memory.backing_off(now + wait, now)
         return _settled(moved)
