@@ -21,6 +21,7 @@ from lakeshore.cli.common import (
 )
 from lakeshore.errors import Failed, InvalidArgument, JobError, LakeshoreError, NotFound
 from lakeshore.keys import check_id
+from lakeshore.model.dependencies import parents_line
 from lakeshore.model.record import TERMINAL, Record
 from lakeshore.running.bodies import Declared, import_ref
 from lakeshore.text import inert
@@ -58,6 +59,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"_key": args.key} if args.key else {}
     if args.priority is not None:
         options["_priority"] = args.priority
+    if args.after:  # docs/dependencies.md
+        options.update(_after=args.after, _after_failure=args.after_failure)
     decorated = target if isinstance(target, Declared) else None  # keeps its @udf settings
     inv = q.udf(
         queue=queue,
@@ -131,6 +134,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
             else f"{rec.journal.get('frames')} frames of attempt {rec.journal.get('attempt')}",
         ),
     ]
+    if rec.after or rec.after_pass:  # a child: docs/dependencies.md
+        waits = rec.state == "queued"
+        rows.append(
+            (
+                "parents",
+                parents_line(
+                    len(rec.after), rec.after_done, waits, rec.after_failure, rec.after_pass
+                ),
+            )
+        )
     for name, value in rows:
         print(f"{name:<10} {inert(value)}")  # fn, key, worker: written by others
     if rec.history:  # the attempts, each on a line of its own, indented
@@ -333,6 +346,18 @@ def register(sub: Any) -> None:
     p.add_argument("--key", help="idempotency key (unique per namespace and queue)")
     p.add_argument("--queue", help="queue (default: the function's @udf queue, else default)")
     p.add_argument("--priority", type=int, help="0 (lowest) to 9 (highest); default 5")
+    p.add_argument(
+        "--after",
+        action="append",
+        metavar="ID",
+        help="run only once this invocation succeeded (repeat for several parents)",
+    )
+    p.add_argument(
+        "--after-failure",
+        choices=("kill", "run"),
+        default="kill",
+        help="a parent that ends otherwise: kill this one (default), or run it all the same",
+    )
     add_common(p)
     p.set_defaults(func=_cmd_submit)
 

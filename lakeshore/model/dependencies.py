@@ -24,6 +24,7 @@ __all__ = [
     "Standing",
     "check_after",
     "parent_standing",
+    "parents_line",
 ]
 
 # Parents one child may name. Every write of the child's record (a claim, each heartbeat)
@@ -106,3 +107,17 @@ def check_after(
             )
     parents = tuple(ids)
     return parents, (str(after_failure) if parents else "kill")
+
+
+def parents_line(total: int, done: int, queued: bool, after_failure: str, after_pass: str) -> str:
+    """One line about a child's parents, for people (``lakeshore show``, the dashboard): how
+    many it still waits for (as the last look counted them), and its rules."""
+    if queued and done < total:
+        line = f"waiting for {total - done} of {total} parents"
+    else:
+        line = f"{done} of {total} parents done"
+    if after_failure == "run":
+        line += "; runs however they end"
+    if after_pass:
+        line += f"; hands their {after_pass} to the body"
+    return line
