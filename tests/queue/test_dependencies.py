@@ -26,6 +26,7 @@ from lakeshore.protocol.steps import Claimed, QueueOps
 from lakeshore.store import MemoryStore, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests.forwarding import Forwarding
+from tests.gating import Gate, Run
 from tests.tiers import make_plane
 from tests.waiting import poll
 
@@ -353,3 +354,61 @@ def test_a_dag_under_several_workers_runs_each_child_after_its_parents(atomic_pl
         rec = q.get(child)
         assert rec.attempt == 1
         assert all(rec.started_at >= q.get(p).finished_at for p in parents)  # type: ignore[operator]
+
+
+# -- interleavings, made exact with a gate ---------------------------------------------------
+
+
+def test_a_parent_that_ends_while_the_child_is_judged_is_counted_at_the_next_look(
+    atomic_store: Store,
+) -> None:
+    gate = Gate(atomic_store)
+    q = make_plane(gate)
+    p1, p2 = q.udf(square, queue="maps").map([1, 2])
+    child = q.udf(total).submit([], _after=[p1, p2])
+    maps, home = q.plane.ops("maps"), q.plane.ops("default")
+    x = Claimer(maps, "x")
+    h1, h2 = claim(x), claim(x)
+    assert h1 is not None and h2 is not None
+    succeed(maps, h1)
+    # the judge stops right after it read p2 as running; p2 then succeeds
+    trap = gate.trap("GET", lambda k: k == maps.keys.record(p2), "judge", after=True)
+    j = Claimer(home, "j")
+    judging = Run("judge", lambda: claim(j))
+    trap.wait()
+    succeed(maps, h2)
+    trap.go.set()
+    assert judging.result() is None  # judged on what it read: still waiting
+    rec = q.get(child)
+    assert rec.state == "queued" and rec.after_done == 1
+    look_again(j, child)
+    got = claim(j)
+    assert got is not None and got.record.id == child and got.record.after_done == 2
+
+
+def test_a_kill_that_loses_to_a_claim_is_a_clean_miss(atomic_store: Store) -> None:
+    gate = Gate(atomic_store)
+    q = make_plane(gate)
+    parent = q.udf(square, queue="maps").submit(5)
+    child = q.udf(total).submit([], _after=[parent])
+    maps, home = q.plane.ops("maps"), q.plane.ops("default")
+    x = Claimer(maps, "x")
+    held = claim(x)
+    assert held is not None
+    fail(maps, held)
+    # claimer a saw the parent failed and is about to kill the child: it stops before its write
+    trap = gate.trap("PUT", lambda k: k == home.keys.record(child), "a")
+    a = Claimer(home, "a")
+    killing = Run("a", lambda: claim(a))
+    trap.wait()
+    q.retry(parent)  # meanwhile the parent runs again and succeeds,
+    again = claim(x)
+    assert again is not None and again.record.id == parent
+    succeed(maps, again)
+    got = claim(Claimer(home, "b"))  # and another claimer takes the child
+    assert got is not None and got.record.id == child
+    trap.go.set()
+    assert killing.result() is None  # its kill lost: nothing written, nothing dropped
+    rec = q.get(child)
+    assert rec.state == "running" and rec.lease is not None and rec.lease.worker == "b"
+    assert home.keys.ticket_of_id(child) in {i.key for i in home.tickets()}
