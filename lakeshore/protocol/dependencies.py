@@ -13,7 +13,7 @@ follow (claim, progress, kill) are the claimer's (``claim_examine``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -79,45 +79,52 @@ class Parents:
 
     def find(self, inv: str) -> tuple[QueueOps, Record] | None:
         """The record of ``inv`` in any queue of the namespace, with that queue's steps;
-        None when there is none.
+        None when there is none. Where to look, cheapest first: the queue it was found in
+        before; the ``<id>/record`` of the child's queue and of the default queue (a parent
+        that ever moved has one); the queue the id index names; then the whole lookup (the
+        ticket as well) in the child's queue and the default queue.
 
         Raises:
             RecordError: the record is corrupt or of a newer schema. StoreError: the
                 store failed.
         """
-        tried: list[str] = []
-        for queue in self._candidates(inv):
-            if queue in tried:
-                continue
-            tried.append(queue)
-            ops = self._queue_ops(queue)
-            try:
-                rec, _ = ops.read(inv)
-            except NotFound:
-                continue
-            with self._lock:
-                if len(self._where) >= _REMEMBERED:
-                    self._where.clear()
-                self._where[inv] = queue
-            return ops, rec
-        return None
-
-    def _candidates(self, inv: str) -> Iterator[str]:
-        """Where to look for ``inv``, in order: where it was found before, the child's
-        queue, the queue the id index names (read only if needed), the default queue."""
+        home = self._home.keys.queue
         known = self._where.get(inv)
         if known is not None:
-            yield known
-        yield self._home.keys.queue
+            found = self._read(known, inv)
+            if found is not None:
+                return found
+        for queue in dict.fromkeys((home, DEFAULT_QUEUE)):
+            if queue != known:
+                found = self._read(queue, inv, record_only=True)
+                if found is not None:
+                    return found
         indexed = read_id_index(self._store, self._ns, inv)
-        if indexed:
-            try:  # the index is a hint anyone who may write could have written
-                QueueKeys(self._ns, indexed)
-            except InvalidArgument:
-                pass
-            else:
-                yield indexed
-        yield DEFAULT_QUEUE
+        try:  # the index is a hint anyone who may write could have written
+            indexed = QueueKeys(self._ns, indexed).queue if indexed else ""
+        except InvalidArgument:
+            indexed = ""
+        tried = {known} if known is not None else set()
+        for queue in dict.fromkeys(q for q in (indexed, home, DEFAULT_QUEUE) if q):
+            if queue not in tried:
+                found = self._read(queue, inv)
+                if found is not None:
+                    return found
+        return None
+
+    def _read(
+        self, queue: str, inv: str, record_only: bool = False
+    ) -> tuple[QueueOps, Record] | None:
+        ops = self._queue_ops(queue)
+        try:
+            rec, _ = ops.read_record(inv) if record_only else ops.read(inv)
+        except NotFound:
+            return None
+        with self._lock:
+            if len(self._where) >= _REMEMBERED:
+                self._where.clear()
+            self._where[inv] = queue
+        return ops, rec
 
     def judge(self, child: Record) -> Judged:
         """Look at ``child``'s parents from the first not seen done, and stop at the first
@@ -132,7 +139,7 @@ class Parents:
         done, batch = child.after_done, 1
         while done < len(child.after):
             ids = child.after[done : done + batch]
-            for inv, found in zip(ids, self.side_by_side(self._read, ids), strict=True):
+            for inv, found in zip(ids, self.side_by_side(self._record, ids), strict=True):
                 if isinstance(found, RecordError):
                     # corrupt (its claimer will fail it, and then it counts as failed) or of a
                     # newer schema: not judged now
@@ -151,7 +158,7 @@ class Parents:
             batch = min(batch * 2, MAX_BATCH)
         return Judged(done)
 
-    def _read(self, inv: str) -> Record | RecordError | None:
+    def _record(self, inv: str) -> Record | RecordError | None:
         try:
             found = self.find(inv)
         except RecordError as e:
