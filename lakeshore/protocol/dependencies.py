@@ -179,3 +179,10 @@ class Parents:
                 self._pool = ThreadPoolExecutor(MAX_BATCH, thread_name_prefix="lakeshore-parents")
             pool = self._pool
         return list(pool.map(fn, ids))
+
+    def close(self) -> None:
+        """Let the threads that read side by side go (a new batch starts them again)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)

@@ -69,7 +69,10 @@ def handed(plane: Plane, rec: Record) -> list[Any]:
         data = ops.get_blob(blob, f"result of parent {inv}", plane.max_payload_bytes)
         return codec.decode(data, f"result of parent {inv}")
 
-    return parents.side_by_side(result_of, rec.after)
+    try:
+        return parents.side_by_side(result_of, rec.after)
+    finally:
+        parents.close()
 
 
 def _ended_badly(rec: Record) -> JobError:

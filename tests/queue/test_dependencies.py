@@ -13,6 +13,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import msgpack
 import pytest
 
 import lakeshore as dls
@@ -28,6 +29,7 @@ from lakeshore.store.base import OVERWRITE
 from tests import jobs
 from tests.forwarding import Forwarding
 from tests.gating import Gate, Run
+from tests.handmade import handmade, put_by_hand
 from tests.tiers import make_plane
 from tests.waiting import poll
 
@@ -421,3 +423,29 @@ def test_a_fan_in_in_a_body_process_gets_the_results_too(tmp_path: Any) -> None:
     child = q.udf(jobs.echo).fan_in(parents, "tail", _results=True, key="k")
     assert drain(q, jobs=3, isolation="process") == 3
     assert q.result(child) == {"args": ([2, 3], "tail"), "kwargs": {"key": "k"}}
+
+
+HOSTILE = {
+    "after": "not a list",
+    "after_done": 5,  # past its one parent: claimable before it
+    "after_failure": "ignore",
+    "after_pass": "everything",
+}
+
+
+def test_hostile_dependency_fields_fail_that_record_and_work_goes_on(atomic_store: Store) -> None:
+    q = make_plane(atomic_store)
+    parent = new_id()  # never submitted: a child waiting for it would be killed, not run
+    bad = {}
+    for field, value in HOSTILE.items():
+        inv = new_id()
+        fields = {"after": [parent], field: value, "v": 2}
+        put_by_hand(q, inv, msgpack.packb(handmade(q, inv, **fields), use_bin_type=True))
+        bad[inv] = field
+    good = q.udf(jobs.add_one).map(range(3))
+    assert drain(q) == 3
+    assert [q.result(i) for i in good] == [1, 2, 3]
+    for inv, field in bad.items():
+        rec = q.get(inv)
+        assert rec.state == "failed" and rec.error["type"] == "CorruptRecord", field
+        assert field in rec.error["message"]
