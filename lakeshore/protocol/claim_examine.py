@@ -173,6 +173,9 @@ class Examiner:
         self._order = order
         self._payloads = payloads
         self._parents = Parents(ops)  # a waiting child's, found by id in any queue
+        # the queues this claimer's worker serves (Claimer.serving): a parent queued in one
+        # of them will run here, so a draining worker stays for its child
+        self.serves = frozenset({ops.keys.queue})
 
     def _remember(self, info: ObjectInfo, until: float) -> None:
         self._memory.remember(info.key, info.etag, until)
@@ -357,7 +360,7 @@ class Examiner:
         # a child: its parents from the first not seen done, up to the first not done now
         began = elapsed()
         rec = got.record
-        judged = self._parents.judge(rec)
+        judged = self._parents.judge(rec, self.serves)
         if judged.why:  # a parent ended badly: the child never runs (docs/dependencies.md)
             ended = lifecycle.parent_broke(rec, now, judged.done, judged.why)
             try:

@@ -48,7 +48,8 @@ class Judged:
     ``done``: parents, in order, seen done (all of them: the child is claimable).
     ``parent``: the first parent not done ("" when all are). ``why``: how it ended, when
     it broke the child (else ""). ``soon``: it waits for a parent that is running, or
-    queued in the child's own queue (work a draining worker of that queue waits for).
+    queued in the child's queue or another the judging worker serves (work to come, which
+    a draining worker waits for).
     """
 
     done: int
@@ -126,12 +127,13 @@ class Parents:
             self._where[inv] = queue
         return ops, rec
 
-    def judge(self, child: Record) -> Judged:
+    def judge(self, child: Record, serves: frozenset[str] = frozenset()) -> Judged:
         """Look at ``child``'s parents from the first not seen done, and stop at the first
         that is not done now. Parents are read in batches that double from 1 to
         :data:`MAX_BATCH` while every one is done, so a child whose first parent is still
         running costs one read, and one whose parents all ended costs about one read per
-        parent, most of them side by side.
+        parent, most of them side by side. ``serves``: the queues the judging worker
+        serves besides the child's (see :attr:`Judged.soon`).
 
         Raises:
             StoreError: the store failed (nothing is concluded).
@@ -150,7 +152,11 @@ class Parents:
                         done += 1
                     case Standing.WAITING:
                         assert found is not None
-                        soon = found.state == State.RUNNING or found.queue == child.queue
+                        soon = (
+                            found.state == State.RUNNING
+                            or found.queue == child.queue
+                            or found.queue in serves
+                        )
                         return Judged(done, inv, soon=soon)
                     case Standing.BROKEN:
                         why = NOT_FOUND if found is None else _WHY[found.state]
