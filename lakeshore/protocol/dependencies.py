@@ -13,6 +13,7 @@ follow (claim, progress, kill) are the claimer's (``claim_examine``).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from lakeshore.keys import DEFAULT_QUEUE, QueueKeys
 from lakeshore.model.dependencies import Standing, parent_standing
 from lakeshore.model.record import Record, State
 from lakeshore.protocol.steps import QueueOps, read_id_index
-from lakeshore.store import MemoryStore
+from lakeshore.store import MemoryStore, Store
 
 __all__ = ["MAX_BATCH", "NOT_FOUND", "Judged", "Parents"]
 
@@ -39,6 +40,18 @@ _WHY = {
     State.TIMEOUT: "timed out",
 }
 NOT_FOUND = "was not found (collected by gc, or never submitted in this namespace)"
+
+
+# Where parents were found, per store and namespace, for every Parents of this process: a
+# claimer's and a fan-in's read of the results share it. Ids never move, and a queue found
+# here is only where to look first (the record read there decides), so it cannot mislead.
+_WHERE: weakref.WeakKeyDictionary[Store, dict[str, dict[str, str]]] = weakref.WeakKeyDictionary()
+_WHERE_LOCK = threading.Lock()
+
+
+def _where_on(store: Store, ns: str) -> dict[str, str]:
+    with _WHERE_LOCK:
+        return _WHERE.setdefault(store, {}).setdefault(ns, {})
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,7 @@ class Parents:
         self._store = home.store
         self._ns = home.keys.ns
         self._ops: dict[str, QueueOps] = {home.keys.queue: home}
-        self._where: dict[str, str] = {}  # parent id -> its queue
+        self._where = _where_on(home.store, home.keys.ns)  # parent id -> its queue
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
