@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 import hashlib
 import math
+from collections.abc import Iterable
 from inspect import Parameter
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from lakeshore.errors import (
 )
 from lakeshore.files.context import flush
 from lakeshore.keys import band, new_id
+from lakeshore.model.dependencies import check_after
 from lakeshore.model.lifecycle import MAX_DELAY_S
 from lakeshore.model.record import MAX_COUNT, Blob, Record, State, check_fields, check_key_arg
 from lakeshore.model.retry import DEFAULT_BACKOFF_CAP_S
@@ -68,6 +70,8 @@ OPTIONS = frozenset(
         "submit_timeout",
         "delay_s",
         "not_before",
+        "after",
+        "after_failure",
     }
 ) | {"retry_for", "no_retry_for", "retry_backoff_s", "retry_backoff_cap_s", "retry_jitter"}
 
@@ -138,6 +142,9 @@ def prepare_call(
     retry_backoff_s: float | None = None,
     retry_backoff_cap_s: float | None = None,
     retry_jitter: float | None = None,
+    after: Iterable[str] | None = None,
+    after_failure: str = "kill",
+    after_pass: str = "",
 ) -> Prepared:
     """Everything a submit settles without writing: options checked, the call bound to the
     signature, the arguments encoded. Reads only the queue's (cached) settings, and the
@@ -180,6 +187,9 @@ def prepare_call(
         retry_backoff_cap_s,
         retry_jitter,
     ).over(udf.retry)
+    parents, after_failure = check_after(after, after_failure, f"submit {udf.ref}")
+    # a fan-in's body gets its parents first (docs/dependencies.md): bound as their ids
+    bound = (list(parents), *args) if after_pass else tuple(args)
     payload = codec.encode((tuple(args), kwargs), f"arguments of {udf.ref}")
     if len(payload) > plane.max_payload_bytes:
         raise InvalidArgument(
@@ -197,7 +207,7 @@ def prepare_call(
         fn_pickle=udf.pickled(),
         args=Blob(inline=b""),
         key=key,
-        input_hash=_input_hash(udf, args, kwargs, prefix),
+        input_hash=_input_hash(udf, bound, kwargs, prefix),
         prefix=prefix,
         priority=prio,
         max_attempts=attempts,
@@ -215,6 +225,9 @@ def prepare_call(
             rule.backoff_cap_s if rule.backoff_cap_s is not None else DEFAULT_BACKOFF_CAP_S
         ),
         retry_jitter=rule.jitter or 0.0,
+        after=parents,
+        after_failure=after_failure,
+        after_pass=after_pass,
     )
     check_fields(draft, f"submit {udf.ref}")  # size caps, before anything is written
     return Prepared(

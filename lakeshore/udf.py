@@ -12,11 +12,12 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from lakeshore import results
 from lakeshore.batch import map_calls, starmap_calls, submit_many
 from lakeshore.errors import InvalidArgument
+from lakeshore.files.context import flush
 from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.running.bodies import Declared
 from lakeshore.running.call import call_local
 from lakeshore.running.failure import RetryOptions
-from lakeshore.submit import submit_call
+from lakeshore.submit import OPTIONS, check_options, prepare_call, publish_prepared, submit_call
 
 __all__ = ["Udf"]
 
@@ -108,7 +109,11 @@ class Udf(Declared, Generic[P, R]):
         full queue with ``on_full="block"`` waits for room; default 60 s); the retry rule
         of this call, over the function's (docs/retries.md): ``_retry_for`` and
         ``_no_retry_for`` (exception classes or names), ``_retry_backoff_s``,
-        ``_retry_backoff_cap_s``, ``_retry_jitter``.
+        ``_retry_backoff_cap_s``, ``_retry_jitter``; ``_after`` (ids of parents: the call
+        runs only once each succeeded) and ``_after_failure`` (``"kill"``, the default: a
+        parent that ends otherwise kills it; ``"run"``: it runs once every parent ended,
+        however; see docs/dependencies.md); ``_delay_s`` (seconds) or ``_not_before`` (an
+        aware datetime): no worker starts it before then, by the store's clock.
 
         Raises:
             InvalidArgument: an argument cannot be sent, or an option is malformed.
@@ -120,6 +125,39 @@ class Udf(Declared, Generic[P, R]):
         return submit_call(
             plane_of(self.plane), self, args, kwargs, **{k[1:]: v for k, v in opts.items()}
         )
+
+    def fan_in(self, parents: Iterable[str], *args: Any, **kwargs: Any) -> str:
+        """Submit a call that runs once every parent succeeded, and gets them first: the
+        list of the parents' ids, or with ``_results=True`` the list of their results (in
+        the order of ``parents``, read by the worker when the call starts). So
+        ``reduce.fan_in(square.map(xs))`` runs ``reduce([<id>, ...])`` after every square.
+        Takes :meth:`submit`'s options (``_after_failure="run"`` runs it however the
+        parents ended; a parent that did not succeed is then handed as None); the parents
+        are ``parents``, so ``_after`` is not one. See docs/dependencies.md.
+
+        Raises:
+            as :meth:`submit`; InvalidArgument also for a bad ``parents`` or ``_results``.
+        """
+        opts = {k[1:]: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
+        op = f"fan_in {self.ref}"
+        if parents is None:
+            raise InvalidArgument(op, "no parents were given", "pass the parents' ids first")
+        results = opts.pop("results", False)
+        if not isinstance(results, bool):
+            raise InvalidArgument(op, f"_results={results!r:.40}", "pass True or False")
+        check_options(opts, op, OPTIONS - {"after"}, " and _results (the parents come first)")
+        plane = plane_of(self.plane)
+        prep = prepare_call(
+            plane,
+            self,
+            args,
+            kwargs,
+            after=parents,
+            after_pass="results" if results else "ids",
+            **opts,
+        )
+        flush()  # the producer's files first, as a submit does
+        return publish_prepared(prep)
 
     def map(
         self,

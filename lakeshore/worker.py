@@ -244,6 +244,8 @@ def run_worker(
     )
     ops = [plane.ops(name) for name in names]
     state.claimers = [plane.claimer(name, state.worker_id) for name in names]
+    for c in state.claimers:
+        c.serving(names)  # a child's parent queued in one of them is work to come
     state.idle_exit, state.max_poll_s = idle_exit, max_poll_s
     if isolation is Isolation.PROCESS:
         warm_up()  # body processes: their fork server starts while the first claims go out

@@ -25,6 +25,7 @@ from lakeshore.cli.common import (
 )
 from lakeshore.errors import Failed, InvalidArgument, JobError, LakeshoreError, NotFound
 from lakeshore.keys import check_id
+from lakeshore.model.dependencies import parents_line
 from lakeshore.model.record import TERMINAL, Record
 from lakeshore.running.bodies import Declared, import_ref
 from lakeshore.text import inert
@@ -66,6 +67,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         options["_delay_s"] = args.delay
     if args.not_before is not None:
         options["_not_before"] = args.not_before
+    if args.after:  # docs/dependencies.md
+        options.update(_after=args.after, _after_failure=args.after_failure)
     decorated = target if isinstance(target, Declared) else None  # keeps its @udf settings
     inv = q.udf(
         queue=queue,
@@ -143,6 +146,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
             else f"{rec.journal.get('frames')} frames of attempt {rec.journal.get('attempt')}",
         ),
     ]
+    if rec.after or rec.after_pass:  # a child: docs/dependencies.md
+        queued = rec.state == "queued"
+        rows.append(
+            (
+                "parents",
+                parents_line(
+                    len(rec.after), rec.after_done, queued, rec.after_failure, rec.after_pass
+                ),
+            )
+        )
     for name, value in rows:
         print(f"{name:<10} {inert(value)}")  # fn, key, worker: written by others
     if rec.history:  # the attempts, each on a line of its own, indented
@@ -360,6 +373,18 @@ def register(sub: Any) -> None:
         type=aware_time,
         metavar="TIME",
         help="run no sooner than this ISO 8601 time with a zone, e.g. 2026-12-24T18:00+01:00",
+    )
+    p.add_argument(
+        "--after",
+        action="append",
+        metavar="ID",
+        help="run only once this invocation succeeded (repeat for several parents)",
+    )
+    p.add_argument(
+        "--after-failure",
+        choices=("kill", "run"),
+        default="kill",
+        help="a parent that ends otherwise: kill this one (default), or run it all the same",
     )
     add_common(p)
     p.set_defaults(func=_cmd_submit)

@@ -33,6 +33,8 @@ __all__ = [
     "heartbeat",
     "holds",
     "implausible",
+    "parent_broke",
+    "parents_seen",
     "past_deadline",
     "refuse",
     "release",
@@ -105,7 +107,12 @@ def claim(rec: Record, worker: str, token: str, now: float, lease_s: float | Non
     """queued -> running: the next attempt, leased to ``worker`` until ``now + lease_s``
     (the worker's lease length when it sets one, else the invocation's; the record keeps
     the one in force, which heartbeats use)."""
-    if rec.state != State.QUEUED or rec.not_before > now or past_deadline(rec, now):
+    if (
+        rec.state != State.QUEUED
+        or rec.not_before > now
+        or past_deadline(rec, now)
+        or rec.after_done < len(rec.after)  # a parent not seen done yet
+    ):
         raise _illegal(rec, "claim")
     lease_s = lease_s or rec.lease_s
     return rec.next_write(
@@ -216,6 +223,27 @@ def rerun(rec: Record, now: float) -> Record:
     )
 
 
+def parents_seen(rec: Record, done: int) -> Record:
+    """queued -> queued: ``done`` of the child's parents, in order, were seen done (a
+    progress mark, so a later look starts past them; it never goes back)."""
+    if rec.state != State.QUEUED or not rec.after_done < done <= len(rec.after):
+        raise _illegal(rec, "note parents of")
+    return rec.next_write(after_done=done)
+
+
+def parent_broke(rec: Record, now: float, done: int, why: str) -> Record:
+    """queued -> killed: the child's parents before index ``done`` were seen done, and the
+    one at ``done`` ended badly (``why``: "failed", "was killed", "timed out", "was not
+    found ..."): the child does not run without it. The count is kept, so a rerun of the
+    child after one of its parent starts at that parent."""
+    if rec.state != State.QUEUED or not rec.after_done <= done < len(rec.after):
+        raise _illegal(rec, "end child")
+    parent = rec.after[done]
+    message = f"parent {parent} {why}: this invocation depends on it and will not run"
+    error = {"type": "ParentFailed", "message": message, "traceback": ""}
+    return _stopped(rec, now, State.KILLED, error, after_done=done)
+
+
 def expire(rec: Record, now: float, draw: float = 0.0) -> Record:
     """A running attempt whose lease ran out (worker crashed or cut off): retried or failed."""
     worker = rec.lease.worker if rec.lease else "?"
@@ -311,12 +339,16 @@ def refuse(rec: Record, now: float, why: str) -> Record:
     return _stopped(rec, now, State.FAILED, error)
 
 
-def _stopped(rec: Record, now: float, state: State, error: dict[str, Any]) -> Record:
-    """``rec`` ended by someone other than its body (a cancel, a timeout, a refusal)."""
+def _stopped(
+    rec: Record, now: float, state: State, error: dict[str, Any], **changes: Any
+) -> Record:
+    """``rec`` ended by someone other than its body (a cancel, a timeout, a refusal, a
+    parent), with ``changes`` besides."""
     return rec.next_write(
         state=state,
         lease=None,
         error=error,
         finished_at=now,
         history=_ended(rec, now, state),
+        **changes,
     )

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from lakeshore.codec import pack_plain, unpack_plain
 from lakeshore.errors import InvalidArgument, NewerRecord, RecordError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
+from lakeshore.model.dependencies import AFTER_FAILURES, AFTER_PASSES, MAX_AFTER
 from lakeshore.model.retry import DEFAULT_BACKOFF_CAP_S, MAX_NAMES, name_problem, number_problem
 
 __all__ = [
@@ -60,6 +61,9 @@ SINCE_V2: dict[str, Any] = {}
 SINCE_V2.update(
     retry_for=(), no_retry_for=(), retry_backoff_cap_s=DEFAULT_BACKOFF_CAP_S, retry_jitter=0.0
 )
+# dependencies (docs/dependencies.md): the parents' ids, what a failed parent does, how
+# many parents (in order) were seen done, and what a fan-in hands its body first
+SINCE_V2.update(after=(), after_failure="kill", after_done=0, after_pass="")
 
 
 class State(StrEnum):
@@ -309,6 +313,10 @@ class Record:
     no_retry_for: tuple[str, ...] = ()
     retry_backoff_cap_s: float = DEFAULT_BACKOFF_CAP_S
     retry_jitter: float = 0.0  # fraction of the backoff drawn off at random, 0 to 1
+    after: tuple[str, ...] = ()  # parents' ids: claimable once each is done (v2)
+    after_failure: str = "kill"  # a parent that ended badly: "kill" the child, or "run" (v2)
+    after_done: int = 0  # parents, in order, seen done: a later look starts past them (v2)
+    after_pass: str = ""  # a fan-in's first argument: "ids" or "results" of the parents (v2)
     rev: int = 0
     wid: str = field(default_factory=lambda: write_id())
     v: int = 1  # the oldest schema that holds it: to_bytes raises it when a later field is set
@@ -653,8 +661,37 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     full["result"] = None if full["result"] is None else _blob(full, "result")
     full["lease"] = _lease(full["lease"])
     full["history"] = _history(full["history"])
+    # a child's fields (a record without parents skips this: four lookups, on every decode)
+    if "after" in obj or "after_done" in obj or "after_failure" in obj or "after_pass" in obj:
+        full["after"] = _after(full)
     _retry_rule(full)
     return full
+
+
+def _after(full: dict[str, Any]) -> tuple[str, ...]:
+    """The checked dependency fields of ``full``: the parents as a tuple. A child that names
+    itself, or a parent twice, could never be judged; a count past the parents would let it
+    be claimed before them."""
+    after: Any = full["after"]
+    if type(after) is not list and type(after) is not tuple:
+        raise _Bad("after", f"must be a list of ids, got {_show(after)}")
+    if len(after) > MAX_AFTER:
+        raise _Bad("after", f"names {len(after)} parents, more than {MAX_AFTER}")
+    for inv in after:
+        if type(inv) is not str or not _ULID.match(inv):
+            raise _Bad("after", f"must hold 26-character ULIDs, got {_show(inv)}")
+    if len(set(after)) != len(after) or full["id"] in after:
+        raise _Bad("after", "names a parent twice, or the invocation itself")
+    done = full["after_done"]
+    if not _is_int(done) or not 0 <= done <= len(after):
+        raise _Bad("after_done", f"must be an integer from 0 to {len(after)}, got {_show(done)}")
+    if type(full["after_failure"]) is not str or full["after_failure"] not in AFTER_FAILURES:
+        raise _Bad(
+            "after_failure", f"must be one of {AFTER_FAILURES}, got {_show(full['after_failure'])}"
+        )
+    if type(full["after_pass"]) is not str or full["after_pass"] not in AFTER_PASSES:
+        raise _Bad("after_pass", f"must be one of {AFTER_PASSES}, got {_show(full['after_pass'])}")
+    return tuple(after)
 
 
 def _retry_rule(full: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ handler per case.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
 import math
@@ -24,11 +25,14 @@ from lakeshore.model import lifecycle
 from lakeshore.model.record import Record, State
 from lakeshore.protocol.claim_memory import SLACK_S, TicketMemory
 from lakeshore.protocol.claim_order import Picker
+from lakeshore.protocol.dependencies import Parents
 from lakeshore.protocol.steps import (
+    CLAIM_FENCE_S,
     MARKER_MAX,
     ORPHAN_GRACE_S,
     QueueOps,
     decode_ticket,
+    elapsed,
     unclaimed,
     unclaimed_etag,
 )
@@ -98,6 +102,7 @@ class Situation(enum.StrEnum):
     PAST_DEADLINE = "past deadline"  # queued past its deadline_at
     BACKING_OFF = "backing off"  # queued, before its not_before
     OTHER_SIDE = "other side"  # a payload for a function worker, or the reverse
+    WAITING = "waiting"  # queued and due, a parent not seen done yet (docs/dependencies.md)
     DUE = "due"  # queued and due: claimable
 
 
@@ -132,6 +137,8 @@ def by_state(rec: Record, now: float, payloads: bool) -> Situation:
                 return Situation.BACKING_OFF
             if rec.is_payload != payloads:
                 return Situation.OTHER_SIDE
+            if rec.after_done < len(rec.after):
+                return Situation.WAITING
             return Situation.DUE
         case _ as unreachable:
             assert_never(unreachable)
@@ -166,6 +173,10 @@ class Examiner:
         self._memory = memory
         self._order = order
         self._payloads = payloads
+        self._parents = Parents(ops)  # a waiting child's, found by id in any queue
+        # the queues this claimer's worker serves (Claimer.serving): a parent queued in one
+        # of them will run here, so a draining worker stays for its child
+        self.serves = frozenset({ops.keys.queue})
 
     def _remember(self, info: ObjectInfo, until: float) -> None:
         self._memory.remember(info.key, info.etag, until)
@@ -225,6 +236,8 @@ class Examiner:
                 return self._backing_off(info, got, now, moved)
             case Situation.OTHER_SIDE:
                 return self._other_side(info, got, now, moved)
+            case Situation.WAITING:
+                return self._waiting(info, got, now, moved)
             case Situation.DUE:
                 return Claimable(got, moved)
             case _ as unreachable:
@@ -344,6 +357,61 @@ class Examiner:
     def _other_side(self, info: ObjectInfo, got: Read, now: float, moved: bool) -> Seen:
         # the other side's (a queue both use): look again only if the ticket changes
         self._remember(_ticket(info, got.ticket_etag), now + _OTHER_SIDE_S)
+        return _settled(moved)
+
+    def _waiting(self, info: ObjectInfo, got: Read, now: float, moved: bool) -> Examined:
+        # a child: its parents from the first not seen done, up to the first not done now
+        began = elapsed()
+        rec = got.record
+        judged = self._parents.judge(rec, self.serves)
+        if judged.why:  # a parent ended badly: the child never runs (docs/dependencies.md)
+            ended = lifecycle.parent_broke(rec, now, judged.done, judged.why)
+            try:
+                self._ops.cas(ended, got.etag)
+            except Conflict:
+                self._memory.lost_create(info.key, got.etag)
+                return _settled(moved)
+            log.info(
+                "claim on %s: killed %s: parent %s %s",
+                self._ops.keys.queue,
+                rec.id,
+                judged.parent,
+                judged.why,
+            )
+            self._ops.free_slot(ended)
+            self._drop(info)
+            return _settled(moved)
+        if judged.done == len(rec.after):  # every parent done: the claim writes the count
+            return Claimable(
+                Read(dataclasses.replace(rec, after_done=judged.done), got.etag, got.ticket_etag),
+                moved,
+            )
+        advanced = judged.done > rec.after_done
+        ticket_etag = got.ticket_etag
+        if advanced:  # shared with every claimer: the next look starts past them
+            seen = lifecycle.parents_seen(rec, judged.done)
+            try:
+                etag = self._ops.cas(seen, got.etag)
+            except Conflict:
+                self._memory.lost_create(info.key, got.etag)
+                return _settled(moved)
+            if (
+                unclaimed(got.etag)
+                and elapsed() - began >= CLAIM_FENCE_S
+                and self._ops.unclaim_if_stale(info.key, got.ticket_etag, seen, etag)
+            ):
+                # as for a slow claim: the record this write created may belong to an
+                # invocation that ended and was collected meanwhile; it was deleted again
+                self._memory.forget(info.key)
+                return _settled(moved)
+            if unclaimed(got.etag):
+                # its record exists now: the ticket becomes a marker, so every claimer
+                # reads the record (and its mark) instead of the ticket as submitted
+                ticket_etag = self._ops.put_marker(seen)
+        wait = self._memory.waiting(info.key, advanced)
+        self._remember(_ticket(info, ticket_etag), now + wait)
+        if judged.soon:  # a parent at work, or queued here: a draining worker stays for it
+            self._memory.backing_off(now + wait, now)
         return _settled(moved)
 
     # -- reading -------------------------------------------------------------------------------

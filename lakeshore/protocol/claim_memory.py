@@ -24,9 +24,13 @@ from lakeshore.model import lifecycle
 from lakeshore.protocol.steps import QueueOps, unclaimed
 from lakeshore.store.base import ObjectInfo
 
-__all__ = ["SLACK_S", "TicketMemory"]
+__all__ = ["SLACK_S", "WAIT_FIRST_S", "WAIT_MAX_S", "TicketMemory"]
 
 SLACK_S = 30.0  # how far two processes' clocks may disagree about a retry's due time
+# a child waiting for its parents is looked at again after this, doubling up to the maximum
+WAIT_FIRST_S = 0.5
+WAIT_MAX_S = 30.0
+_WAITS_PRUNE = 100_000
 
 
 class TicketMemory:
@@ -51,6 +55,9 @@ class TicketMemory:
         # to claim in the whole queue (see judged)
         self._polled = -math.inf
         self._misses: dict[str, int] = {}  # ticket key -> times its record was not there yet
+        # ticket key -> looks at a child that found it waiting for a parent, since one was
+        # last seen done: the next look is later and later (docs/dependencies.md)
+        self._waits: dict[str, int] = {}
         # full tickets whose record exists (a create of it failed): read the record first
         self._promoted: set[str] = set()
 
@@ -67,7 +74,21 @@ class TicketMemory:
         with self._lock:
             self._later.pop(key, None)
             self._misses.pop(key, None)
+            self._waits.pop(key, None)
             self._promoted.discard(key)
+
+    def waiting(self, key: str, advanced: bool) -> float:
+        """The child behind the ticket ``key`` waits for a parent (``advanced``: one more
+        parent was seen done by this look): seconds until the next look, from
+        :data:`WAIT_FIRST_S` doubling to :data:`WAIT_MAX_S`, and back to the first after
+        progress. A child whose parents run long costs one read every 30 s at most."""
+        with self._lock:
+            before = self._waits.get(key)
+            looks = 0 if advanced or before is None else before + 1
+            if len(self._waits) >= _WAITS_PRUNE:
+                self._waits.clear()  # forgetting only makes some looks come sooner
+            self._waits[key] = looks
+        return float(min(WAIT_FIRST_S * 2 ** min(looks, 16), WAIT_MAX_S))
 
     def skipped(self, info: ObjectInfo, now: float) -> bool:
         """Whether the listed ticket ``info`` is passed over at store time ``now``: remembered

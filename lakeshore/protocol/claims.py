@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import assert_never
 
 from lakeshore.errors import Conflict, IllegalTransition, PermissionDenied, StoreError
@@ -95,6 +95,11 @@ class Claimer:
     def forget(self, key: str) -> None:
         """Look at the ticket ``key`` again at the next listing."""
         self.memory.forget(key)
+
+    def serving(self, queues: Iterable[str]) -> None:
+        """This claimer's worker serves ``queues`` too: a waiting child whose parent is
+        queued in one of them is work to come for a draining worker."""
+        self.examiner.serves = frozenset({self.ops.keys.queue, *queues})
 
     def retry_pending(self, grace: float = 0.0) -> bool:
         """A retry this worker has read is backing off, or came due and no pass over the

@@ -49,6 +49,7 @@ from lakeshore.running.bodies import Allow, Declared, body_kind, load_body
 from lakeshore.running.call import Outcome, RunSpec, Verdict, error_of, run_inline, unpickle
 from lakeshore.running.child import BodyCall, ChildProcess, Hooks, child_can_import
 from lakeshore.running.logs import log_writer, text_sink
+from lakeshore.running.parents import handed
 from lakeshore.streams.journal import END, ERROR, JournalWriter
 from lakeshore.text import inert
 
@@ -464,6 +465,9 @@ def _execute(
     try:
         payload = ops.get_blob(rec.args, f"arguments of {rec.id}", slot.plane.max_payload_bytes)
         args, kwargs = codec.decode_call(payload, f"arguments of {rec.id}")
+        if rec.after_pass:  # a fan-in: its parents' ids or results come first
+            args = (handed(slot.plane, rec), *args)
+            payload = codec.encode((args, kwargs), f"arguments of {rec.id}")
         target = _load(rec, slot.plane, slot.allow)
     except StoreUnavailable as e:  # may work next time
         return Outcome(Verdict.ERROR, error=error_of(e))

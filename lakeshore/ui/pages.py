@@ -33,6 +33,7 @@ from lakeshore.errors import (
     StoreUnavailable,
 )
 from lakeshore.keys import QueueKeys, check_id, check_name, id_index, id_time, is_name
+from lakeshore.model.dependencies import parents_line
 from lakeshore.model.record import STATES, TERMINAL, Blob, Record
 from lakeshore.protocol.census import list_invocations, summary
 from lakeshore.protocol.steps import MAX_SMALL_BYTES, QueueOps, corrupt_stub
@@ -534,4 +535,11 @@ def _fields(r: Record) -> dict[str, Any]:
         "slot": r.slot,
         "pickled": r.fn_pickle is not None,
         "rev": r.rev,
+        **({"parents": _parents(r)} if r.after or r.after_pass else {}),
     }
+
+
+def _parents(r: Record) -> str:
+    return parents_line(
+        len(r.after), r.after_done, r.state == "queued", r.after_failure, r.after_pass
+    )
