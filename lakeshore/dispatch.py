@@ -416,7 +416,9 @@ class Dispatch:
             overlap: ``"allow"``, or ``"skip"`` a slot while the previous invocation is live.
             start: no slot before it; an interval's slots are ``start + k * every``
                 (default: when the schedule was first set).
-            args, kwargs: the call's arguments (encoded now, at most 64 KiB).
+            args: the call's positional arguments (encoded now; with ``kwargs``, at most
+                64 KiB).
+            kwargs: the call's keyword arguments.
             queue: the queue, for a ``"module:qualname"`` (default ``"default"``).
             **options: submit options for each slot: ``priority``, ``max_attempts``,
                 ``timeout_s``, ``deadline_s``.

@@ -219,6 +219,7 @@ def prepare_call(
         ),
         lease_s=conf.lease_s or plane.lease_s,
         not_before=due,
+        scheduled_at=due or None,
         retry_for=rule.retry_for or (),
         no_retry_for=rule.no_retry_for or (),
         retry_backoff_cap_s=(

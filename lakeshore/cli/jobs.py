@@ -120,10 +120,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         ("key", rec.key or "-"),
         ("scope", rec.prefix or "-"),
         ("submitted", wall(rec.submitted_at)),
-        (
-            "scheduled",
-            f"{wall(rec.not_before)} (in {ago(rec.not_before - now)})" if waits(rec, now) else "-",
-        ),
+        ("scheduled", _scheduled(rec, now)),
         ("started", wall(rec.started_at)),
         ("finished", wall(rec.finished_at)),
         ("ran for", ago(run_s) if run_s is not None else "-"),
@@ -172,6 +169,17 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print("traceback")
         print(_indented(trace))
     return 0
+
+
+def _scheduled(rec: Record, now: float) -> str:
+    """A delayed submit's time (kept after it ran), and while it is queued and not yet
+    claimable, how long until it is (a delay, or a retry's backoff)."""
+    parts = [wall(rec.scheduled_at)] if rec.scheduled_at is not None else []
+    if waits(rec, now):
+        if rec.scheduled_at is None or rec.not_before != rec.scheduled_at:
+            parts.append(f"next attempt {wall(rec.not_before)}")
+        parts.append(f"(in {ago(rec.not_before - now)})")
+    return " ".join(parts) or "-"
 
 
 def _indented(text: str) -> str:

@@ -64,6 +64,10 @@ SINCE_V2.update(
 # dependencies (docs/dependencies.md): the parents' ids, what a failed parent does, how
 # many parents (in order) were seen done, and what a fan-in hands its body first
 SINCE_V2.update(after=(), after_failure="kill", after_done=0, after_pass="")
+# a delayed submit (docs/queue.md#delayed-submits): the time it asked to start at. Besides
+# showing it, the field makes the record v2: a 0.4 worker would fail a record due more than
+# a day ahead as implausible, and leaves a v2 record alone instead
+SINCE_V2.update(scheduled_at=None)
 
 
 class State(StrEnum):
@@ -317,6 +321,7 @@ class Record:
     after_failure: str = "kill"  # a parent that ended badly: "kill" the child, or "run" (v2)
     after_done: int = 0  # parents, in order, seen done: a later look starts past them (v2)
     after_pass: str = ""  # a fan-in's first argument: "ids" or "results" of the parents (v2)
+    scheduled_at: float | None = None  # a delayed submit's due time, as it asked (v2)
     rev: int = 0
     wid: str = field(default_factory=lambda: write_id())
     v: int = 1  # the oldest schema that holds it: to_bytes raises it when a later field is set
@@ -733,7 +738,7 @@ _INTS: tuple[tuple[str, int, float], ...] = (
     ("rev", 0, math.inf),
     ("v", 1, math.inf),
 )
-_OPTIONAL_NUMBERS = ("timeout_s", "deadline_at", "started_at", "finished_at")
+_OPTIONAL_NUMBERS = ("timeout_s", "deadline_at", "started_at", "finished_at", "scheduled_at")
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Record))

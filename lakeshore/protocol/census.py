@@ -53,6 +53,9 @@ __all__ = [
 
 _FIRST_WINDOW_MS = 60_000
 EXACT_UP_TO = 256  # live invocations whose records status reads for exact counts
+# how far past the scaler's horizon an id's time must lie for its ticket to be left out
+# unread: a producer's clock may run this far ahead of the store's
+ID_SLACK_S = 600.0
 MAX_SCAN = 200_000  # ticket keys a scaler's count lists at most (200 LIST pages)
 
 
@@ -212,12 +215,17 @@ def live_ids(store: Store, keys: QueueKeys) -> list[str]:
 
 
 def _live(
-    store: Store, keys: QueueKeys, scanned: list[int] | None = None, limit: int | None = None
+    store: Store,
+    keys: QueueKeys,
+    scanned: list[int] | None = None,
+    limit: int | None = None,
+    later: float | None = None,
 ) -> Iterator[ObjectInfo]:
     """The first ticket of each live invocation, as the tickets are listed: a rerun's ticket
     may sit beside an earlier life's stale one, and a name that is not an id is not
     lakeshore's. ``scanned`` counts the keys listed; listing stops once more than ``limit``
-    were."""
+    were. A first life's ticket whose id's time is after ``later`` is passed over (a rerun's
+    ticket of the same id, listed right after it, is not)."""
     seen: set[str] = set()
     for info in store.list(keys.tickets_prefix):
         if scanned is not None:
@@ -225,6 +233,13 @@ def _live(
             if limit is not None and scanned[0] > limit:
                 return
         inv = QueueKeys.id_of(info.key)
+        if (
+            later is not None
+            and QueueKeys.reruns_of(info.key) == 0
+            and _is_id(inv)
+            and id_time(inv) > later
+        ):
+            continue
         if inv not in seen and _is_id(inv):
             seen.add(inv)
             yield info
@@ -235,9 +250,11 @@ def live_tickets(
 ) -> tuple[list[ObjectInfo], bool]:
     """The first ticket of each live invocation, and whether the listing stopped early
     (then take the count as *at least* ``enough``: a scaler needs no more). With
-    ``due_by`` (store time), a delayed invocation that comes due later is left out: its id
-    carries its due time, so this costs no read, and no worker is started for work that
-    cannot run yet.
+    ``due_by`` (store time), a delayed invocation that comes due well after it is left
+    out: its id carries its due time, so this costs no read, and no worker is started for
+    work that cannot run yet. Only a first life's ticket whose id lies ``ID_SLACK_S``
+    beyond ``due_by`` is left out: a plain submit's id comes from its producer's own clock,
+    which may run fast, and a rerun's ticket keeps the id of a life that was delayed.
 
     It stops at ``enough`` invocations, and also after ``2 × enough + 1000`` keys (at most
     ``MAX_SCAN``): a ticket name that is no id counts for nothing, but listing it costs, and
@@ -248,9 +265,8 @@ def live_tickets(
     """
     found: list[ObjectInfo] = []
     scanned, limit = [0], min(2 * enough + 1000, MAX_SCAN)
-    for info in _live(store, keys, scanned, limit):
-        if due_by is not None and id_time(QueueKeys.id_of(info.key)) > due_by:
-            continue
+    later = None if due_by is None else due_by + ID_SLACK_S
+    for info in _live(store, keys, scanned, limit, later):
         found.append(info)
         if len(found) >= enough:
             return found, True

@@ -363,7 +363,7 @@ class Examiner:
         # a child: its parents from the first not seen done, up to the first not done now
         began = elapsed()
         rec = got.record
-        judged = self._parents.judge(rec, self.serves)
+        judged = self._parents.judge(rec, self.serves, now)
         if judged.why:  # a parent ended badly: the child never runs (docs/dependencies.md)
             ended = lifecycle.parent_broke(rec, now, judged.done, judged.why)
             try:

@@ -12,6 +12,7 @@ follow (claim, progress, kill) are the claimer's (``claim_examine``).
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -61,8 +62,9 @@ class Judged:
     ``done``: parents, in order, seen done (all of them: the child is claimable).
     ``parent``: the first parent not done ("" when all are). ``why``: how it ended, when
     it broke the child (else ""). ``soon``: it waits for a parent that is running, or
-    queued in the child's queue or another the judging worker serves (work to come, which
-    a draining worker waits for).
+    queued and due (or retrying) in the child's queue or another the judging worker serves:
+    work to come, which a draining worker waits for. A parent whose first run was delayed
+    to later is not: a draining worker does not wait for delayed work.
     """
 
     done: int
@@ -140,7 +142,9 @@ class Parents:
             self._where[inv] = queue
         return ops, rec
 
-    def judge(self, child: Record, serves: frozenset[str] = frozenset()) -> Judged:
+    def judge(
+        self, child: Record, serves: frozenset[str] = frozenset(), now: float = math.inf
+    ) -> Judged:
         """Look at ``child``'s parents from the first not seen done, and stop at the first
         that is not done now. Parents are read in batches that double from 1 to
         :data:`MAX_BATCH` while every one is done, so a child whose first parent is still
@@ -165,10 +169,9 @@ class Parents:
                         done += 1
                     case Standing.WAITING:
                         assert found is not None
-                        soon = (
-                            found.state == State.RUNNING
-                            or found.queue == child.queue
-                            or found.queue in serves
+                        delayed = found.attempt == 0 and found.not_before > now
+                        soon = found.state == State.RUNNING or (
+                            (found.queue == child.queue or found.queue in serves) and not delayed
                         )
                         return Judged(done, inv, soon=soon)
                     case Standing.BROKEN:

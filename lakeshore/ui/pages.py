@@ -523,6 +523,7 @@ def _fields(r: Record) -> dict[str, Any]:
         "started_at": r.started_at,
         "finished_at": r.finished_at,
         "not_before": r.not_before,
+        "scheduled_at": r.scheduled_at,
         "deadline_at": r.deadline_at,
         "timeout_s": r.timeout_s,
         "lease_s": r.lease_s,

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 import lakeshore as dls
+from lakeshore import keys
 from lakeshore.keys import id_time
 from lakeshore.model import lifecycle
 from lakeshore.model.record import State
+from lakeshore.protocol.census import ID_SLACK_S, live_tickets
 from lakeshore.store import MemoryStore, Store
 from tests import jobs
 from tests.commands import run
@@ -206,3 +208,74 @@ def test_show_and_ls_say_when_a_delayed_call_is_scheduled(
     with pytest.raises(SystemExit):
         run(capsys, "submit", "tests.jobs:add_one", "--delay", "soon")
     assert "is not a duration" in capsys.readouterr().err
+
+
+def test_the_scaler_counts_a_rerun_of_a_delayed_invocation_at_once() -> None:
+    """A delayed call cancelled and then retried is due now, though its id still carries
+    the far time: its rerun ticket is counted."""
+    store = MemoryStore()
+    q = make_plane(store)
+    inv = q.udf(jobs.add_one).submit(1, _delay_s=6 * 3600)
+    q.cancel(inv)
+    q.retry(inv)
+    assert q.status(inv) == "queued" and q.get(inv).not_before <= store.now()
+    ops = q.plane.ops("default")
+    tickets, _ = live_tickets(store, ops.keys, 10, due_by=store.now() + 60.0)
+    assert [ops.keys.id_of(t.key) for t in tickets] == [inv]
+
+
+def test_the_scaler_counts_work_from_a_producer_whose_clock_runs_minutes_fast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain submit's id comes from its producer's clock: one that runs up to ID_SLACK_S
+    fast still has its work counted; a delayed call due later than that is not."""
+    store = MemoryStore()
+    q = make_plane(store)
+    made = keys.new_id
+    fast = ID_SLACK_S - 60.0
+    monkeypatch.setattr(
+        "lakeshore.submit.new_id",
+        lambda priority=5, at=None: made(priority, at if at is not None else store.now() + fast),
+    )
+    inv = q.udf(jobs.add_one).submit(1)
+    later = q.udf(jobs.add_one).submit(2, _delay_s=2 * ID_SLACK_S)
+    assert q.get(inv).not_before == 0.0
+    ops = q.plane.ops("default")
+    tickets, _ = live_tickets(store, ops.keys, 10, due_by=store.now() + 60.0)
+    assert [ops.keys.id_of(t.key) for t in tickets] == [inv]
+    assert later
+
+
+def test_a_draining_worker_does_not_wait_for_a_child_of_a_delayed_parent() -> None:
+    """A delayed first run is not work yet for idle_exit, and neither is a child waiting
+    for it; a child of a parent that is due does hold the worker."""
+    q = make_plane(MemoryStore())
+    f = q.udf(jobs.add_one)
+    parent = f.submit(1, _delay_s=3600)
+    child = f.submit(2, _after=[parent])
+    stop = threading.Event()
+    done: list[int] = []
+    t = threading.Thread(
+        target=lambda: done.append(dls.run_worker(q, idle_exit=0.5, stop=stop, allow=ALLOW))
+    )
+    t.start()
+    t.join(20.0)
+    stop.set()
+    t.join(10.0)
+    assert done == [0], "the draining worker stayed for delayed work"
+    assert q.status(child) == "queued"
+
+
+def test_a_delayed_record_is_schema_2_so_a_0_4_worker_leaves_it_alone() -> None:
+    """A 0.4 worker would fail a record due more than a day ahead as implausible; the
+    delayed submit's scheduled_at makes the record v2, which such a worker leaves alone."""
+    from lakeshore.codec import unpack_plain
+
+    q = make_plane(MemoryStore())
+    f = q.udf(jobs.add_one)
+    inv = f.submit(1, _delay_s=2 * 86400)
+    plain = f.submit(1)
+    ops = q.plane.ops("default")
+    raw = {i: unpack_plain(q.store.get(ops.keys.ticket_of_id(i) or "")[0]) for i in (inv, plain)}
+    assert raw[inv]["v"] == 2 and raw[inv]["scheduled_at"] == q.get(inv).not_before
+    assert raw[plain]["v"] == 1 and "scheduled_at" not in raw[plain]

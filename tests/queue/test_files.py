@@ -88,6 +88,9 @@ def test_async_body_and_dict_shapes(fplane: Any) -> None:
 
 
 def test_generator_keys_appear_as_it_yields(fplane: Any) -> None:
+    # a lease a starved machine keeps renewing while the body is parked: a lost one would
+    # rerun the body, and its stream would start over at tile 0
+    fplane.configure("default", lease_s=30.0)
     f = fplane.udf(jobs.tiles)
     jobs.GATE.clear()
     with fplane.scope("gen"):
