@@ -421,7 +421,10 @@ class Dispatch:
             kwargs: the call's keyword arguments.
             queue: the queue, for a ``"module:qualname"`` (default ``"default"``).
             **options: submit options for each slot: ``priority``, ``max_attempts``,
-                ``timeout_s``, ``deadline_s``.
+                ``timeout_s``, ``deadline_s``, and the retry rule ``retry_for``,
+                ``no_retry_for`` (exception classes or names), ``retry_backoff_s``,
+                ``retry_backoff_cap_s``, ``retry_jitter`` (docs/retries.md); each over the
+                function's own.
 
         Raises:
             InvalidArgument: a bad definition (nothing is written).

@@ -48,6 +48,7 @@ from lakeshore.plane import HasPlane, Plane, plane_of
 from lakeshore.protocol.gc import queue_names
 from lakeshore.protocol.schedules import ScheduleObjects
 from lakeshore.running.bodies import Declared, function_ref
+from lakeshore.running.failure import RetryOptions
 from lakeshore.submit import prepare_call, publish_prepared
 from lakeshore.text import inert
 
@@ -70,6 +71,8 @@ RETRY_S = 30.0  # a schedule whose firing failed (store down, queue full) is tri
 JITTER_S = 1.0  # workers fire up to this long after a slot, at random, so they rarely collide
 _SUBMIT_WAIT_S = 5.0  # a firing into a full blocking queue waits no longer than this
 _ROUNDS = 16  # compare-and-swaps lost in a row before a firer leaves the object to others
+# the retry options of a submit, in the order of RetryOptions' fields
+_RULE = ("retry_for", "no_retry_for", "retry_backoff_s", "retry_backoff_cap_s", "retry_jitter")
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,11 @@ def define(
     **options: Any,
 ) -> Schedule:
     """A schedule's definition, checked (nothing is written). ``fn`` is a declared function
-    (its queue and submit defaults come along) or ``"module:qualname"``.
+    (its queue, submit defaults and retry rule come along, under the ``options`` given) or
+    ``"module:qualname"``. ``options`` are a submit's: ``priority``, ``max_attempts``,
+    ``timeout_s``, ``deadline_s`` and the retry rule (``retry_for``, ``no_retry_for`` as
+    exception classes or names, ``retry_backoff_s``, ``retry_backoff_cap_s``,
+    ``retry_jitter``).
 
     Raises:
         InvalidArgument: anything that breaks a rule (docs/schedules.md).
@@ -129,6 +136,7 @@ def define(
     op = f"schedule {name}"
     check_name(name, "schedule")
     args, kwargs = tuple(args), dict(kwargs or {})
+    rule = RetryOptions.given(op, **{k: options.pop(k) for k in _RULE if k in options})
     if isinstance(fn, Declared):
         try:
             ref = function_ref(fn.fn)
@@ -147,6 +155,7 @@ def define(
         defaults: dict[str, Any] = {"priority": fn.priority, "max_attempts": fn.max_attempts}
         defaults["timeout_s"] = fn.timeout_s
         options = {**{k: v for k, v in defaults.items() if v is not None}, **options}
+        rule = rule.over(fn.retry)  # as for a submit: the call's rule over the function's
         if fn.signature is not None:
             try:
                 fn.signature.bind(*args, **kwargs)
@@ -160,7 +169,8 @@ def define(
         raise InvalidArgument(
             op, f"fn is a {type(fn).__name__}", "give a @udf function or 'module:qualname'"
         )
-    opts = check_options(options, op)
+    rules = dict(zip(_RULE, dataclasses.astuple(rule), strict=True))
+    opts = check_options({**options, **rules}, op)
     if isinstance(every, timedelta):
         every = every.total_seconds()
     if every is not None:

@@ -36,6 +36,7 @@ from lakeshore.errors import InvalidArgument, LakeshoreError, NewerRecord, Recor
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_id, is_name
 from lakeshore.model import cron as crons
 from lakeshore.model.record import LIMITS, MAX_COUNT
+from lakeshore.model.retry import MAX_NAMES, name_problem, number_problem
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -58,7 +59,17 @@ MAX_OBJECT_BYTES = MAX_ARGS_BYTES + 16 * 1024
 _MAX_TIME = 32503680000  # the year 3000: a slot or a time beyond it is not one we wrote
 _MAX_TALLY = 2**53
 _MISSED_WALK = 10_000  # a catch-up counts at most this many missed cron slots one by one
-_OPTION_NAMES = ("priority", "max_attempts", "timeout_s", "deadline_s")
+# the retry rule (docs/retries.md), as a record keeps it: type names and numbers; None is
+# unset (the slot's submit then takes the queue's and the plane's defaults). Left out of the
+# object's bytes when unset, so a schedule without a rule is stored as before it had them.
+_RETRY_NAMES = (
+    "retry_for",
+    "no_retry_for",
+    "retry_backoff_s",
+    "retry_backoff_cap_s",
+    "retry_jitter",
+)
+_OPTION_NAMES = ("priority", "max_attempts", "timeout_s", "deadline_s", *_RETRY_NAMES)
 
 
 def slot_key(name: str, slot: int) -> str:
@@ -86,7 +97,9 @@ def _count(x: object) -> bool:
 
 def check_options(options: dict[str, Any], op: str) -> dict[str, Any]:
     """The submit options a schedule may carry, checked: ``priority`` 0-9,
-    ``max_attempts`` >= 1, finite positive ``timeout_s`` and ``deadline_s``; None for unset.
+    ``max_attempts`` >= 1, finite positive ``timeout_s`` and ``deadline_s``, and the retry
+    rule as a record keeps it (``retry_for`` and ``no_retry_for`` tuples of at most 32 type
+    names, the backoff numbers in their ranges: :mod:`lakeshore.model.retry`); None for unset.
 
     Raises:
         InvalidArgument: an unknown option or a value out of range.
@@ -106,13 +119,44 @@ def check_options(options: dict[str, Any], op: str) -> dict[str, Any]:
         or any(not _positive(out[k]) for k in ("timeout_s", "deadline_s"))
     )
     if bad:
+        shown = {k: out[k] for k in _OPTION_NAMES if k not in _RETRY_NAMES}
         raise InvalidArgument(
             op,
-            f"options out of range: {out}",
+            f"options out of range: {shown}",
             f"use priority {MIN_PRIORITY}-{MAX_PRIORITY}, max_attempts >= 1, and finite "
             "positive timeout_s and deadline_s",
         )
+    problem = _retry_problem(out)
+    if problem is not None:
+        raise InvalidArgument(
+            op,
+            f"retry rule out of range: {problem}",
+            "give retry_for / no_retry_for as exception classes or 'module.QualName' names, "
+            "and the backoff numbers within their ranges (docs/retries.md)",
+        )
     return out
+
+
+def _retry_problem(out: dict[str, Any]) -> str | None:
+    """What is wrong with the retry rule of checked options, if anything (the bounds of a
+    record's own fields: ``lakeshore.model.record``)."""
+    for k in ("retry_for", "no_retry_for"):
+        names = out[k]
+        if names is None:
+            continue
+        if type(names) is not tuple or len(names) > MAX_NAMES:
+            shown = type(names).__name__ if type(names) is not tuple else f"{len(names)} names"
+            return f"{k} must be a list of at most {MAX_NAMES} type names, got {shown}"
+        for item in names:
+            problem = name_problem(item)
+            if problem is not None:
+                return f"{k} holds a type name that {problem}"
+    for k in ("retry_backoff_s", "retry_backoff_cap_s", "retry_jitter"):
+        if out[k] is not None:
+            problem = number_problem(k, out[k])
+            if problem is not None:
+                return f"{k} {problem}"
+    return None
 
 
 def _check_fn(fn: object) -> bool:
@@ -138,6 +182,8 @@ class Schedule:
         overlap: ``"allow"``, or ``"skip"`` a slot while the previous invocation is live.
         start: no slot before it fires; an interval's slots are ``start + k * every``.
         priority, max_attempts, timeout_s, deadline_s: the submit options (None: defaults).
+        retry_for, no_retry_for, retry_backoff_s, retry_backoff_cap_s, retry_jitter: the
+            retry rule of each slot's submit (type names and numbers; None: not set here).
         next_slot: the earliest slot not yet fired, skipped or missed (None: no more slots).
         last_slot, last_id, fired_at: the slot fired last, its invocation, and when.
         fired, skipped, missed: how many slots were fired, skipped by the overlap policy,
@@ -158,6 +204,11 @@ class Schedule:
     max_attempts: int | None = None
     timeout_s: float | None = None
     deadline_s: float | None = None
+    retry_for: tuple[str, ...] | None = None
+    no_retry_for: tuple[str, ...] | None = None
+    retry_backoff_s: float | None = None
+    retry_backoff_cap_s: float | None = None
+    retry_jitter: float | None = None
     next_slot: int | None = None
     last_slot: int | None = None
     last_id: str | None = None
@@ -356,6 +407,9 @@ class Schedule:
 
     def to_bytes(self) -> bytes:
         fields = dataclasses.asdict(self)
+        for k in _RETRY_NAMES:
+            if fields[k] is None:
+                del fields[k]  # unset: stored as before the rule was a field
         return pack_plain({"v": SCHEMA_VERSION, **fields})
 
     @classmethod
@@ -394,6 +448,9 @@ class Schedule:
             raise bad(f"schema version {v!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: obj[k] for k in known if k in obj}
+        for k in ("retry_for", "no_retry_for"):
+            if type(values.get(k)) is list:
+                values[k] = tuple(values[k])  # msgpack reads back the tuple written as a list
         for k in ("name", "queue", "fn", "args", "tz", "overlap", "start"):
             if k not in values:
                 raise bad(f"no {k}")
