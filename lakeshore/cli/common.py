@@ -60,6 +60,29 @@ def finite(text: str) -> float:
     return value
 
 
+def json_arg(text: str | None, op: str, what: str, expected: type) -> Any:
+    """A command's JSON option (``--args``, ``--kwargs``) as a ``list`` or ``dict``; empty
+    when not given.
+
+    Raises:
+        InvalidArgument: not JSON, or not of the ``expected`` type.
+    """
+    if text is None:
+        return expected()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(
+            f"{op} {what}", f"not valid JSON ({e})", "quote it: '{\"x\": 1}'"
+        ) from None
+    if not isinstance(value, expected):
+        example = "--args '[1, 2]'" if expected is list else "--kwargs '{\"x\": 1}'"
+        raise InvalidArgument(
+            f"{op} {what}", f"must be a JSON {expected.__name__}", f"e.g. {example}"
+        )
+    return value
+
+
 def duration(text: str) -> float:
     """An argparse type: seconds, or a number with a unit (``30s``, ``10m``, ``2h``, ``1d``,
     ``2w``)."""

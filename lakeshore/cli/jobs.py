@@ -18,6 +18,7 @@ from lakeshore.cli.common import (
     duration,
     err,
     finite,
+    json_arg,
     plane,
     print_json,
     waits,
@@ -33,25 +34,9 @@ from lakeshore.text import inert
 __all__ = ["register"]
 
 
-def _json_arg(text: str | None, what: str, expected: type) -> Any:
-    if text is None:
-        return expected()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidArgument(
-            f"submit {what}", f"not valid JSON ({e})", "quote it: '{\"x\": 1}'"
-        ) from None
-    if not isinstance(value, expected):
-        raise InvalidArgument(
-            f"submit {what}", f"must be a JSON {expected.__name__}", "e.g. --kwargs '{\"x\": 1}'"
-        )
-    return value
-
-
 def _cmd_submit(args: argparse.Namespace) -> int:
-    kwargs = _json_arg(args.kwargs, "--kwargs", dict)
-    pos = _json_arg(args.args, "--args", list)
+    kwargs = json_arg(args.kwargs, "submit", "--kwargs", dict)
+    pos = json_arg(args.args, "submit", "--args", list)
     if ":" not in args.function:
         raise InvalidArgument(
             "submit", f"{args.function!r} is not module:function", "e.g. mypkg.jobs:resize"

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import datetime
 from typing import Any
 
-from lakeshore.cli.common import add_common, ago, err, finite, plane, print_json, table
+from lakeshore.cli.common import add_common, ago, err, finite, json_arg, plane, print_json, table
 from lakeshore.cli.jobs import codec_plain
 from lakeshore.errors import DecodeError, InvalidArgument
 from lakeshore.firing import Fired, read_schedules
@@ -16,22 +15,6 @@ from lakeshore.model.cron import describe
 from lakeshore.model.schedule import OVERLAP, Schedule
 
 __all__ = ["register"]
-
-
-def _json(text: str | None, what: str, expected: type) -> Any:
-    if text is None:
-        return expected()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidArgument(
-            f"schedule set {what}", f"not valid JSON ({e})", "quote it: '{\"x\": 1}'"
-        ) from None
-    if not isinstance(value, expected):
-        raise InvalidArgument(
-            f"schedule set {what}", f"must be a JSON {expected.__name__}", "e.g. --args '[1, 2]'"
-        )
-    return value
 
 
 def _start(text: str | None) -> datetime | float | None:
@@ -128,8 +111,8 @@ def _cmd_set(args: argparse.Namespace) -> int:
         tz=args.tz,
         overlap=args.overlap,
         start=_start(args.start),
-        args=_json(args.args, "--args", list),
-        kwargs=_json(args.kwargs, "--kwargs", dict),
+        args=json_arg(args.args, "schedule set", "--args", list),
+        kwargs=json_arg(args.kwargs, "schedule set", "--kwargs", dict),
         queue=args.queue,
         **options,
     )
