@@ -72,8 +72,13 @@ OPTIONS = frozenset(
         "not_before",
         "after",
         "after_failure",
+        "retry_for",
+        "no_retry_for",
+        "retry_backoff_s",
+        "retry_backoff_cap_s",
+        "retry_jitter",
     }
-) | {"retry_for", "no_retry_for", "retry_backoff_s", "retry_backoff_cap_s", "retry_jitter"}
+)
 
 
 def check_options(

@@ -279,3 +279,15 @@ def test_a_delayed_record_is_schema_2_so_a_0_4_worker_leaves_it_alone() -> None:
     raw = {i: unpack_plain(q.store.get(ops.keys.ticket_of_id(i) or "")[0]) for i in (inv, plain)}
     assert raw[inv]["v"] == 2 and raw[inv]["scheduled_at"] == q.get(inv).not_before
     assert raw[plain]["v"] == 1 and "scheduled_at" not in raw[plain]
+
+
+def test_the_upstream_spelling_passes_a_delay_and_parents_through() -> None:
+    """dreamlake.lakeshore's ``UDF.submit`` hands lakeshore's own ``_`` options on."""
+    import dreamlake.lakeshore as up
+
+    q = up.Dispatch(":memory:")
+    add = up.udf(queue="default")(jobs.add_one)
+    parent = add.submit(1, _dispatch=q, _delay_s=60)
+    child = add.submit(2, _dispatch=q, _after=[parent])
+    assert q.get(parent).scheduled_at == q.get(parent).not_before > q.get(parent).submitted_at
+    assert q.get(child).after == (parent,)
