@@ -53,6 +53,7 @@ from lakeshore.running.attempt import Attempt, Halt, Isolation, Slot, run_attemp
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
+from lakeshore.running.metrics import WorkerCounters, write_textfile
 from lakeshore.text import inert
 
 __all__ = ["run_worker"]
@@ -97,6 +98,7 @@ class _State:
     failure: BaseException | None = None
     signalled: Callable[[float], bool] = field(default=lambda wait=0.0: False)  # SIGTERM/INT
     said_idle: bool = False  # "nothing to claim" is said once a worker, not once a poll
+    metrics: tuple[WorkerCounters, str] | None = None  # its counters, and their text file
 
     def count_attempt(self) -> bool:
         """Count one more attempt against ``max_jobs``; False when none is left."""
@@ -155,6 +157,7 @@ def run_worker(
     announce_s: float = 30.0,
     allow: list[str] | None = None,
     fire_schedules: bool = True,
+    metrics_textfile: str | None = None,
 ) -> int:
     """Serve invocations from ``queues`` of ``plane`` (a ``Dispatch``, or its ``Plane``);
     return how many attempts it ran.
@@ -196,6 +199,9 @@ def run_worker(
         fire_schedules: fire the due slots of the schedules of ``queues`` (a thread that
             lists them at start and once a minute; not with ``once``). See
             docs/schedules.md#who-fires.
+        metrics_textfile: a file this worker rewrites with its counters in Prometheus
+            text, at its start, with each sign of life and at its stop (for
+            node_exporter's textfile collector: docs/metrics.md).
 
     Raises:
         InvalidArgument: a bad option, hook or ``allow`` pattern.
@@ -235,6 +241,8 @@ def run_worker(
         lease_s=lease_s,
         wait_retries=bool(idle_exit) and not once,
     )
+    if metrics_textfile is not None:
+        state.metrics = (WorkerCounters(state.worker_id, plane.ns), metrics_textfile)
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
     _say(
@@ -504,6 +512,12 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
     with contextlib.suppress(LakeshoreError):
         info["seen_at"] = store.now()
         write_sign_of_life(store, state.plane.ns, state.worker_id, info)
+    if state.metrics is not None:
+        counters, path = state.metrics
+        try:
+            write_textfile(path, counters.text(by_queue, queues, time.time()))
+        except (OSError, LakeshoreError) as e:  # best effort, as the sign of life is
+            log.warning("worker metrics: cannot write %s: %s", path, e)
 
 
 def _slot(state: _State, i: int, resume: Attempt | None = None) -> None:
@@ -512,7 +526,7 @@ def _slot(state: _State, i: int, resume: Attempt | None = None) -> None:
     abandoned = False
     try:
         if resume is not None:
-            _count_done(state, resume.held.record.id, resume.conclude_abandoned)
+            _count_done(state, resume.held.record.id, resume.ops, resume.conclude_abandoned)
         _serve(state, slot, i, state.claimers, state.idle_exit, state.max_poll_s)
     except Abandoned:
         abandoned = True  # its body returned late: the slot is another thread's now
@@ -586,13 +600,13 @@ def _serve(
         fn = inert(rec.fn)  # a record's text, on its way to a terminal
         log.debug("%s %s attempt %d started", fn, rec.id, rec.attempt, extra=started)
         _count_done(
-            state, rec.id, functools.partial(run_attempt, slot, ops, held, _Tracked(state, i))
+            state, rec.id, ops, functools.partial(run_attempt, slot, ops, held, _Tracked(state, i))
         )
         idle_since = time.monotonic()
         _maybe_sweep(state, claimers)
 
 
-def _count_done(state: _State, inv: str, run: Callable[[], Attempt]) -> None:
+def _count_done(state: _State, inv: str, ops: QueueOps, run: Callable[[], Attempt]) -> None:
     """Run an attempt of ``inv`` to its end (``run``), or conclude an abandoned one, and
     count it.
 
@@ -600,8 +614,10 @@ def _count_done(state: _State, inv: str, run: Callable[[], Attempt]) -> None:
         Abandoned: the body ran in this thread and the watchdog gave up on it meanwhile.
         HookFailed: an ``on_start`` hook raised.
     """
+    outcome = "unconcluded"
     try:
         att = run()
+        outcome = att.final
         if att.interrupted:
             # its body process was ended by SIGTERM/SIGINT, and this worker got one too:
             # a signal for the whole process group, whose handler may not have run yet
@@ -616,6 +632,8 @@ def _count_done(state: _State, inv: str, run: Callable[[], Attempt]) -> None:
         log.error("attempt of %s could not be concluded: %s", inv, e, extra=unconcluded)
     with state.lock:
         state.done += 1
+    if state.metrics is not None:
+        state.metrics[0].ended(ops.keys.queue, outcome)
 
 
 def _drained(

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from lakeshore import __version__
-from lakeshore.cli import admin, jobs, scale, schedule, ui, watch, work
+from lakeshore.cli import admin, jobs, metrics, scale, schedule, ui, watch, work
 from lakeshore.cli.common import err
 from lakeshore.errors import JobError, LakeshoreError, NotFinished
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lakeshore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (jobs, watch, work, schedule, scale, ui, admin):
+    for module in (jobs, watch, metrics, work, schedule, scale, ui, admin):
         module.register(sub)
     return parser
 

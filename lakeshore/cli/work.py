@@ -112,6 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         handle_signals=True,
         allow=args.allow or [],
         fire_schedules=args.schedules,
+        metrics_textfile=args.metrics_textfile,
     )
     logging.getLogger("lakeshore.worker").info("worker done: %d attempt(s)", done)
     return 0
@@ -341,6 +342,12 @@ def register(sub: Any) -> None:
         "them to 'lakeshore schedule tick' or other workers)",
     )
     p.add_argument("--worker-id", help="name in leases and logs (default host:pid)")
+    p.add_argument(
+        "--metrics-textfile",
+        metavar="PATH",
+        help="rewrite this file with the worker's counters in Prometheus text at each sign "
+        "of life (for node_exporter's textfile collector; docs/metrics.md)",
+    )
     p.add_argument("--data", help="data root for dls.run files (default: beside the store)")
     p.add_argument("--log-level", default="info", help="debug, info, warning (default info)")
     p.add_argument(

@@ -1,0 +1,298 @@
+"""``lakeshore metrics``: the census behind ``lakeshore status`` as Prometheus text.
+
+Printed, written atomically to a file for node_exporter's textfile collector, or served on
+127.0.0.1 for a scraper, where one census answers every scrape of ``--interval`` seconds:
+however often it is scraped, the store sees at most one census per interval
+(docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from lakeshore.cli.common import add_common, finite, note_if_unknown, plane
+from lakeshore.dispatch import Dispatch
+from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.model.metrics import CONTENT_TYPE, Family, exposition
+from lakeshore.model.record import STATES
+from lakeshore.protocol.census import queue_status, workers_seen
+from lakeshore.running.metrics import write_textfile
+from lakeshore.text import inert
+
+__all__ = ["MetricsServer", "census_families", "register"]
+
+DEFAULT_PORT = 9321
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost")
+
+
+def census_families(q: Dispatch, queues: list[str] | None, recent: int = 100) -> list[Family]:
+    """One census of ``q``'s namespace as metric families: ``queues``, or (None) the
+    queues live workers serve and ``default``, as ``lakeshore status`` picks them.
+
+    Raises:
+        LakeshoreError: the store failed, or a queue name is bad.
+    """
+    t0 = time.monotonic()
+    now = q.store.now()
+    workers = workers_seen(q.store, q.ns, now)
+    names = queues or sorted({"default", *(n for w in workers for n in w.get("queues", []))})
+    stats = [queue_status(q.plane.ops(n), now, recent=recent) for n in names]
+    ns = q.ns
+    queued = Family("lakeshore_queue_queued", "Invocations waiting to be claimed.")
+    running = Family("lakeshore_queue_running", "Invocations running now.")
+    estimated = Family(
+        "lakeshore_queue_counts_estimated",
+        "1 when queued and running were split from the workers' signs of life (more than "
+        "256 live invocations; their sum is exact), else 0.",
+    )
+    oldest = Family(
+        "lakeshore_queue_oldest_queued_seconds",
+        "How long the oldest queued invocation has waited (0: none is queued).",
+    )
+    window = Family(
+        "lakeshore_queue_recent_invocations",
+        "How many of the newest invocations submitted the recent counts cover.",
+    )
+    by_state = Family(
+        "lakeshore_queue_recent",
+        "Of the newest invocations submitted (lakeshore_queue_recent_invocations), how many "
+        "are in each state.",
+    )
+    serving = Family(
+        "lakeshore_queue_workers", "Workers alive (seen in the last 5 minutes) serving the queue."
+    )
+    alive = [w for w in workers if w.get("status") != "stopped"]
+    for s in stats:
+        at = {"namespace": ns, "queue": s.queue}
+        queued.add(s.queued, **at)
+        running.add(s.running, **at)
+        estimated.add(int(s.estimated), **at)
+        oldest.add(s.oldest_queued_s or 0.0, **at)
+        window.add(s.recent_n, **at)
+        for state in STATES:
+            by_state.add(s.recent.get(state, 0), **at, state=state)
+        serving.add(sum(1 for w in alive if s.queue in w.get("queues", [])), **at)
+    seen = Family(
+        "lakeshore_workers_alive",
+        "Workers whose sign of life was written in the last 5 minutes and that have not stopped.",
+    )
+    seen.add(len(alive), namespace=ns)
+    w_running = Family(
+        "lakeshore_seen_worker_running", "Attempts a worker runs, as its last sign of life says."
+    )
+    w_done = Family(
+        "lakeshore_seen_worker_attempts_total",
+        "Attempts a worker process has ended since it started, as its last sign of life says.",
+        "counter",
+    )
+    for w in workers:  # newest first: of two signs that claim one name, the newest is kept
+        name = w.get("worker")
+        if name is None:
+            continue
+        w_running.add(w.get("running", 0), namespace=ns, worker=name)
+        w_done.add(w.get("done", 0), namespace=ns, worker=name)
+    stamp = Family(
+        "lakeshore_census_timestamp_seconds", "The store's time of this census (epoch seconds)."
+    )
+    stamp.add(now, namespace=ns)
+    took = Family("lakeshore_census_duration_seconds", "How long this census took.")
+    took.add(round(time.monotonic() - t0, 6), namespace=ns)
+    return [
+        *(queued, running, estimated, oldest, window, by_state, serving),
+        *(seen, w_running, w_done, stamp, took),
+    ]
+
+
+class MetricsServer:
+    """Serve ``collect()``'s text on ``http://127.0.0.1:port/metrics``; a scrape within
+    ``interval_s`` (by ``monotonic``) of the last census gets its copy, and scrapes that
+    come while a census runs wait for it, so the store sees one census per interval at
+    most. A census that fails answers 503 for the interval, too.
+
+    Only requests addressed to a loopback name are answered: a web page elsewhere whose
+    host name points at 127.0.0.1 gets nothing (DNS rebinding).
+
+    Raises:
+        InvalidArgument: a bad interval. OSError: the port cannot be bound.
+    """
+
+    def __init__(
+        self,
+        collect: Callable[[], str],
+        *,
+        port: int = DEFAULT_PORT,
+        interval_s: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not interval_s > 0:
+            raise InvalidArgument("metrics", "--interval must be > 0", "e.g. --interval 10")
+        self.collect, self.interval_s, self.monotonic = collect, interval_s, monotonic
+        self.censuses = 0  # how many were made (the tests count them)
+        self._lock = threading.Lock()
+        self._copy: tuple[float, int, str] | None = None  # when, status, text
+        handler = type("Handler", (_Handler,), {"metrics": self})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def scrape(self) -> tuple[int, str]:
+        """The status and text of a scrape: the copy, or a new census when it is older
+        than the interval."""
+        with self._lock:
+            copy = self._copy
+            if copy is None or self.monotonic() - copy[0] >= self.interval_s:
+                self.censuses += 1
+                try:
+                    copy = (self.monotonic(), HTTPStatus.OK, self.collect())
+                except LakeshoreError as e:
+                    print(f"lakeshore metrics: {inert(str(e))}", file=sys.stderr, flush=True)
+                    copy = (self.monotonic(), HTTPStatus.SERVICE_UNAVAILABLE, f"{e}\n")
+                self._copy = copy
+            return copy[1], copy[2]
+
+    def start(self) -> None:
+        """Serve in a background thread."""
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="lakeshore-metrics", daemon=True
+        )
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    metrics: MetricsServer
+    server_version = "lakeshore-metrics"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a scrape every few seconds is no news
+
+    def _answer(self, status: int, text: str, ctype: str = "text/plain; charset=utf-8") -> None:
+        body = text.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        host = self.headers.get("Host", "")
+        name = host[1:].partition("]")[0] if host.startswith("[") else host.partition(":")[0]
+        if not any(hmac.compare_digest(name, n) for n in (*_LOOPBACK_NAMES, "::1")):
+            self._answer(HTTPStatus.MISDIRECTED_REQUEST, "use 127.0.0.1 or localhost\n")
+            return
+        if self.path.split("?", 1)[0] != "/metrics":
+            self._answer(HTTPStatus.NOT_FOUND, "lakeshore metrics: see /metrics\n")
+            return
+        status, text = self.metrics.scrape()
+        self._answer(status, text, CONTENT_TYPE if status == HTTPStatus.OK else "text/plain")
+
+
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    if args.recent < 0:
+        raise InvalidArgument("metrics", "--recent must be >= 0", "e.g. --recent 100")
+    if args.serve and args.textfile:
+        raise InvalidArgument("metrics", "--serve and --textfile go apart", "pick one")
+    if args.interval is not None and not args.interval > 0:
+        raise InvalidArgument("metrics", "--interval must be > 0", "e.g. --interval 15")
+    q = plane(args)
+    try:
+        for name in args.queues:
+            note_if_unknown(q, name)
+        queues = list(args.queues) or None
+
+        def collect() -> str:
+            return exposition(census_families(q, queues, args.recent))
+
+        if args.serve:
+            return _serve(collect, args)
+        if args.textfile:
+            return _textfile(collect, args.textfile, args.interval)
+        sys.stdout.write(collect())
+        return 0
+    finally:
+        q.store.close()
+
+
+def _serve(collect: Callable[[], str], args: argparse.Namespace) -> int:
+    server = MetricsServer(collect, port=args.port, interval_s=args.interval or 10.0)
+    print(f"lakeshore metrics: {server.url}  (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("lakeshore metrics: stopped", file=sys.stderr)
+    finally:
+        server.close()
+    return 0
+
+
+def _textfile(collect: Callable[[], str], path: str, interval: float | None) -> int:
+    """Write the file once, or (``interval``) every ``interval`` seconds until Ctrl-C; in
+    the loop, a census that fails leaves the last file in place and is said on stderr."""
+    try:
+        write_textfile(path, collect())
+    except OSError as e:
+        raise InvalidArgument("metrics", f"cannot write {path}: {e}", "check the path") from e
+    if interval is None:
+        return 0
+    try:
+        while True:
+            time.sleep(interval)
+            try:
+                write_textfile(path, collect())
+            except (LakeshoreError, OSError) as e:
+                print(f"lakeshore metrics: {inert(str(e))}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "metrics",
+        help="the counts of `status` as Prometheus text: printed, in a file, or served",
+        description="One census of the queues (what `lakeshore status` reads: queued, "
+        "running, oldest queued age, recent outcomes per state, workers alive) as Prometheus "
+        "text. Without QUEUE: the queues live workers serve, and default. --textfile writes "
+        "the file atomically for node_exporter's textfile collector (once, or every "
+        "--interval seconds); --serve answers /metrics on 127.0.0.1, with one census per "
+        "--interval seconds (default 10) however often it is scraped.",
+    )
+    p.add_argument("queues", nargs="*", metavar="QUEUE")
+    p.add_argument("--recent", type=int, default=100, help="newest invocations to count")
+    p.add_argument("--textfile", metavar="PATH", help="write the text to this file atomically")
+    p.add_argument("--serve", action="store_true", help="serve /metrics on 127.0.0.1")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"--serve's port (default {DEFAULT_PORT})"
+    )
+    p.add_argument(
+        "--interval",
+        type=finite,
+        help="--textfile: rewrite the file every this many seconds; --serve: the least "
+        "time between two censuses (default 10)",
+    )
+    add_common(p, json_output=False)
+    p.set_defaults(func=_cmd_metrics)
