@@ -8,7 +8,9 @@ server was started with ``allow_actions``. Without a token the server answers on
 requests whose ``Host`` is the loopback address it is bound to (a web page elsewhere
 cannot reach it through a name that resolves to 127.0.0.1); with a token (required for
 any other address) every request must carry it: the printed URL holds it once, the server
-turns it into an ``HttpOnly``, ``SameSite=Strict`` cookie. Actions are POSTs with a CSRF
+turns it into an ``HttpOnly``, ``SameSite=Strict`` cookie; a script sends it as
+``Authorization: Bearer <token>`` instead, which a browser never adds to a cross-site request
+by itself (docs/ui.md#the-json-api). Actions are POSTs with a CSRF
 token that only the page can read (``/api/session`` answers same-origin JSON; no CORS),
 and a foreign ``Origin`` is refused. The page builds everything from the store as text
 nodes, and a content security policy allows only its own script: a value holding markup
@@ -304,6 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = IDLE_TIMEOUT_S  # a connection that sends nothing this long is closed
     server: _Server
     head_limit = MAX_HEAD_BYTES
+    _bearer = False  # this request showed the token in an Authorization header
 
     def setup(self) -> None:
         super().setup()
@@ -327,6 +330,9 @@ class _Handler(BaseHTTPRequestHandler):
         token = self.ui.token
         if not token:
             return True
+        scheme, _, bearer = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(bearer.encode(), token.encode()):
+            return "bearer"
         given = query.get("token", [""])[0]
         if given and hmac.compare_digest(given.encode(), token.encode()):
             return "set"
@@ -413,9 +419,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not ok:
             self._error(
                 HTTPStatus.UNAUTHORIZED,
-                "ui: this dashboard needs its token — open the URL `lakeshore ui` printed",
+                "ui: this dashboard needs its token — open the URL `lakeshore ui` printed, "
+                "or send it as `Authorization: Bearer <token>`",
             )
             return None
+        self._bearer = ok == "bearer"
         return query
 
     def _download(self, ns: str, inv: str, what: str) -> None:
@@ -447,6 +455,10 @@ class _Handler(BaseHTTPRequestHandler):
         cross-site request cannot carry, and a cross-site fetch could only send after a
         preflight this server never grants); a download link, which cannot, must be
         followed from the same origin (browsers say so in ``Sec-Fetch-Site``)."""
+        if self._bearer:
+            # a script's request: a browser adds no Authorization header to a cross-site
+            # request of its own, and a page's fetch could only after a preflight
+            return True
         if path == "/api/download":
             return self.headers.get("Sec-Fetch-Site", "same-origin") in ("same-origin", "none")
         return self.headers.get(_HEADER) == "1"
