@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -73,9 +73,7 @@ def _tracer() -> Tracer | None:
         cached = _cached
         if cached is not None and cached[0] is provider:
             return cached[1]
-        from lakeshore import __version__
-
-        tracer = provider.get_tracer("lakeshore", __version__)
+        tracer = provider.get_tracer("lakeshore")
         _cached = (provider, tracer)
         return tracer
     except Exception:  # a broken setup: no spans, never a failed submit or attempt
@@ -249,6 +247,23 @@ def running(rec: Record) -> _Off:
     from opentelemetry import trace
 
     return _Run(tracer, "lakeshore.run", trace.SpanKind.CONSUMER, _parent(rec), _attributes(rec))
+
+
+def carried(prelude: Callable[[], object] | None) -> Callable[[], object] | None:
+    """``prelude`` (run first in a body's fresh ``contextvars`` context), preceded by making
+    the span current in this thread (``lakeshore.run``) current there too: the body's own
+    spans are its children. ``prelude`` itself while tracing is off."""
+    if _tracer() is None:
+        return prelude
+    from opentelemetry import context
+
+    current = context.get_current()
+
+    def first() -> object:
+        context.attach(current)  # detached with the body's context, which is dropped after
+        return prelude() if prelude is not None else None
+
+    return first
 
 
 def finishing(rec: Record) -> _Off:

@@ -521,6 +521,7 @@ def _execute(
         timer.start()
     before = slot.hooks.before_job
     prelude = (lambda: before(rec)) if before is not None else None
+    prelude = tracing.carried(prelude)  # the run span, current in the body's fresh context
     att.body_starts()
     outcome = run_inline(
         fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude, fence
