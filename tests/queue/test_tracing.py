@@ -134,7 +134,7 @@ def test_a_body_in_the_slots_thread_makes_its_spans_inside_the_run_span(
     got = _by_name(spans)
     (inner,) = got["inside the body"]
     (run,) = got["lakeshore.run"]
-    assert inner.parent is not None and inner.parent.span_id == run.context.span_id  # type: ignore[union-attr]
+    assert inner.parent is not None and inner.parent.span_id == run.context.span_id
 
 
 def test_a_body_in_a_process_is_timed_by_the_run_span_of_its_slot(
