@@ -11,8 +11,9 @@ This is the only module that imports ``opentelemetry``, and never by itself: tra
 when the program has imported it and set a tracer provider (looked up on every use, a
 dictionary lookup while it has not), so a program without it pays nothing and loads
 nothing. :func:`require` is the explicit ask, which names the extra when it is missing.
-A span is a view of the queue's work, never part of it: a tracer that raises cannot fail
-a submit or an attempt, and what a record says about its trace was checked on read.
+A span is a view of the queue's work, never part of it: a broken setup (the provider's
+lookup raising) reads as tracing off, OpenTelemetry's API does not raise by design, and
+what a record says about its trace was checked on read (``lakeshore.model.trace_context``).
 """
 
 from __future__ import annotations
