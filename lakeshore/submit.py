@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from inspect import Parameter
 from typing import TYPE_CHECKING, Any
 
-from lakeshore import codec
+from lakeshore import codec, tracing
 from lakeshore.errors import (
     Conflict,
     InvalidArgument,
@@ -248,6 +248,18 @@ def publish_prepared(prep: Prepared) -> str:
     Raises:
         KeyReused, QueueFull, Conflict, StoreError: as :func:`submit_call`.
     """
+    with tracing.submitting(prep.draft.queue, prep.draft.fn) as traced:
+        if traced.traceparent:  # inside a producer's span: the record carries its trace on
+            traced_draft = dataclasses.replace(
+                prep.draft, traceparent=traced.traceparent, tracestate=traced.tracestate
+            )
+            prep = dataclasses.replace(prep, draft=traced_draft)
+        inv = _publish_one(prep)
+        traced.identify(inv)
+        return inv
+
+
+def _publish_one(prep: Prepared) -> str:
     ref, key = prep.draft.fn, prep.draft.key
     if key is None:
         inv = prep.new_id()

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lakeshore import tracing
 from lakeshore.errors import (
     Abandoned,
     Conflict,
@@ -659,6 +660,7 @@ def _claim(
         c = claimers[(turn + i) % len(claimers)]
         ops = c.ops
         try:
+            started = tracing.clock()
             held = c.claim(state.plane.store.now(), state.lease_s, state.stop.is_set)
         except LakeshoreError as e:
             log.warning("claim on %s failed: %s", ops.keys.queue, e)
@@ -667,6 +669,7 @@ def _claim(
             log.exception("claim on %s failed unexpectedly", ops.keys.queue)
             continue
         if held is not None:
+            tracing.claimed(held.record, started)
             return held, ops, (turn + i + 1) % len(claimers)
     return None, claimers[turn % len(claimers)].ops, turn
 

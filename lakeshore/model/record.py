@@ -27,6 +27,7 @@ from lakeshore.errors import InvalidArgument, NewerRecord, RecordError
 from lakeshore.keys import MAX_PRIORITY, MIN_PRIORITY, check_name
 from lakeshore.model.dependencies import AFTER_FAILURES, AFTER_PASSES, MAX_AFTER
 from lakeshore.model.retry import DEFAULT_BACKOFF_CAP_S, MAX_NAMES, name_problem, number_problem
+from lakeshore.model.trace_context import checked_trace
 
 __all__ = [
     "LIMITS",
@@ -68,6 +69,8 @@ SINCE_V2.update(after=(), after_failure="kill", after_done=0, after_pass="")
 # showing it, the field makes the record v2: a 0.4 worker would fail a record due more than
 # a day ahead as implausible, and leaves a v2 record alone instead
 SINCE_V2.update(scheduled_at=None)
+# the producer's W3C trace context (docs/tracing.md), which the attempt's spans continue
+SINCE_V2.update(traceparent="", tracestate="")
 
 
 class State(StrEnum):
@@ -322,6 +325,8 @@ class Record:
     after_done: int = 0  # parents, in order, seen done: a later look starts past them (v2)
     after_pass: str = ""  # a fan-in's first argument: "ids" or "results" of the parents (v2)
     scheduled_at: float | None = None  # a delayed submit's due time, as it asked (v2)
+    traceparent: str = ""  # the submit's W3C trace context, "" untraced (v2)
+    tracestate: str = ""
     rev: int = 0
     wid: str = field(default_factory=lambda: write_id())
     v: int = 1  # the oldest schema that holds it: to_bytes raises it when a later field is set
@@ -670,6 +675,9 @@ def _checked_fields(obj: dict[str, Any]) -> dict[str, Any]:
     if "after" in obj or "after_done" in obj or "after_failure" in obj or "after_pass" in obj:
         full["after"] = _after(full)
     _retry_rule(full)
+    if "traceparent" in obj or "tracestate" in obj:  # dropped when malformed, never refused
+        trace = checked_trace(obj.get("traceparent"), obj.get("tracestate"))
+        full["traceparent"], full["tracestate"] = trace
     return full
 
 

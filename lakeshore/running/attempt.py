@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, assert_never
 
-from lakeshore import codec
+from lakeshore import codec, tracing
 from lakeshore.errors import (
     Abandoned,
     Conflict,
@@ -390,7 +390,9 @@ def run_attempt(slot: Slot, ops: QueueOps, held: Claimed, running: Running) -> A
                 if not att.abandoned:  # its log was closed with its attempt: nothing more
                     to_log(text)
 
-            outcome = _execute(slot, rec, att, ops, journal, sink, timer)
+            with tracing.running(rec) as traced:  # in this thread: a child's body too
+                outcome = _execute(slot, rec, att, ops, journal, sink, timer)
+                traced.ended(outcome.error if outcome.verdict is Verdict.ERROR else None, att.why)
     except Abandoned:
         raise  # concluded by the thread that took the slot over
     except BaseException:
@@ -425,7 +427,9 @@ def _end(
         slot.heartbeats.detach()
         _quietly(logs.close)
     finally:
-        final_state, why = conclude(slot.plane, att, outcome, journal)
+        with tracing.finishing(rec) as traced:
+            final_state, why = conclude(slot.plane, att, outcome, journal)
+            traced.ended(halt=final_state)
     log.info(
         "%s %s attempt %d -> %s in %.3fs%s",
         inert(rec.fn),  # a record's text, on its way to a terminal
@@ -517,6 +521,7 @@ def _execute(
         timer.start()
     before = slot.hooks.before_job
     prelude = (lambda: before(rec)) if before is not None else None
+    prelude = tracing.carried(prelude)  # the run span, current in the body's fresh context
     att.body_starts()
     outcome = run_inline(
         fn, kind, tuple(args), kwargs, stop, journal.add, spec, log_sink, prelude, fence

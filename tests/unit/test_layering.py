@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("pure records and transitions", {"model/"}),
     ("providers (tools that launch workers)", {"providers/"}),
     ("the protocol on the store", {"protocol/", "streams/", "doctor"}),
-    ("running bodies and the plane", {"files/", "running/", "run", "plane"}),
+    ("running bodies and the plane", {"files/", "running/", "run", "plane", "tracing"}),
     ("submitting, waiting and scaling", {"submit", "batch", "results", "scaler", "firing"}),
     ("worker and declared functions", {"worker", "udf"}),
     ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
@@ -44,6 +44,7 @@ OWNERS = {
     "botocore": {"store.s3"},
     "obstore": {"store.s3_obstore"},
     "fsspec": {"files.context"},
+    "opentelemetry": {"tracing"},
 }
 
 # private names of other objects the code may touch: the interpreter's and fsspec's
