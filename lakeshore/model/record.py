@@ -69,8 +69,11 @@ SINCE_V2.update(after=(), after_failure="kill", after_done=0, after_pass="")
 # showing it, the field makes the record v2: a 0.4 worker would fail a record due more than
 # a day ahead as implausible, and leaves a v2 record alone instead
 SINCE_V2.update(scheduled_at=None)
-# the producer's W3C trace context (docs/tracing.md), which the attempt's spans continue
+# the producer's W3C trace context (docs/tracing.md), which the attempt's spans continue.
+# Diagnostics only: a 0.4 worker that ignores them runs the invocation as it should, so they
+# are left out at their default like the others but do not make the record v2
 SINCE_V2.update(traceparent="", tracestate="")
+QUIET_SINCE_V2 = frozenset({"traceparent", "tracestate"})
 
 
 class State(StrEnum):
@@ -374,7 +377,7 @@ class Record:
         for name, default in SINCE_V2.items():
             if obj[name] == default:
                 del obj[name]
-            else:
+            elif name not in QUIET_SINCE_V2:
                 later = True
         if later and obj["v"] < 2:
             obj["v"] = 2

@@ -4,7 +4,6 @@ record reads as untraced), never refused: an invocation runs the same with or wi
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import msgpack
@@ -24,14 +23,18 @@ def _rec(**fields: Any) -> Record:
     )
 
 
-def test_the_fields_round_trip_and_make_the_record_schema_2() -> None:
+def test_the_fields_round_trip_and_leave_the_record_schema_1() -> None:
+    """Diagnostics only: a 0.4 worker ignores keys it does not know and runs the invocation
+    as it should, so a traced record stays readable by it (v = 1)."""
     rec = _rec(traceparent=PARENT, tracestate=STATE)
     data = rec.to_bytes()
     obj = msgpack.unpackb(data)
-    assert obj["v"] == 2 and obj["traceparent"] == PARENT and obj["tracestate"] == STATE
+    assert obj["v"] == 1 and obj["traceparent"] == PARENT and obj["tracestate"] == STATE
     back = Record.from_bytes(data)
-    assert back == dataclasses.replace(rec, v=2)
+    assert back == rec
     assert back.to_bytes() == data
+    # beside a field that does change the meaning, the record is v2 all the same
+    assert msgpack.unpackb(_rec(traceparent=PARENT, after_pass="ids").to_bytes())["v"] == 2
 
 
 def test_an_untraced_record_is_stored_as_04_stored_it() -> None:
