@@ -147,8 +147,9 @@ def _without_userinfo(pair: str) -> str:
     inner = urlsplit(unquote(value))
     if not eq or "@" not in inner.netloc:
         return pair
-    bare = inner._replace(netloc=inner.netloc.rpartition("@")[2])
-    return f"{name}={quote(urlunsplit(bare), safe=':/')}"
+    host = inner.netloc.rpartition("@")[2]
+    bare = urlunsplit((inner.scheme, host, inner.path, inner.query, inner.fragment))
+    return f"{name}={quote(bare, safe=':/')}"
 
 
 def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
@@ -189,7 +190,7 @@ def merge_global(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             continue
         if not hasattr(args, name):
             parser.error(f"--{name} is not an option of `lakeshore {args.command}`")
-        if name == "ns" and args.ns != "default":
+        if name == "ns" and args.ns not in (None, "default"):
             continue  # --ns after the subcommand: the nearer one wins
         if name == "url" and args.url is not None:
             continue
