@@ -50,8 +50,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
                 {
                     "url": report.url,
                     "safe": report.safe,
-                    "checks": [vars(c) for c in report.checks],
                     "skipped": report.skipped,
+                    "checks": [vars(c) for c in report.checks],
                 }
             )
         )
