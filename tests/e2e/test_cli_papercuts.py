@@ -216,3 +216,12 @@ def test_a_busy_workers_row_is_current_within_seconds(tmp_path: Path) -> None:
         stop.set()
         worker.join(30)
     assert not worker.is_alive()
+
+
+def test_a_page_that_uses_motos_server_says_which_extra_has_it() -> None:
+    """`moto[s3]` has no `moto.server`: a page whose example imports it names `moto[server]`."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    using = [p for p in docs.rglob("*.md") if "from moto.server import" in p.read_text()]
+    assert using, "no page imports moto.server: this test checks nothing"
+    for page in using:
+        assert "moto[server]" in page.read_text(), page.name
