@@ -11,7 +11,9 @@ attempt and serves the slot).
 Stopping (``stop``, or SIGTERM / SIGINT with ``handle_signals``) ends claiming; attempts still
 running after ``grace_s`` are released: queued again at once, the attempt not counted, as a
 preempted cluster job needs. A second signal exits at once (leases then expire). Signs of
-life go out at start, every ``announce_s`` and at stop. Options: docs/workers.md#options;
+life go out at start, every ``announce_s``, within ``_ANNOUNCE_BUSY_S`` of a change in what
+runs or was done (a busy worker's row in ``status`` is current, for one PUT a few seconds at
+most), and at stop. Options: docs/workers.md#options;
 stopping: docs/workers.md#stopping-signals-grace-and-release.
 """
 
@@ -65,6 +67,8 @@ _SWEEP_EVERY_S = 300.0  # rate tokens live for hours: a rare sweep keeps idle wo
 # Just before a heartbeat two thirds of a lease are left; a one-second step of a Date clock
 # must still leave more than the watchdog's sixth: L * 2/3 - 1 > L / 6, so L > 2 s, plus slack.
 _MIN_DATE_LEASE_S = 3.0
+_ANNOUNCE_BUSY_S = 2.0  # a change in running/done is announced this soon (idle: announce_s)
+_FAILED_STATES = frozenset({"failed", "queued", "timeout"})  # the body's attempt failed
 _SIGNAL_WAIT_S = 2.0  # how long a slot waits to learn whether a signal reached the worker
 _SCHEDULES_JOIN_S = 10.0  # one firing: a read, a submit (which waits 5 s for room at most)
 
@@ -90,6 +94,8 @@ class _State:
     idle_delay: float = 0.005  # the idle slots' shared poll backoff
     started: int = 0
     done: int = 0
+    failed: int = 0  # of done: the body raised or timed out (a retry, or failed for good)
+    announced: tuple[int, int] = (0, 0)  # (running, done) of the last sign of life
     # the first sweep comes after _SWEEP_EVERY_S: a short-lived worker (--once, cron) pays
     # nothing for it, and long-lived ones keep the tokens of past windows swept
     last_sweep: float = field(default_factory=time.monotonic)
@@ -330,6 +336,7 @@ def _supervise(
     their attempts; after a stop, release what still runs once ``grace_s`` passed."""
     stopped_at: float | None = None
     announced = time.monotonic()
+    busy_every = min(every, _ANNOUNCE_BUSY_S)
     while True:
         with state.lock:
             threads = list(state.threads)
@@ -346,7 +353,9 @@ def _supervise(
             stopped_at = stopped_at if stopped_at is not None else now
             if now - stopped_at >= grace_s:
                 _release_all(state)
-        if now - announced >= every:
+        with state.lock:
+            changed = state.announced != (len(state.running), state.done)
+        if now - announced >= every or (changed and now - announced >= busy_every):
             announced = now
             _announce(state, names, "stopping" if state.stop.is_set() else "running")
 
@@ -496,7 +505,8 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
     """Best effort: a sign of life for ``lakeshore status`` (never stops the worker)."""
     store = state.plane.store
     with state.lock:
-        running, done = len(state.running), state.done
+        running, done, failed = len(state.running), state.done, state.failed
+        state.announced = (running, done)
         by_queue: dict[str, int] = {}
         for att in state.running:
             by_queue[att.ops.keys.queue] = by_queue.get(att.ops.keys.queue, 0) + 1
@@ -509,6 +519,7 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
         "running": running,
         "running_by_queue": by_queue,
         "done": done,
+        "failed": failed,
     }
     with contextlib.suppress(LakeshoreError):
         info["seen_at"] = store.now()
@@ -616,9 +627,11 @@ def _count_done(state: _State, inv: str, ops: QueueOps, run: Callable[[], Attemp
         HookFailed: an ``on_start`` hook raised.
     """
     outcome = "unconcluded"
+    failed = False
     try:
         att = run()
         outcome = att.final
+        failed = att.final in _FAILED_STATES
         if att.interrupted:
             # its body process was ended by SIGTERM/SIGINT, and this worker got one too:
             # a signal for the whole process group, whose handler may not have run yet
@@ -633,6 +646,7 @@ def _count_done(state: _State, inv: str, ops: QueueOps, run: Callable[[], Attemp
         log.error("attempt of %s could not be concluded: %s", inv, e, extra=unconcluded)
     with state.lock:
         state.done += 1
+        state.failed += failed
     if state.metrics is not None:
         state.metrics[0].ended(ops.keys.queue, outcome)
 

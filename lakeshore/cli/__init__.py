@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from lakeshore import __version__
 from lakeshore.cli import admin, jobs, metrics, scale, schedule, ui, watch, work
-from lakeshore.cli.common import err
+from lakeshore.cli.common import add_global, err, merge_global
 from lakeshore.errors import JobError, LakeshoreError, NotFinished
 
 __all__ = ["build_parser", "main"]
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A task queue whose only server is object storage.",
     )
     parser.add_argument("--version", action="version", version=f"lakeshore {__version__}")
+    add_global(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (jobs, watch, metrics, work, schedule, scale, ui, admin):
         module.register(sub)
@@ -78,6 +79,7 @@ def _run(argv: Sequence[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    merge_global(args, parser)
     try:
         code: int = args.func(args)
     except JobError as e:

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from lakeshore.dispatch import DEFAULT_URL, Dispatch
 from lakeshore.errors import InvalidArgument, NotFound
@@ -28,18 +28,22 @@ from lakeshore.text import inert, inert_json
 
 __all__ = [
     "add_common",
+    "add_global",
     "add_queues",
     "ago",
     "default_url",
     "dumps",
     "err",
     "finite",
+    "merge_global",
     "note_if_unknown",
     "plane",
     "print_json",
+    "public_url",
     "require_queue",
     "store_url",
     "table",
+    "took",
 ]
 
 
@@ -126,6 +130,28 @@ def store_url(text: str) -> str:
     return text
 
 
+def public_url(url: str) -> str:
+    """A store URL as the user wrote it, options and all (``?endpoint_url=...``: which
+    server it is, not only which bucket), less any ``user:password@`` in it or in its
+    endpoint: a URL printed may be pasted anywhere."""
+    parts = urlsplit(url.strip())
+    if not parts.scheme or parts.scheme == "file":
+        return url.strip()
+    netloc = parts.netloc.rpartition("@")[2]
+    query = "&".join(_without_userinfo(pair) for pair in parts.query.split("&") if pair)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _without_userinfo(pair: str) -> str:
+    name, eq, value = pair.partition("=")
+    inner = urlsplit(unquote(value))
+    if not eq or "@" not in inner.netloc:
+        return pair
+    host = inner.netloc.rpartition("@")[2]
+    bare = urlunsplit((inner.scheme, host, inner.path, inner.query, inner.fragment))
+    return f"{name}={quote(bare, safe=':/')}"
+
+
 def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
     p.add_argument(
         "--url", type=store_url, help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}"
@@ -133,6 +159,42 @@ def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
     p.add_argument("--ns", default="default", help="namespace (default: default)")
     if json_output:
         p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_global(p: argparse.ArgumentParser) -> None:
+    """The common options before the subcommand too (``lakeshore --url X show ID``). They go
+    to their own names: a subcommand's defaults would overwrite them otherwise, and one given
+    after the subcommand wins (see :func:`merge_global`)."""
+    p.add_argument(
+        "--url", dest="global_url", type=store_url, metavar="URL", help="store URL (any command)"
+    )
+    p.add_argument("--ns", dest="global_ns", metavar="NS", help="namespace (any command)")
+    p.add_argument(
+        "--json",
+        dest="global_json",
+        action="store_true",
+        help="machine-readable output (commands that have it)",
+    )
+
+
+def merge_global(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Hand the options given before the subcommand to it, unless it was given its own
+    after; one the subcommand does not take is a usage error (exit 2)."""
+    given = {
+        "url": args.global_url,
+        "ns": args.global_ns,
+        "json": args.global_json or None,
+    }
+    for name, value in given.items():
+        if value is None:
+            continue
+        if not hasattr(args, name):
+            parser.error(f"--{name} is not an option of `lakeshore {args.command}`")
+        if name == "ns" and args.ns not in (None, "default"):
+            continue  # --ns after the subcommand: the nearer one wins
+        if name == "url" and args.url is not None:
+            continue
+        setattr(args, name, value)
 
 
 def add_imports(p: argparse.ArgumentParser, help: str) -> None:
@@ -243,6 +305,16 @@ def ago(t: float | None, now: float | None = None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def took(s: float | None) -> str:
+    """How long something ran: hundredths of a second under a minute (``0.38s``, ``12.40s``:
+    a whole-second ``0s`` beside a fast attempt says nothing), else as :func:`ago`."""
+    if s is None:
+        return "-"
+    if not math.isfinite(s) or s >= 60:
+        return ago(s) if math.isfinite(s) else f"{s:g}"
+    return f"{max(0.0, s):.2f}s"
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

@@ -21,6 +21,7 @@ from lakeshore.cli.common import (
     json_arg,
     plane,
     print_json,
+    took,
     waits,
     wall,
 )
@@ -99,7 +100,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
         (
             "attempt",
             f"{rec.attempt} of {rec.max_attempts}"
-            + (f" ({rec.released} released)" if rec.released else ""),
+            + (f" ({rec.released} released)" if rec.released else "")
+            # the words `retry` prints: a queued record's count is of attempts made so far
+            + (f", attempt {rec.attempt + 1} is next" if _next_is_due(rec) else ""),
         ),
         ("priority", rec.priority),
         ("key", rec.key or "-"),
@@ -108,7 +111,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         ("scheduled", _scheduled(rec, now)),
         ("started", wall(rec.started_at)),
         ("finished", wall(rec.finished_at)),
-        ("ran for", ago(run_s) if run_s is not None else "-"),
+        ("ran for", took(run_s)),
         (
             "worker",
             f"{lease.worker} (lease {ago(lease.expires_at - now)} left)" if lease else "-",
@@ -143,9 +146,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if rec.history:  # the attempts, each on a line of its own, indented
         print("attempts")
         for t in rec.history:
-            took = f"{t.ended_at - t.started_at:.2f}s" if t.ended_at is not None else "running"
+            spent = f"{t.ended_at - t.started_at:.2f}s" if t.ended_at is not None else "running"
             ended = t.outcome or ""
-            print(f"    {t.attempt:<4} {inert(t.worker)}  {wall(t.started_at)}  {took}  {ended}")
+            print(f"    {t.attempt:<4} {inert(t.worker)}  {wall(t.started_at)}  {spent}  {ended}")
     if rec.error:  # then the error, which the traceback follows
         error = f"{rec.error.get('type')}: {rec.error.get('message')}"
         print(f"{'error':<10} {inert(error)}")
@@ -154,6 +157,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print("traceback")
         print(_indented(trace))
     return 0
+
+
+def _next_is_due(rec: Record) -> bool:
+    """Queued after an attempt (a retry, a rerun, a release): another one comes."""
+    return rec.state == "queued" and rec.attempt > 0
 
 
 def _scheduled(rec: Record, now: float) -> str:
@@ -250,13 +258,30 @@ def _print_frame(frame: Any, as_json: bool) -> None:
 def _cmd_logs(args: argparse.Namespace) -> int:
     check_id(args.id)
     q = plane(args)
+    said = False
     if args.follow:
         for text in q.follow_logs(args.id, attempt=args.attempt, timeout=args.timeout):
+            said = said or bool(text)
             sys.stdout.write(inert(text, multiline=True))
             sys.stdout.flush()
     else:
-        sys.stdout.write(inert(q.logs(args.id, attempt=args.attempt), multiline=True))
+        text = q.logs(args.id, attempt=args.attempt)
+        said = bool(text)
+        sys.stdout.write(inert(text, multiline=True))
+    if not said:  # an empty stdout alone reads like a failed command
+        err(f"note: {_no_output(q, args.id, args.attempt)}")
     return 0
+
+
+def _no_output(q: Any, inv: str, attempt: int | None) -> str:
+    """What an empty ``logs`` means, on stderr (stdout stays the output: empty)."""
+    if attempt is not None:
+        return f"no output captured for attempt {attempt} of {inv}"
+    rec = q.get(inv)
+    if rec.attempt == 0:
+        return f"{inv} has not run yet ({rec.state}): no output to show"
+    tried = "attempt 1" if rec.attempt == 1 else f"attempts 1 to {rec.attempt}"
+    return f"no output captured for {tried} of {inv} (the body printed and logged nothing)"
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
@@ -293,8 +318,13 @@ def _cmd_retry(args: argparse.Namespace) -> int:
     attempt = q.retry(args.id)
     if args.json:
         print_json({"id": args.id, "attempt": attempt})
-    else:
-        print(f"{args.id} queued again as attempt {attempt}")
+        return 0
+    try:  # one GET more for the words `show` uses: "3 of 4, attempt 4 is next"
+        rec = q.get(args.id)
+        made = f"{rec.attempt} of {rec.max_attempts}, " if rec.attempt == attempt - 1 else ""
+    except LakeshoreError:
+        made = ""  # queued all the same: what is known is said
+    print(f"{args.id} queued again: {made}attempt {attempt} is next")
     return 0
 
 

@@ -8,9 +8,11 @@ from typing import Any
 from lakeshore.cli.common import (
     add_common,
     ago,
+    default_url,
     note_if_unknown,
     plane,
     print_json,
+    public_url,
     table,
     waits,
 )
@@ -51,7 +53,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         ]
         for s in stats
     ]
-    print(f"{q.store.url}  namespace {q.ns}\n")
+    # the URL as given (its endpoint_url says which server), not the store's bucket alone
+    print(f"{inert(public_url(args.url or default_url()))}  namespace {inert(q.ns)}\n")
     header = ["QUEUE", "QUEUED", "RUNNING", "OLDEST QUEUED", f"LAST {args.recent} SUBMITTED"]
     print(table(rows, header))
     if any(s.estimated for s in stats):
@@ -65,10 +68,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
     for w in workers:
         print(  # a sign of life is anyone's write: its text is shown inert
             f"  {inert(w.get('worker'))}  {inert(w.get('status'))}  running {w.get('running')}  "
-            f"done {w.get('done')}  queues {inert(','.join(w.get('queues', [])))}  "
+            f"done {w.get('done')}{_failing(w)}  queues {inert(','.join(w.get('queues', [])))}  "
             f"seen {ago(w.get('seen_at'), now)} ago"
         )
     return 0
+
+
+def _failing(w: dict[str, Any]) -> str:
+    """How many of a worker's attempts failed; said loudly when all did (a body it cannot
+    import, a missing --import: a worker that fails everything drains the queue into
+    failures)."""
+    done, failed = w.get("done", 0), w.get("failed", 0)
+    if not failed:
+        return ""
+    if failed >= done:
+        return f" (ALL FAILED: {failed} of {done}; check its --import and its log)"
+    return f" ({failed} failed)"
 
 
 def _provider(q: Dispatch, queue: str) -> ProviderConfig | None:

@@ -70,6 +70,24 @@ def _imports(modules: list[str]) -> list[str]:
     return queues
 
 
+def _warn_undeclared(queues: list[str], declared: list[str], imported: bool, allow: bool) -> None:
+    """A queue served with no body declared for it: each of its invocations will fail
+    ("not declared"), so say so now, not after the queue drained into failures. With
+    ``--allow`` the bodies are the patterns': nothing to tell from here."""
+    if allow:
+        return
+    for name in queues:
+        if name in declared:
+            continue
+        where = "the --import modules declare no" if imported else "no --import declares a"
+        logging.getLogger("lakeshore.worker").warning(
+            "queue %s: %s @udf body for it — its invocations will fail as not declared; "
+            "--import the module that defines them (or --allow 'module:*')",
+            name,
+            where,
+        )
+
+
 class _InertFormatter(logging.Formatter):
     """Log lines quote function names, worker names and bodies' exception text: inert."""
 
@@ -95,6 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
     queues = args.queues or sorted(set(declared)) or ["default"]
     for name in queues:
         check_name(name, "queue")
+    _warn_undeclared(queues, declared, bool(args.imports), bool(args.allow))
     done = run_worker(  # which says what it serves, as it does from Python
         q,
         queues=queues,

@@ -400,7 +400,8 @@ def write_sign_of_life(store: Store, ns: str, worker: str, info: dict[str, Any])
 def read_sign_of_life(data: bytes, where: str = "sign of life") -> dict[str, Any] | None:
     """A worker's sign of life, keeping only the fields of the right type: ``seen_at``
     (a number, required: None without it), ``worker``, ``host``, ``status`` (str), ``pid``,
-    ``running``, ``done`` (int >= 0), ``queues`` (queue names) and ``running_by_queue``
+    ``running``, ``done``, ``failed`` (int >= 0; ``failed`` counts the attempts of ``done``
+    whose body raised or timed out), ``queues`` (queue names) and ``running_by_queue``
     (queue name -> int >= 0).
 
     Raises:
@@ -416,7 +417,7 @@ def read_sign_of_life(data: bytes, where: str = "sign of life") -> dict[str, Any
     for name in ("worker", "host", "status"):
         if type(obj.get(name)) is str:
             out[name] = obj[name]
-    for name in ("pid", "running", "done"):
+    for name in ("pid", "running", "done", "failed"):
         if type(obj.get(name)) is int and obj[name] >= 0:
             out[name] = obj[name]
     queues = obj.get("queues")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -99,11 +100,31 @@ def error_of(e: BaseException) -> dict[str, str]:
     }
 
 
+# Whose frames come above a body's in its traceback: lakeshore's own (the call that ran it)
+# and asyncio's (the loop of an async body).
+_CALLERS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (codec, asyncio)
+)
+
+
+def _from_the_body(e: BaseException) -> str:
+    """``e``'s traceback from the first frame that is not lakeshore's or asyncio's on: the
+    reader fixes their body, not the worker that called it. A traceback with no such frame
+    (the error was lakeshore's own) is kept whole; chained exceptions are kept whole."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_CALLERS):
+        tb = tb.tb_next
+    if tb is None:
+        tb = e.__traceback__
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
 def body_error(e: BaseException) -> Outcome:
-    """The outcome of a body that raised ``e``: its error and its classes' names, final
-    when it is a :class:`~lakeshore.errors.Permanent` (whose cause, if any, is named at the
-    end of the message: the error's type stays the class the body raised)."""
-    error = error_of(e)
+    """The outcome of a body that raised ``e``: its error (its traceback from the body's
+    first frame) and its classes' names, final when it is a
+    :class:`~lakeshore.errors.Permanent` (whose cause, if any, is named at the end of the
+    message: the error's type stays the class the body raised)."""
+    error = {**error_of(e), "traceback": _from_the_body(e)}
     if not isinstance(e, Permanent):
         return Outcome(Verdict.ERROR, error=error, kinds=kinds_of(e))
     cause = e.__cause__

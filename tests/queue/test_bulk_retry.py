@@ -156,4 +156,4 @@ def test_the_command_retries_a_queue_and_says_how_to_repeat_it(
     code, _, err = run(capsys, "retry", "--queue", "default", "--state", "running")
     assert code == 2 and "not a finished state" in err
     code, out, _ = run(capsys, "retry", ids[0])  # the single form still works
-    assert code == 0 and "queued again as attempt 3" in out
+    assert code == 0 and "attempt 3 is next" in out
