@@ -93,12 +93,19 @@ def census_families(q: Dispatch, queues: list[str] | None, recent: int = 100) ->
         "Attempts a worker process has ended since it started, as its last sign of life says.",
         "counter",
     )
+    w_failed = Family(
+        "lakeshore_seen_worker_failed_total",
+        "Attempts of those that raised or timed out (retried ones included), as its last sign "
+        "of life says: a worker whose failures equal its attempts fails everything.",
+        "counter",
+    )
     for w in workers:  # newest first: of two signs that claim one name, the newest is kept
         name = w.get("worker")
         if name is None:
             continue
         w_running.add(w.get("running", 0), namespace=ns, worker=name)
         w_done.add(w.get("done", 0), namespace=ns, worker=name)
+        w_failed.add(w.get("failed", 0), namespace=ns, worker=name)
     stamp = Family(
         "lakeshore_census_timestamp_seconds", "The store's time of this census (epoch seconds)."
     )
@@ -107,7 +114,7 @@ def census_families(q: Dispatch, queues: list[str] | None, recent: int = 100) ->
     took.add(round(time.monotonic() - t0, 6), namespace=ns)
     return [
         *(queued, running, estimated, oldest, window, by_state, serving),
-        *(seen, w_running, w_done, stamp, took),
+        *(seen, w_running, w_done, w_failed, stamp, took),
     ]
 
 

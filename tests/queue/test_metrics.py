@@ -70,7 +70,7 @@ def test_metrics_parse_and_count_a_queue_of_known_states(
         "status": "running",
         "queues": ["default"],
     }
-    life |= {"running": 1, "done": 7}
+    life |= {"running": 1, "done": 7, "failed": 7}
     q.store.put(worker_key(q.ns, "w-live"), codec.encode(life))
     code, out, err = run(capsys, "metrics")
     assert code == 0, err
@@ -90,6 +90,8 @@ def test_metrics_parse_and_count_a_queue_of_known_states(
     assert value(found, "lakeshore_seen_worker_running", **worker) == 0
     live = {"namespace": "default", "worker": "w-live"}
     assert value(found, "lakeshore_seen_worker_attempts_total", **live) == 7
+    assert value(found, "lakeshore_seen_worker_failed_total", **live) == 7  # fails everything
+    assert value(found, "lakeshore_seen_worker_failed_total", **worker) == 1  # of its 4
     types = {f.name: f.type for f in text_string_to_metric_families(out)}
     assert types["lakeshore_queue_queued"] == "gauge"
     assert types["lakeshore_seen_worker_attempts"] == "counter"  # the parser drops _total
