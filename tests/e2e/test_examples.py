@@ -502,7 +502,9 @@ def test_laptop_run_sh_shows_the_whole_loop(tmp_path: Path) -> None:
     # one warm_up per child process started: the long invocation's and at least one for thumbnails
     hooks = re.search(r"one per child process that ran an attempt: (\d+)$", stop, re.M)
     assert hooks and 2 <= int(hooks[1]) <= 4, stop
-    assert re.search(r"^state +queued\nattempt +1 of 3 \(1 released\)$", stop, re.M), stop
+    assert re.search(
+        r"^state +queued\nattempt +1 of 3 \(1 released\), attempt 2 is next$", stop, re.M
+    ), stop
     assert re.search(r"^rendering frame \d+$", stop.split("released attempt so far:")[1], re.M)
 
     listing = s["lakeshore ls"]
