@@ -16,6 +16,7 @@ of them is submitted, the others get its id, as sequential submits with that key
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ from lakeshore.submit import OPTIONS, Prepared, check_options, prepare_call, pub
 if TYPE_CHECKING:
     from lakeshore.running.bodies import Declared
 
-__all__ = ["default_concurrency", "submit_many"]
+__all__ = ["Batch", "batch_result", "default_concurrency", "prepare_batch", "submit_many"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -121,6 +122,39 @@ def submit_many(
             (nothing was written).
         MapFailed: some calls were not submitted (the others were).
     """
+    batch = prepare_batch(plane, udf, calls, keys, concurrency, progress, options)
+    flush()  # the producer's files, once for the batch, before any record names them
+    return _publish_all(udf.ref, batch, progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """A prepared batch: every call, the first call of each one's key, and how many at once."""
+
+    preps: list[Prepared]
+    first: list[int]  # per call, the index of the first call with its key (itself if none)
+    workers: int
+
+    @property
+    def todo(self) -> list[int]:
+        """The calls to publish: the first of each key."""
+        return [i for i, j in enumerate(self.first) if i == j]
+
+
+def prepare_batch(
+    plane: Plane | HasPlane,
+    udf: Declared,
+    calls: list[Call],
+    keys: Iterable[str | None] | Callable[..., str | None] | None,
+    concurrency: int | None,
+    progress: bool,
+    options: dict[str, Any],
+) -> Batch:
+    """Check and prepare every call of a batch, writing nothing (see :func:`submit_many`).
+
+    Raises:
+        InvalidArgument, KeyReused: as :func:`submit_many` (nothing was written).
+    """
     plane = plane_of(plane)
     op = f"map {udf.ref}"
     if "key" in options:
@@ -142,9 +176,34 @@ def submit_many(
     preps = [
         _prepare(plane, udf, op, i, call, per_call[i], options) for i, call in enumerate(calls)
     ]
-    first = _first_of_key(preps, op)
-    flush()  # the producer's files, once for the batch, before any record names them
-    return _publish_all(udf.ref, preps, first, workers, progress)
+    return Batch(preps, _first_of_key(preps, op), workers)
+
+
+def batch_result(
+    ref: str, batch: Batch, ids: dict[int, str], errors: dict[int, Exception]
+) -> list[str]:
+    """The ids of a published batch in input order, from the ids and errors of the calls
+    it published (the first of each key).
+
+    Raises:
+        MapFailed: some calls were not submitted (the others were).
+    """
+    out: list[str | None] = [ids.get(j) for j in batch.first]
+    failed = {i: errors[j] for i, j in enumerate(batch.first) if j in errors}
+    if failed:
+        i, e = next(iter(failed.items()))
+        raise MapFailed(
+            f"map {ref}",
+            f"{len(failed)} of {len(batch.preps)} calls were not submitted (call {i}: "
+            f"{type(e).__name__}: {e})",
+            "the other calls are queued: .ids has every id in input order (None where not "
+            "submitted) and .errors the error of each failed call; submit those again (with "
+            "_keys, submitting the whole batch again is safe)",
+            ids=out,
+            errors=failed,
+            submitted=sum(1 for x in out if x is not None),
+        )
+    return [x for x in out if x is not None]
 
 
 # -- preparing ----------------------------------------------------------------------------------
@@ -255,10 +314,8 @@ def _first_of_key(preps: list[Prepared], op: str) -> list[int]:
 # -- publishing ---------------------------------------------------------------------------------
 
 
-def _publish_all(
-    ref: str, preps: list[Prepared], first: list[int], workers: int, progress: bool
-) -> list[str]:
-    todo = [i for i, j in enumerate(first) if i == j]
+def _publish_all(ref: str, batch: Batch, progress: bool) -> list[str]:
+    todo, preps, workers = batch.todo, batch.preps, batch.workers
     meter = _Progress(f"map {ref}", len(todo)) if progress else None
     ids: dict[int, str] = {}
     errors: dict[int, Exception] = {}
@@ -285,22 +342,7 @@ def _publish_all(
             pool.shutdown(wait=True, cancel_futures=True)
     if meter is not None:
         meter.done()
-    out: list[str | None] = [ids.get(j) for j in first]
-    failed = {i: errors[j] for i, j in enumerate(first) if j in errors}
-    if failed:
-        i, e = next(iter(failed.items()))
-        raise MapFailed(
-            f"map {ref}",
-            f"{len(failed)} of {len(preps)} calls were not submitted (call {i}: "
-            f"{type(e).__name__}: {e})",
-            "the other calls are queued: .ids has every id in input order (None where not "
-            "submitted) and .errors the error of each failed call; submit those again (with "
-            "_keys, submitting the whole batch again is safe)",
-            ids=out,
-            errors=failed,
-            submitted=sum(1 for x in out if x is not None),
-        )
-    return [x for x in out if x is not None]
+    return batch_result(ref, batch, ids, errors)
 
 
 class _Progress:

@@ -58,7 +58,7 @@ def _produce(url: str, workdir: str) -> None:
     ids = [pi.submit(200_000, seed) for seed in range(8)]
     ids.append(flaky.submit(12, os.path.join(workdir, "flaky-marker")))
     ids.append(count.submit(5))
-    doomed = pi.submit(10_000_000, 99, _priority=0)  # lowest priority: still queued when cancelled
+    doomed = pi.options(priority=0).submit(10_000_000, 99)  # lowest: still queued when cancelled
     q.cancel(doomed, "cancelled by the demo before it ran")
     ids.append(doomed)
     print(json.dumps(ids))

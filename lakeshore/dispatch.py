@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 from lakeshore import firing, results
 from lakeshore.errors import InvalidArgument
@@ -36,7 +36,8 @@ from lakeshore.udf import Udf
 
 __all__ = ["DEFAULT_URL", "Dispatch", "default_plane", "scope", "udf"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Dispatch:
@@ -148,8 +149,9 @@ class Dispatch:
 
     # -- functions ------------------------------------------------------------------------------
 
+    # the body's parameters and result ride on the Udf, so a type checker checks submits
     @overload
-    def udf(self, fn: F) -> Udf[Any, Any]: ...
+    def udf(self, fn: Callable[P, R]) -> Udf[P, R]: ...
 
     @overload
     def udf(
@@ -165,7 +167,7 @@ class Dispatch:
         retry_backoff_s: float | None = None,
         retry_backoff_cap_s: float | None = None,
         retry_jitter: float | None = None,
-    ) -> Callable[[F], Udf[Any, Any]]: ...
+    ) -> Callable[[Callable[P, R]], Udf[P, R]]: ...
 
     def udf(
         self,
@@ -180,7 +182,7 @@ class Dispatch:
         retry_backoff_s: float | None = None,
         retry_backoff_cap_s: float | None = None,
         retry_jitter: float | None = None,
-    ) -> Udf[Any, Any] | Callable[[F], Udf[Any, Any]]:
+    ) -> Udf[Any, Any] | Callable[[Callable[..., Any]], Udf[Any, Any]]:
         """Decorate a function so it can be submitted to ``queue`` on this plane. A lambda or
         a nested function (no importable name) is submitted only where its workers are in
         this process (``:memory:``), unless the plane allows pickling.
@@ -528,6 +530,26 @@ def scope(prefix: str = "") -> AbstractContextManager[str]:
         InvalidArgument: ``prefix`` is absolute, a URL, or climbs out of the data root.
     """
     return run_scope(prefix, default_root=lambda: default_plane().data_root)
+
+
+@overload
+def udf(fn: Callable[P, R]) -> Udf[P, R]: ...
+
+
+@overload
+def udf(
+    fn: None = None,
+    *,
+    queue: str = "default",
+    max_attempts: int | None = None,
+    timeout_s: float | None = None,
+    priority: int | None = None,
+    retry_for: Any = None,
+    no_retry_for: Any = None,
+    retry_backoff_s: float | None = None,
+    retry_backoff_cap_s: float | None = None,
+    retry_jitter: float | None = None,
+) -> Callable[[Callable[P, R]], Udf[P, R]]: ...
 
 
 def udf(

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OPTIONS",
     "Prepared",
+    "abandoned",
     "check_options",
     "prepare_call",
     "publish_prepared",
@@ -265,7 +266,7 @@ def _publish_one(prep: Prepared) -> str:
         inv = prep.new_id()
         admitted, token = prep.admit(inv)
         if not _publish_admitted(prep, inv, admitted, token):
-            raise _abandoned(ref, inv)
+            raise abandoned(ref, inv)
         return inv
     return _submit_keyed(prep, ref, key, prep.strict_key)
 
@@ -409,7 +410,8 @@ def _due(
     return due if due > now else 0.0  # a time already past: due at once, like no delay
 
 
-def _abandoned(ref: str, inv: str) -> Conflict:
+def abandoned(ref: str, inv: str) -> Conflict:
+    """The error of a submit fenced out before its ticket landed (nothing was submitted)."""
     return Conflict(
         f"submit {ref}",
         f"the submit of {inv} was too slow to write its record and was abandoned (its "

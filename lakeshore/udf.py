@@ -5,11 +5,13 @@ of a worker; ``.submit(...)`` enqueues one call and returns its id, ``.map`` and
 
 from __future__ import annotations
 
+import datetime
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from lakeshore import results
+from lakeshore.asubmit import amap_calls, asubmit_call
 from lakeshore.batch import map_calls, starmap_calls, submit_many
 from lakeshore.errors import InvalidArgument
 from lakeshore.files.context import flush
@@ -18,6 +20,7 @@ from lakeshore.running.bodies import Declared
 from lakeshore.running.call import call_local
 from lakeshore.running.failure import RetryOptions
 from lakeshore.submit import OPTIONS, check_options, prepare_call, publish_prepared, submit_call
+from lakeshore.udf_options import WithOptions, given_options
 
 __all__ = ["Udf"]
 
@@ -80,10 +83,61 @@ class Udf(Declared, Generic[P, R]):
         """Run the body here, now: the same as calling the function."""
         return self(*args, **kwargs)
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
+    def options(
+        self,
+        *,
+        key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        strict_key: bool | None = None,
+        submit_timeout: float | None = None,
+        delay_s: float | None = None,
+        not_before: datetime.datetime | None = None,
+        after: Iterable[str] | None = None,
+        after_failure: str | None = None,
+        retry_for: Any = None,
+        no_retry_for: Any = None,
+        retry_backoff_s: float | None = None,
+        retry_backoff_cap_s: float | None = None,
+        retry_jitter: float | None = None,
+        result_timeout: float | None = None,
+    ) -> WithOptions[P, R]:
+        """This function with submit options bound, as typed keywords:
+        ``f.options(priority=9, delay_s=5).submit(x=1)`` is ``f.submit(x=1, _priority=9,
+        _delay_s=5)``, with the arguments checked against the body's signature by a type
+        checker. The options are :meth:`submit`'s without the underscore (None: not given),
+        and ``result_timeout`` for :meth:`remote`. Values are checked when the call is sent.
+        """
+        return WithOptions(
+            self,
+            given_options(
+                key=key,
+                priority=priority,
+                max_attempts=max_attempts,
+                timeout_s=timeout_s,
+                deadline_s=deadline_s,
+                strict_key=strict_key,
+                submit_timeout=submit_timeout,
+                delay_s=delay_s,
+                not_before=not_before,
+                after=after,
+                after_failure=after_failure,
+                retry_for=retry_for,
+                no_retry_for=no_retry_for,
+                retry_backoff_s=retry_backoff_s,
+                retry_backoff_cap_s=retry_backoff_cap_s,
+                retry_jitter=retry_jitter,
+                result_timeout=result_timeout,
+            ),
+        )
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Submit a call and wait for its result: ``f.remote(x)`` is
         ``q.result(f.submit(x))``. Takes :meth:`submit`'s options, plus ``_result_timeout``
-        (seconds to wait; default: for good). A worker must be running.
+        (seconds to wait; default: for good); typed: ``f.options(result_timeout=30).remote(x)``.
+        A worker must be running.
 
         Raises:
             as :meth:`submit`; and Failed, Killed, TimedOut: the invocation ended that way;
@@ -96,10 +150,14 @@ class Udf(Declared, Generic[P, R]):
             raise InvalidArgument(
                 f"remote {self.ref}", f"_result_timeout={timeout!r}", "pass seconds >= 0, or None"
             )
-        return results.result(plane_of(self.plane), self.submit(*args, **kwargs), timeout)
+        inv = self.submit(*args, **kwargs)
+        return cast(R, results.result(plane_of(self.plane), inv, timeout))
 
-    def submit(self, *args: Any, **kwargs: Any) -> str:
-        """Enqueue a call; return its invocation id (a ULID string).
+    def submit(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """Enqueue a call; return its invocation id (a ULID string). A type checker checks
+        the arguments against the body's signature; the options below are then spelled
+        ``f.options(priority=9).submit(...)`` (:meth:`options`), as the underscore keywords
+        are not parameters of the body.
 
         Options ride as underscore keywords so they never clash with the function's own:
         ``_key`` (idempotency key, unique per namespace + queue), ``_priority`` (0-9, higher
@@ -124,6 +182,39 @@ class Udf(Declared, Generic[P, R]):
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
         return submit_call(
             plane_of(self.plane), self, args, kwargs, **{k[1:]: v for k, v in opts.items()}
+        )
+
+    async def asubmit(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """:meth:`submit`, awaited, for producers in an event loop: the same options,
+        writes and errors. On S3 through obstore its writes use obstore's async client (no
+        thread per call); elsewhere, and for a keyed submit or a limited queue, they run in
+        a thread. See docs/queue.md#async-producers.
+
+        Raises:
+            as :meth:`submit`.
+        """
+        opts = {k[1:]: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
+        return await asubmit_call(plane_of(self.plane), self, args, kwargs, **opts)
+
+    async def amap(
+        self,
+        *iterables: Iterable[Any],
+        kwargs: dict[str, Any] | None = None,
+        concurrency: int | None = None,
+        **options: Any,
+    ) -> list[str]:
+        """:meth:`map`, awaited: every call is checked before anything is written, then up
+        to ``concurrency`` (default as :meth:`map`'s) are written at once in this event loop.
+        The same options (``_keys`` too), result and errors as :meth:`map`.
+
+        Raises:
+            InvalidArgument, KeyReused, MapFailed: as :meth:`map`.
+        """
+        calls = map_calls(iterables, kwargs, f"map {self.ref}")
+        opts = self._map_options(options)
+        keys = opts.pop("keys", None)
+        return await amap_calls(
+            plane_of(self.plane), self, calls, keys=keys, concurrency=concurrency, **opts
         )
 
     def fan_in(self, parents: Iterable[str], *args: Any, **kwargs: Any) -> str:
@@ -218,15 +309,7 @@ class Udf(Declared, Generic[P, R]):
         progress: bool,
         options: dict[str, Any],
     ) -> list[str]:
-        plain = sorted(k for k in options if not k.startswith("_"))
-        if plain:
-            raise InvalidArgument(
-                f"map {self.ref}",
-                f"unexpected keyword(s) {', '.join(plain)}",
-                "arguments come from the iterables, keywords every call shares go in "
-                "kwargs={...}, submit options start with '_' (nothing was submitted)",
-            )
-        opts = {k[1:]: v for k, v in options.items()}
+        opts = self._map_options(options)
         keys = opts.pop("keys", None)
         return submit_many(
             plane_of(self.plane),
@@ -237,6 +320,22 @@ class Udf(Declared, Generic[P, R]):
             progress=progress,
             **opts,
         )
+
+    def _map_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """A batch's options without their underscore.
+
+        Raises:
+            InvalidArgument: a keyword that is not an option.
+        """
+        plain = sorted(k for k in options if not k.startswith("_"))
+        if plain:
+            raise InvalidArgument(
+                f"map {self.ref}",
+                f"unexpected keyword(s) {', '.join(plain)}",
+                "arguments come from the iterables, keywords every call shares go in "
+                "kwargs={...}, submit options start with '_' (nothing was submitted)",
+            )
+        return {k[1:]: v for k, v in options.items()}
 
     def __repr__(self) -> str:
         return f"<udf {self.ref} ({self.kind}) on queue {self.queue!r}>"

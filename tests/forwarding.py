@@ -3,6 +3,7 @@ which override only the verbs they inject something into."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -40,3 +41,18 @@ class Forwarding(Store):
 
     def on_write(self, callback: Callable[[], None]) -> Callable[[], None] | None:
         return self.inner.on_write(callback)
+
+
+class AsyncDriven(Forwarding):
+    """Every verb that has an async spelling goes through it (``aget``, ``aput``, ``anow``),
+    each call in an event loop of its own: the store contract suite run over this wrapper
+    holds the async verbs to the same contract as the blocking ones."""
+
+    def get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        return asyncio.run(self.inner.aget(key, max_bytes))
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        return asyncio.run(self.inner.aput(key, data, mode))
+
+    def now(self) -> float:
+        return asyncio.run(self.inner.anow())

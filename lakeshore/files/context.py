@@ -47,7 +47,7 @@ from lakeshore.files.root import (
 )
 from lakeshore.scope import keys_in, mirror, prefixed, resolve
 
-__all__ = ["RunContext", "active", "flush", "read", "scope", "write"]
+__all__ = ["RunContext", "active", "flush", "pending", "read", "scope", "write"]
 
 _CTX: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
     "lakeshore_run", default=None
@@ -534,6 +534,13 @@ def write(keys: Any) -> Any:
     """
     ctx = _context("run.write")
     return mirror(keys, lambda k: ctx.write(resolve(k, f"run.write {k!r}")), "run.write")
+
+
+def pending() -> bool:
+    """Whether :func:`flush` has files to upload now (a producer block holding written
+    paths): an async submit flushes in a thread only then."""
+    ctx = _CTX.get()
+    return ctx is not None and ctx.role == "producer" and bool(ctx.pending)
 
 
 def flush() -> None:

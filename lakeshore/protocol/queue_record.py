@@ -53,6 +53,12 @@ class QueueSettings:
             ) from None
         return QueueConfig.from_bytes(data, self._key(queue)), etag
 
+    def cached(self, queue: str) -> QueueConfig | None:
+        """The settings :meth:`get` would return without a request; None when it would read."""
+        with self._lock:
+            hit = self._cache.get(queue)
+        return hit[0] if hit is not None and time.monotonic() - hit[1] < CACHE_S else None
+
     def get(self, queue: str) -> QueueConfig:
         """Settings for a submit: cached for ``CACHE_S``; defaults while the queue has no
         record. Never writes: only operators change ``_queue`` (producers' policy denies it).

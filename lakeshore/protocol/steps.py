@@ -380,12 +380,7 @@ class QueueOps:
             StoreError: the store failed (the invocation was not published).
         """
         key = self.keys.ticket(rec.priority, rec.id)
-        if self.keys.ticket_of_id(rec.id) != key:
-            raise InvalidArgument(
-                f"submit {rec.id}",
-                f"the id does not carry band {key.rsplit('/', 2)[1]} of priority {rec.priority}",
-                "make ids with lakeshore.keys.new_id(priority)",
-            )
+        self.check_ticket(rec, key)
         data = rec.to_bytes()
         try:
             self.store.put(key, data, CREATE)
@@ -395,6 +390,19 @@ class QueueOps:
             except (NotFound, TooLarge):
                 return False
         return True
+
+    def check_ticket(self, rec: Record, key: str) -> None:
+        """Refuse a ticket ``key`` that is not where ``rec.id`` says its ticket is.
+
+        Raises:
+            InvalidArgument: ``rec.id`` was not made by :func:`keys.new_id` for its priority.
+        """
+        if self.keys.ticket_of_id(rec.id) != key:
+            raise InvalidArgument(
+                f"submit {rec.id}",
+                f"the id does not carry band {key.rsplit('/', 2)[1]} of priority {rec.priority}",
+                "make ids with lakeshore.keys.new_id(priority)",
+            )
 
     def fail_corrupt(self, inv: str, err: RecordError, now: float) -> bool:
         """Overwrite an unreadable record with a failed one that says why (or create it,

@@ -18,6 +18,7 @@ The verbs, the optional hooks and the error tree: docs/store-contract.md#the-sto
 from __future__ import annotations
 
 import abc
+import asyncio
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -256,6 +257,40 @@ class Store(abc.ABC):
             StoreError: the clock could not be read (S3: no response yet and the store is
                 unreachable).
         """
+
+    # -- the async verbs: an optional capability (docs/store-contract.md#async-verbs) ---------
+
+    @property
+    def native_async(self) -> bool:
+        """Whether :meth:`aget`, :meth:`aput` and :meth:`anow` run on an async client now
+        (no thread per call); False when they run the blocking verb in a thread."""
+        return False
+
+    async def aget(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`get`, awaited: the same result and errors. By default ``get`` runs in a
+        thread; a backend with an async client overrides it.
+
+        Raises:
+            as :meth:`get`.
+        """
+        return await asyncio.to_thread(self.get, key, max_bytes)
+
+    async def aput(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        """:meth:`put`, awaited: the same modes, result and errors. By default ``put`` runs
+        in a thread; a backend with an async client overrides it.
+
+        Raises:
+            as :meth:`put`.
+        """
+        return await asyncio.to_thread(self.put, key, data, mode)
+
+    async def anow(self) -> float:
+        """:meth:`now`, awaited. By default ``now`` runs in a thread.
+
+        Raises:
+            as :meth:`now`.
+        """
+        return await asyncio.to_thread(self.now)
 
     def probe_within(self, prefix: str) -> None:  # noqa: B027 - optional hook
         """Say where requests of the store's own making belong: a prefix this client is

@@ -677,6 +677,9 @@ class LocalStore(Store):
     def now(self) -> float:
         return self._clock()
 
+    async def anow(self) -> float:
+        return self._clock()  # a local clock: nothing to wait for
+
 
 def _open_part(dir_fd: int, name: str, flags: int) -> int:
     """Open one name in the folder ``dir_fd`` (``flags`` hold ``O_NOFOLLOW``).

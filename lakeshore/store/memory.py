@@ -144,3 +144,6 @@ class MemoryStore(Store):
 
     def now(self) -> float:
         return self._clock()
+
+    async def anow(self) -> float:
+        return self._clock()  # a local clock: nothing to wait for

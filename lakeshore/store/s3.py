@@ -17,6 +17,7 @@ minority of wrong headers moves it. A server without conditional deletes gets th
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import collections
 import logging
@@ -439,10 +440,13 @@ class S3Store(Store):
         ticks = self._ticks()
         self._offsets.append((ticks, server - ticks))
 
-    def _sleep_backoff(self, attempt: int) -> None:
+    def _backoff_s(self, attempt: int) -> float:
         with self._rng_lock:
             jitter = self._rng.random()
-        time.sleep(min(self.backoff_cap, self.backoff_base * 2**attempt) * (0.5 + jitter))
+        return float(min(self.backoff_cap, self.backoff_base * 2**attempt) * (0.5 + jitter))
+
+    def _sleep_backoff(self, attempt: int) -> None:
+        time.sleep(self._backoff_s(attempt))
 
     def _error(self, op: str, key: str, e: Exception) -> LakeshoreError:
         cause, status, code = _classify(e)
@@ -571,6 +575,96 @@ class S3Store(Store):
                 uncertain = True
             self._sleep_backoff(attempt)
         raise AssertionError("unreachable")
+
+    # -- the async verbs: obstore's async client while obstore sends GET and PUT -----------
+
+    @property
+    def native_async(self) -> bool:
+        return self._data_path() is not None
+
+    async def aget(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`get` on obstore's async client: the same retries and errors, no thread;
+        through boto3 (a thread) when obstore does not send this store's GETs.
+
+        Raises:
+            as :meth:`get`.
+        """
+        check_key(key, "get")
+        for attempt in range(self.retries + 1):
+            obs = self._data_path()
+            if obs is None:
+                return await asyncio.to_thread(self.get, key, max_bytes)
+            try:
+                got = await obs.aget(self._k(key))
+                if max_bytes is not None and got.size > max_bytes:
+                    raise too_large(key, self.url, got.size, max_bytes)  # body left unread
+                return await got.read(), got.etag
+            except self._obstore_errors as e:
+                if self._left_obstore(e):
+                    continue  # sent again through boto3
+                if _classify(e)[0] != "transient" or attempt == self.retries:
+                    raise self._error("get", key, e) from e
+            await asyncio.sleep(self._backoff_s(attempt))
+        raise AssertionError("unreachable")
+
+    async def aput(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        """:meth:`put` on obstore's async client: the same retries, the same read-back of an
+        ambiguous conditional write, no thread; through boto3 (a thread) when obstore does
+        not send this store's PUTs.
+
+        Raises:
+            as :meth:`put`.
+        """
+        check_key(key, "put")
+        data = check_data(data, f"put {key}")
+        uncertain = False  # did an earlier attempt possibly reach the server and land?
+        for attempt in range(self.retries + 1):
+            obs = self._data_path()
+            if obs is None:
+                break
+            try:
+                return str(await obs.aput(self._k(key), data, mode.name, mode.etag))
+            except self._obstore_errors as e:
+                if self._left_obstore(e):
+                    break  # a definite no: sent again through boto3
+                cause = _classify(e)[0]
+                lost = cause == "conflict" or (cause == "not_found" and mode.name == "if_match")
+                if lost:
+                    mine = await self._alanded(key, data) if uncertain else None
+                    if mine is not None:
+                        return mine
+                    raise conflict("put", key, mode, self.url) from e
+                if cause != "transient" or attempt == self.retries:
+                    raise self._error("put", key, e) from e
+                uncertain = True
+            await asyncio.sleep(self._backoff_s(attempt))
+        else:
+            raise AssertionError("unreachable")
+        try:
+            return await asyncio.to_thread(self.put, key, data, mode)
+        except Conflict:
+            mine = await self._alanded(key, data) if uncertain else None
+            if mine is None:
+                raise
+            return mine
+
+    async def _alanded(self, key: str, data: bytes) -> str | None:
+        """:meth:`_landed`, awaited."""
+        try:
+            current, etag = await self.aget(key)
+        except (NotFound, PermissionDenied):
+            return None
+        return etag if current == data else None
+
+    async def anow(self) -> float:
+        """:meth:`now`, without a thread while the clock's samples are fresh: a thread only
+        when a clock probe is due (the first call, then every ``_PROBE_EVERY_S``)."""
+        samples = self._offsets
+        fresh = self._no_date or (
+            bool(samples)
+            and (self._data_path() is None or self._ticks() - samples[-1][0] <= _PROBE_EVERY_S)
+        )
+        return self.now() if fresh else await asyncio.to_thread(self.now)
 
     def _landed(self, key: str, data: bytes) -> str | None:
         """After an ambiguous conditional write: the etag if the object holds our bytes."""

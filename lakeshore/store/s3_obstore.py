@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -124,6 +124,15 @@ class Fetched:
     read: Callable[[], bytes]
 
 
+@dataclass(frozen=True, slots=True)
+class AFetched:
+    """:class:`Fetched` of an async GET: the body is read by awaiting ``read()``."""
+
+    size: int
+    etag: str
+    read: Callable[[], Awaitable[bytes]]
+
+
 class _SessionCredentials:
     """obstore asks this for credentials: boto3's chain (environment, config files, SSO,
     instance roles), so both clients sign as the same identity. Cached by obstore until
@@ -209,6 +218,26 @@ class ObstoreTransport:
             mode = {"e_tag": etag}
         # never multipart: a multipart upload cannot carry the write's condition
         result = obstore.put(self._store, key, data, mode=mode, use_multipart=False)
+        return str(result["e_tag"] or "")
+
+    async def aget(self, key: str) -> AFetched:
+        """:meth:`get` on obstore's async client (no thread)."""
+        result = await obstore.get_async(self._store, key)
+        meta = result.meta
+
+        async def read() -> bytes:
+            return bytes(await result.bytes_async())
+
+        return AFetched(int(meta["size"]), str(meta["e_tag"] or ""), read)
+
+    async def aput(self, key: str, data: bytes, condition: str, etag: str | None) -> str:
+        """:meth:`put` on obstore's async client (no thread)."""
+        mode: Any = "overwrite"
+        if condition == "create":
+            mode = "create"
+        elif condition == "if_match":
+            mode = {"e_tag": etag}
+        result = await obstore.put_async(self._store, key, data, mode=mode, use_multipart=False)
         return str(result["e_tag"] or "")
 
     def lister(self, prefix: str, start_after: str | None) -> Lister:

@@ -12,13 +12,22 @@ import pytest
 
 from lakeshore.errors import Conflict, InvalidArgument, LakeshoreError, NotFound
 from lakeshore.store import CREATE, OVERWRITE, MemoryStore, Store, if_match
+from tests.forwarding import AsyncDriven
 from tests.tiers import ALL_TIERS, BOTO3_TIER, tier_store
 
 
+@pytest.fixture(params=["blocking", "async"])
+def verbs(request: pytest.FixtureRequest) -> str:
+    """Which spelling of the verbs the suite drives: the blocking ones, or ``aget``,
+    ``aput`` and ``anow`` (docs/store-contract.md#async-verbs), which keep the same contract."""
+    return str(request.param)
+
+
 @pytest.fixture(params=[*ALL_TIERS, BOTO3_TIER])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """Every tier, and every S3 client."""
-    yield from tier_store(request, tmp_path)
+def store(request: pytest.FixtureRequest, tmp_path: Path, verbs: str) -> Iterator[Store]:
+    """Every tier, and every S3 client, through either spelling of the verbs."""
+    for s in tier_store(request, tmp_path):
+        yield AsyncDriven(s) if verbs == "async" else s
 
 
 def test_get_missing_is_not_found(store: Store) -> None:

@@ -20,8 +20,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("providers (tools that launch workers)", {"providers/"}),
     ("the protocol on the store", {"protocol/", "streams/", "doctor"}),
     ("running bodies and the plane", {"files/", "running/", "run", "plane", "tracing"}),
-    ("submitting, waiting and scaling", {"submit", "batch", "results", "scaler", "firing"}),
-    ("worker and declared functions", {"worker", "udf"}),
+    (
+        "submitting, waiting and scaling",
+        {"submit", "batch", "asubmit", "results", "scaler", "firing"},
+    ),
+    ("worker and declared functions", {"worker", "udf", "udf_options"}),
     ("the facade", {"dispatch", "work_queue", "__init__", "demo"}),
     ("the dashboard", {"ui/"}),
     ("the command line", {"cli/", "__main__"}),
