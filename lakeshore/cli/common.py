@@ -27,10 +27,12 @@ from lakeshore.protocol.gc import parse_age
 from lakeshore.text import inert, inert_json
 
 __all__ = [
+    "add_call_options",
     "add_common",
     "add_global",
     "add_queues",
     "ago",
+    "call_options",
     "default_url",
     "dumps",
     "err",
@@ -195,6 +197,58 @@ def merge_global(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         if name == "url" and args.url is not None:
             continue
         setattr(args, name, value)
+
+
+def add_call_options(p: argparse.ArgumentParser) -> None:
+    """The options of each invocation a command submits: attempts, timeout, deadline, and
+    the retry rule (docs/retries.md). Read back by :func:`call_options`."""
+    p.add_argument("--max-attempts", type=int, help="attempts per invocation")
+    p.add_argument("--timeout", type=finite, help="timeout_s of each attempt, in seconds")
+    p.add_argument("--deadline", type=finite, help="deadline_s: seconds it may wait queued")
+    p.add_argument(
+        "--retry-for",
+        action="append",
+        metavar="EXC",
+        help="retry only on this exception type, by name, e.g. TimeoutError or "
+        "mypkg.errors.Busy (repeat for several)",
+    )
+    p.add_argument(
+        "--no-retry-for",
+        action="append",
+        metavar="EXC",
+        help="fail at once on this exception type, by name (repeat for several)",
+    )
+    p.add_argument(
+        "--retry-backoff", type=finite, metavar="S", help="base of the retry backoff, seconds"
+    )
+    p.add_argument(
+        "--retry-backoff-cap",
+        type=finite,
+        metavar="S",
+        help="longest wait between attempts, seconds (at most 3600)",
+    )
+    p.add_argument(
+        "--retry-jitter",
+        type=finite,
+        metavar="F",
+        help="fraction of each wait drawn off at random, 0 to 1",
+    )
+
+
+def call_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options :func:`add_call_options` read that were given, by their submit names
+    (``max_attempts``, ``retry_for``...), for the library to check."""
+    given = {
+        "max_attempts": args.max_attempts,
+        "timeout_s": args.timeout,
+        "deadline_s": args.deadline,
+        "retry_for": args.retry_for,
+        "no_retry_for": args.no_retry_for,
+        "retry_backoff_s": args.retry_backoff,
+        "retry_backoff_cap_s": args.retry_backoff_cap,
+        "retry_jitter": args.retry_jitter,
+    }
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def add_imports(p: argparse.ArgumentParser, help: str) -> None:

@@ -11,9 +11,11 @@ from typing import Any
 
 from lakeshore.cli import bulk_retry
 from lakeshore.cli.common import (
+    add_call_options,
     add_common,
     ago,
     aware_time,
+    call_options,
     dumps,
     duration,
     err,
@@ -46,7 +48,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     target = import_ref(args.function)  # the user names it here, on their own authority
     fn = target.fn if isinstance(target, Declared) else target
     queue = args.queue or (target.queue if isinstance(target, Declared) else "default")
-    options: dict[str, Any] = {"_key": args.key} if args.key else {}
+    options = {f"_{k}": v for k, v in call_options(args).items()}
+    if args.key:
+        options["_key"] = args.key
     if args.priority is not None:
         options["_priority"] = args.priority
     if args.delay is not None:
@@ -55,12 +59,19 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         options["_not_before"] = args.not_before
     if args.after:  # docs/dependencies.md
         options.update(_after=args.after, _after_failure=args.after_failure)
-    decorated = target if isinstance(target, Declared) else None  # keeps its @udf settings
+    # a @udf keeps its settings and its retry rule; the command's options go over them
+    own = target if isinstance(target, Declared) else Declared(fn, False)
+    rule = own.retry
     inv = q.udf(
         queue=queue,
-        max_attempts=decorated.max_attempts if decorated else None,
-        timeout_s=decorated.timeout_s if decorated else None,
-        priority=decorated.priority if decorated else None,
+        max_attempts=own.max_attempts,
+        timeout_s=own.timeout_s,
+        priority=own.priority,
+        retry_for=rule.retry_for,
+        no_retry_for=rule.no_retry_for,
+        retry_backoff_s=rule.backoff_s,
+        retry_backoff_cap_s=rule.backoff_cap_s,
+        retry_jitter=rule.jitter,
     )(fn).submit(*pos, **kwargs, **options)
     if args.json:
         print_json({"id": inv, "queue": queue})
@@ -409,6 +420,7 @@ def register(sub: Any) -> None:
         default="kill",
         help="a parent that ends otherwise: kill this one (default), or run it all the same",
     )
+    add_call_options(p)
     add_common(p)
     p.set_defaults(func=_cmd_submit)
 

@@ -6,7 +6,18 @@ import argparse
 from datetime import datetime
 from typing import Any
 
-from lakeshore.cli.common import add_common, ago, err, finite, json_arg, plane, print_json, table
+from lakeshore.cli.common import (
+    add_call_options,
+    add_common,
+    ago,
+    call_options,
+    err,
+    finite,
+    json_arg,
+    plane,
+    print_json,
+    table,
+)
 from lakeshore.cli.jobs import codec_plain
 from lakeshore.errors import DecodeError, InvalidArgument
 from lakeshore.firing import Fired, read_schedules
@@ -92,16 +103,9 @@ def _cmd_set(args: argparse.Namespace) -> int:
         raise InvalidArgument(
             "schedule set", f"{args.fn!r} is not module:function", "e.g. mypkg.jobs:nightly"
         )
-    options = {
-        k: v
-        for k, v in {
-            "priority": args.priority,
-            "max_attempts": args.max_attempts,
-            "timeout_s": args.timeout,
-            "deadline_s": args.deadline,
-        }.items()
-        if v is not None
-    }
+    options = call_options(args)
+    if args.priority is not None:
+        options["priority"] = args.priority
     q = plane(args, create=True)
     s = q.schedule(
         args.name,
@@ -215,9 +219,7 @@ def register(sub: Any) -> None:
     p.add_argument("--kwargs", help="keyword arguments as a JSON object")
     p.add_argument("--queue", help=f"queue (default: {DEFAULT_QUEUE})")
     p.add_argument("--priority", type=int, help="0 (lowest) to 9 (highest)")
-    p.add_argument("--max-attempts", type=int, help="attempts per invocation")
-    p.add_argument("--timeout", type=finite, help="timeout_s of each invocation")
-    p.add_argument("--deadline", type=finite, help="deadline_s: seconds it may wait queued")
+    add_call_options(p)
     add_common(p)
     p.set_defaults(func=_cmd_set)
 
