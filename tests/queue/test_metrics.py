@@ -342,3 +342,18 @@ def test_the_worker_command_takes_a_metrics_textfile(
     found = samples(path.read_text())
     who = {"namespace": "default", "worker": "cli", "queue": "default"}
     assert value(found, "lakeshore_worker_attempts_total", **who, outcome="succeeded") == 1
+
+
+def test_label_values_that_escape_alike_are_one_series() -> None:
+    """Two signs of life whose names differ only past the cut, or a lone surrogate and the
+    text of its escape, would be written as the same series: a duplicate that makes
+    Prometheus (and node_exporter's textfile collector) refuse the whole scrape."""
+    fam = Family("lakeshore_test", "names that escape alike")
+    fam.add(1, worker="x" * 300 + "a")
+    fam.add(2, worker="x" * 300 + "b")
+    fam.add(3, worker="\udc80")
+    fam.add(4, worker="\\udc80")
+    found = samples(exposition([fam]))  # asserts there is no duplicate series
+    assert value(found, "lakeshore_test", worker="x" * 255 + "…") == 1  # the first stays
+    assert value(found, "lakeshore_test", worker="\\udc80") == 3
+    assert len(found) == 2
