@@ -357,3 +357,44 @@ def test_label_values_that_escape_alike_are_one_series() -> None:
     assert value(found, "lakeshore_test", worker="x" * 255 + "…") == 1  # the first stays
     assert value(found, "lakeshore_test", worker="\\udc80") == 3
     assert len(found) == 2
+
+
+def test_a_released_attempt_is_counted_as_released(tmp_path: Path) -> None:
+    """The outcome label is the state word the docs list (``released``), not the attempt's
+    log text ("released (queued again, attempt not counted)")."""
+    q = make_plane(MemoryStore())
+    started, release = threading.Event(), threading.Event()
+
+    def held() -> str:
+        started.set()
+        release.wait(60)
+        return "late"
+
+    q.udf(held).submit()
+    stop, path = threading.Event(), tmp_path / "worker.prom"
+    t = threading.Thread(
+        target=dls.run_worker,
+        args=(q,),
+        kwargs={
+            "isolation": "thread",
+            "stop": stop,
+            "grace_s": 0.0,
+            "worker_id": "w",
+            "metrics_textfile": str(path),
+        },
+    )
+    t.start()
+    try:
+        assert started.wait(30)
+        stop.set()
+        t.join(30)
+        assert not t.is_alive()
+    finally:
+        release.set()
+    found = samples(path.read_text())
+    outcomes = {
+        dict(labels)["outcome"]: v
+        for (name, labels), v in found.items()
+        if name == "lakeshore_worker_attempts_total"
+    }
+    assert outcomes == {"released": 1}
