@@ -5,6 +5,7 @@ file write, and the loopback server whose scrapes share one census per interval.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -398,3 +399,17 @@ def test_a_released_attempt_is_counted_as_released(tmp_path: Path) -> None:
         if name == "lakeshore_worker_attempts_total"
     }
     assert outcomes == {"released": 1}
+
+
+def test_serve_on_a_taken_or_impossible_port_is_a_usage_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = run(capsys, "metrics", "--serve", "--port", str(port))
+    assert code == 2 and f"127.0.0.1:{port}" in err and "— pick another --port" in err
+    code, _, err = run(capsys, "metrics", "--serve", "--port", "70000")
+    assert code == 2 and "— pick another --port" in err
