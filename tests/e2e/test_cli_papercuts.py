@@ -169,6 +169,35 @@ def test_a_worker_warns_of_a_queue_no_import_declares(
     assert warnings("-q", "slow", "--allow", "tests.jobs:*") == []  # the patterns decide
 
 
+def test_no_warning_for_a_queue_declared_in_a_submodule_the_import_loads(
+    url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``--import app`` whose ``__init__`` imports ``app.tasks``: the bodies of app.tasks are
+    declared (the worker runs them), so no "will fail as not declared" warning."""
+    pkg = tmp_path / "app_with_tasks"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from app_with_tasks import tasks\n")
+    (pkg / "tasks.py").write_text(
+        "import lakeshore\n\n@lakeshore.udf(queue='fast')\ndef double(x):\n    return 2 * x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("app_with_tasks", "app_with_tasks.tasks"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    argv = ["worker", "--import", "app_with_tasks", "-q", "fast", "--idle-exit", "0"]
+    with caplog.at_level(logging.WARNING, logger="lakeshore.worker"):
+        assert run(capsys, *argv, "--isolation", "thread")[0] == 0
+    warned = [r.getMessage() for r in caplog.records if "@udf body for it" in r.getMessage()]
+    assert warned == []
+    tasks = sys.modules["app_with_tasks.tasks"]
+    inv = dls.Dispatch(url).udf(tasks.double.fn, queue="fast").submit(21)
+    assert run(capsys, *argv, "--isolation", "thread")[0] == 0
+    assert dls.Dispatch(url).result(inv, timeout=0) == 42  # and it did run there
+
+
 def test_status_shows_a_worker_that_fails_everything(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
