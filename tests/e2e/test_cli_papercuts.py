@@ -86,6 +86,33 @@ def test_common_options_before_the_subcommand(
     )
 
 
+def test_ns_before_ui_is_one_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ui`'s --ns is repeatable (a list): `lakeshore --ns prod ui` shows namespace prod,
+    not the namespaces p, r, o and d."""
+    import lakeshore.ui
+
+    url = f"file://{tmp_path}/plane"
+    dls.Dispatch(url, ns="prod").udf(jobs.add_one).submit(1)
+    shown: list[object] = []
+    real = lakeshore.ui.Board
+
+    def board(store: object, namespaces: object = None, **kw: object) -> object:
+        shown.append(namespaces)
+        return real(store, namespaces, **kw)  # type: ignore[arg-type]
+
+    def serve_forever(self: lakeshore.ui.UiServer) -> None:
+        self.start()  # served in a thread, which close() stops
+        raise KeyboardInterrupt  # as Ctrl-C at once
+
+    monkeypatch.setattr(lakeshore.ui, "Board", board)
+    monkeypatch.setattr(lakeshore.ui.UiServer, "serve_forever", serve_forever)
+    code, _, err = run(capsys, "--ns", "prod", "--url", url, "ui", "--port", "0")
+    assert code == 0, err
+    assert shown == [["prod"]]
+
+
 def test_the_url_status_prints_keeps_its_endpoint_and_drops_credentials() -> None:
     endpoint = "s3://b/p?endpoint_url=http://127.0.0.1:8333&region=us-east-1"
     assert public_url(endpoint) == endpoint
