@@ -630,7 +630,8 @@ def _count_done(state: _State, inv: str, ops: QueueOps, run: Callable[[], Attemp
     failed = False
     try:
         att = run()
-        outcome = att.final
+        # the state word of its log text ("released (queued again, ...)"): a label's value
+        outcome = att.final.partition(" ")[0]
         failed = att.final in _FAILED_STATES
         if att.interrupted:
             # its body process was ended by SIGTERM/SIGINT, and this worker got one too:

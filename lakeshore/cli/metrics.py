@@ -246,7 +246,14 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def _serve(collect: Callable[[], str], args: argparse.Namespace) -> int:
-    server = MetricsServer(collect, port=args.port, interval_s=args.interval or 10.0)
+    try:
+        server = MetricsServer(collect, port=args.port, interval_s=args.interval or 10.0)
+    except (OSError, OverflowError) as e:  # taken, or not a port at all
+        raise InvalidArgument(
+            "metrics",
+            f"cannot serve on 127.0.0.1:{args.port}: {e}",
+            "pick another --port (0: any free one)",
+        ) from e
     print(f"lakeshore metrics: {server.url}  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

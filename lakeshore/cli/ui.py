@@ -21,7 +21,8 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise InvalidArgument("ui", "--interval must be > 0", "e.g. --interval 5")
     args.url = args.url or default_url()
-    namespaces = args.ns or None
+    # `lakeshore --ns NS ui` hands over one name; `ui --ns` (repeatable) gives a list
+    namespaces = ([args.ns] if isinstance(args.ns, str) else args.ns) or None
     args.ns = (namespaces or ["default"])[0]
     q = plane(args)  # a mistyped directory is refused, not shown as an empty store
     token = args.token or os.environ.get("LAKESHORE_UI_TOKEN") or None

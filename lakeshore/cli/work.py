@@ -76,6 +76,9 @@ def _warn_undeclared(queues: list[str], declared: list[str], imported: bool, all
     ``--allow`` the bodies are the patterns': nothing to tell from here."""
     if allow:
         return
+    # a body is declared in any module imported by now (load_body's rule): also in the
+    # submodules an --import module imports, which its own names do not show
+    declared = [*declared, *_declared_queues()]
     for name in queues:
         if name in declared:
             continue
@@ -86,6 +89,16 @@ def _warn_undeclared(queues: list[str], declared: list[str], imported: bool, all
             name,
             where,
         )
+
+
+def _declared_queues() -> set[str]:
+    """The queues of the @udf bodies in every module imported so far."""
+    return {
+        v.queue
+        for module in list(sys.modules.values())
+        for v in list(getattr(module, "__dict__", {}).values())
+        if isinstance(v, Udf)
+    }
 
 
 class _InertFormatter(logging.Formatter):

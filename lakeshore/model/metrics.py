@@ -4,8 +4,9 @@ Label values come from the store (queue names, namespaces, worker names in signs
 so they are treated as hostile text: backslash, double quote and line feed are escaped as
 the format says, other text is kept as UTF-8 (a lone surrogate is written as its escape,
 so the output always encodes), and a value is cut to ``MAX_LABEL_CHARS``. A sample whose
-labels repeat an earlier one of its family is dropped: two signs of life that claim the
-same worker name must not make a scrape fail as a duplicate series. Names and label names
+labels, as written, repeat an earlier one of its family is dropped: two signs of life that
+claim the same worker name (or names cut or escaped alike) must not make a scrape fail as
+a duplicate series. Names and label names
 are lakeshore's own and are checked against the format's grammar.
 """
 
@@ -75,7 +76,8 @@ class Family:
         for name in labels:
             if not _LABEL.match(name) or name.startswith("__"):
                 raise InvalidArgument("metrics", f"bad label name {name!r}", "a lakeshore bug")
-        key = tuple(sorted(labels.items()))
+        # as written: two values cut or escaped alike would be one series written twice
+        key = tuple(sorted((k, escape_label(v)) for k, v in labels.items()))
         if key in self._seen:
             return
         self._seen.add(key)

@@ -86,6 +86,33 @@ def test_common_options_before_the_subcommand(
     )
 
 
+def test_ns_before_ui_is_one_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ui`'s --ns is repeatable (a list): `lakeshore --ns prod ui` shows namespace prod,
+    not the namespaces p, r, o and d."""
+    import lakeshore.ui
+
+    url = f"file://{tmp_path}/plane"
+    dls.Dispatch(url, ns="prod").udf(jobs.add_one).submit(1)
+    shown: list[object] = []
+    real = lakeshore.ui.Board
+
+    def board(store: object, namespaces: object = None, **kw: object) -> object:
+        shown.append(namespaces)
+        return real(store, namespaces, **kw)  # type: ignore[arg-type]
+
+    def serve_forever(self: lakeshore.ui.UiServer) -> None:
+        self.start()  # served in a thread, which close() stops
+        raise KeyboardInterrupt  # as Ctrl-C at once
+
+    monkeypatch.setattr(lakeshore.ui, "Board", board)
+    monkeypatch.setattr(lakeshore.ui.UiServer, "serve_forever", serve_forever)
+    code, _, err = run(capsys, "--ns", "prod", "--url", url, "ui", "--port", "0")
+    assert code == 0, err
+    assert shown == [["prod"]]
+
+
 def test_the_url_status_prints_keeps_its_endpoint_and_drops_credentials() -> None:
     endpoint = "s3://b/p?endpoint_url=http://127.0.0.1:8333&region=us-east-1"
     assert public_url(endpoint) == endpoint
@@ -167,6 +194,35 @@ def test_a_worker_warns_of_a_queue_no_import_declares(
     assert len(warned) == 1 and "queue slow: the --import modules declare no" in warned[0]
     assert warnings() == []  # the declared queues only: nothing to warn of
     assert warnings("-q", "slow", "--allow", "tests.jobs:*") == []  # the patterns decide
+
+
+def test_no_warning_for_a_queue_declared_in_a_submodule_the_import_loads(
+    url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``--import app`` whose ``__init__`` imports ``app.tasks``: the bodies of app.tasks are
+    declared (the worker runs them), so no "will fail as not declared" warning."""
+    pkg = tmp_path / "app_with_tasks"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from app_with_tasks import tasks\n")
+    (pkg / "tasks.py").write_text(
+        "import lakeshore\n\n@lakeshore.udf(queue='fast')\ndef double(x):\n    return 2 * x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("app_with_tasks", "app_with_tasks.tasks"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    argv = ["worker", "--import", "app_with_tasks", "-q", "fast", "--idle-exit", "0"]
+    with caplog.at_level(logging.WARNING, logger="lakeshore.worker"):
+        assert run(capsys, *argv, "--isolation", "thread")[0] == 0
+    warned = [r.getMessage() for r in caplog.records if "@udf body for it" in r.getMessage()]
+    assert warned == []
+    tasks = sys.modules["app_with_tasks.tasks"]
+    inv = dls.Dispatch(url).udf(tasks.double.fn, queue="fast").submit(21)
+    assert run(capsys, *argv, "--isolation", "thread")[0] == 0
+    assert dls.Dispatch(url).result(inv, timeout=0) == 42  # and it did run there
 
 
 def test_status_shows_a_worker_that_fails_everything(

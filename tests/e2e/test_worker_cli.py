@@ -437,3 +437,22 @@ def test_the_status_line_changes_at_most_once_per_interval_and_steps_aside() -> 
     with line.cleared():
         out.write("after\n")
     assert out.getvalue()[size:] == "after\n"  # closed: log lines alone
+
+
+def test_the_options_table_lists_every_flag_of_the_worker() -> None:
+    """docs/workers.md#options says it has every flag of `lakeshore worker`."""
+    import argparse
+
+    from lakeshore.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    worker = sub.choices["worker"]
+    docs = Path(__file__).resolve().parents[2] / "docs" / "workers.md"
+    table = docs.read_text().split("## Options", 1)[1].split("\n## ", 1)[0]
+    flags = [
+        max(a.option_strings, key=len)
+        for a in worker._actions
+        if a.option_strings and "-h" not in a.option_strings
+    ]
+    missing = [f for f in flags if f"`{f}" not in table]
+    assert missing == []

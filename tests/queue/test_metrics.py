@@ -5,6 +5,7 @@ file write, and the loopback server whose scrapes share one census per interval.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -342,3 +343,73 @@ def test_the_worker_command_takes_a_metrics_textfile(
     found = samples(path.read_text())
     who = {"namespace": "default", "worker": "cli", "queue": "default"}
     assert value(found, "lakeshore_worker_attempts_total", **who, outcome="succeeded") == 1
+
+
+def test_label_values_that_escape_alike_are_one_series() -> None:
+    """Two signs of life whose names differ only past the cut, or a lone surrogate and the
+    text of its escape, would be written as the same series: a duplicate that makes
+    Prometheus (and node_exporter's textfile collector) refuse the whole scrape."""
+    fam = Family("lakeshore_test", "names that escape alike")
+    fam.add(1, worker="x" * 300 + "a")
+    fam.add(2, worker="x" * 300 + "b")
+    fam.add(3, worker="\udc80")
+    fam.add(4, worker="\\udc80")
+    found = samples(exposition([fam]))  # asserts there is no duplicate series
+    assert value(found, "lakeshore_test", worker="x" * 255 + "…") == 1  # the first stays
+    assert value(found, "lakeshore_test", worker="\\udc80") == 3
+    assert len(found) == 2
+
+
+def test_a_released_attempt_is_counted_as_released(tmp_path: Path) -> None:
+    """The outcome label is the state word the docs list (``released``), not the attempt's
+    log text ("released (queued again, attempt not counted)")."""
+    q = make_plane(MemoryStore())
+    started, release = threading.Event(), threading.Event()
+
+    def held() -> str:
+        started.set()
+        release.wait(60)
+        return "late"
+
+    q.udf(held).submit()
+    stop, path = threading.Event(), tmp_path / "worker.prom"
+    t = threading.Thread(
+        target=dls.run_worker,
+        args=(q,),
+        kwargs={
+            "isolation": "thread",
+            "stop": stop,
+            "grace_s": 0.0,
+            "worker_id": "w",
+            "metrics_textfile": str(path),
+        },
+    )
+    t.start()
+    try:
+        assert started.wait(30)
+        stop.set()
+        t.join(30)
+        assert not t.is_alive()
+    finally:
+        release.set()
+    found = samples(path.read_text())
+    outcomes = {
+        dict(labels)["outcome"]: v
+        for (name, labels), v in found.items()
+        if name == "lakeshore_worker_attempts_total"
+    }
+    assert outcomes == {"released": 1}
+
+
+def test_serve_on_a_taken_or_impossible_port_is_a_usage_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = run(capsys, "metrics", "--serve", "--port", str(port))
+    assert code == 2 and f"127.0.0.1:{port}" in err and "— pick another --port" in err
+    code, _, err = run(capsys, "metrics", "--serve", "--port", "70000")
+    assert code == 2 and "— pick another --port" in err
