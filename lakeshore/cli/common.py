@@ -158,7 +158,10 @@ def add_common(p: argparse.ArgumentParser, json_output: bool = True) -> None:
     p.add_argument(
         "--url", type=store_url, help=f"store URL; default: $LAKESHORE_URL, else {DEFAULT_URL}"
     )
-    p.add_argument("--ns", default="default", help="namespace (default: default)")
+    # None, not "default", so that an explicit `--ns default` after the subcommand still
+    # wins over a global --ns (merge_global puts the default in)
+    p.add_argument("--ns", help="namespace (default: default)")
+    p.set_defaults(ns_default="default")
     if json_output:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -192,11 +195,11 @@ def merge_global(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
             continue
         if not hasattr(args, name):
             parser.error(f"--{name} is not an option of `lakeshore {args.command}`")
-        if name == "ns" and args.ns not in (None, "default"):
-            continue  # --ns after the subcommand: the nearer one wins
-        if name == "url" and args.url is not None:
-            continue
+        if name in ("ns", "url") and getattr(args, name) is not None:
+            continue  # given after the subcommand too: the nearer one wins
         setattr(args, name, value)
+    if getattr(args, "ns", "") is None and hasattr(args, "ns_default"):
+        args.ns = args.ns_default
 
 
 def add_call_options(p: argparse.ArgumentParser) -> None:

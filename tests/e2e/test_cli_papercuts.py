@@ -79,6 +79,9 @@ def test_common_options_before_the_subcommand(
     assert code == 0 and "queued" in out
     code, _, err = run(capsys, "--url", url, "show", inv)  # default namespace: not there
     assert code == 2 and "no invocation with this id in namespace 'default'" in err
+    # an explicit --ns default after the subcommand is nearer too
+    code, _, err = run(capsys, "--ns", "team", "--url", url, "show", "--ns", "default", inv)
+    assert code == 2 and "no invocation with this id in namespace 'default'" in err
     with pytest.raises(SystemExit) as e:  # a command without --json says so
         run(capsys, "--json", "logs", inv)
     assert e.value.code == 2 and "--json is not an option of `lakeshore logs`" in (
