@@ -56,7 +56,7 @@ from lakeshore.running.attempt import Attempt, Halt, Isolation, Slot, run_attemp
 from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
-from lakeshore.running.metrics import WorkerCounters, write_textfile
+from lakeshore.running.metrics import WorkerCounters, check_textfile, write_textfile
 from lakeshore.text import inert
 
 __all__ = ["run_worker"]
@@ -211,7 +211,8 @@ def run_worker(
             node_exporter's textfile collector: docs/metrics.md).
 
     Raises:
-        InvalidArgument: a bad option, hook or ``allow`` pattern.
+        InvalidArgument: a bad option, hook or ``allow`` pattern, or no folder for
+            ``metrics_textfile``.
         HookFailed: ``on_start`` raised (no attempt was run by that process).
     """
     if (
@@ -249,6 +250,7 @@ def run_worker(
         wait_retries=bool(idle_exit) and not once,
     )
     if metrics_textfile is not None:
+        check_textfile(metrics_textfile, "run_worker")
         state.metrics = (WorkerCounters(state.worker_id, plane.ns), metrics_textfile)
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()

@@ -286,9 +286,12 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 def _no_output(q: Any, inv: str, attempt: int | None) -> str:
     """What an empty ``logs`` means, on stderr (stdout stays the output: empty)."""
+    rec = q.get(inv)
+    if attempt is not None and attempt > rec.attempt:
+        ran = "has not run yet" if rec.attempt == 0 else f"has run {rec.attempt} attempt(s)"
+        return f"{inv} {ran} ({rec.state}): there is no attempt {attempt}"
     if attempt is not None:
         return f"no output captured for attempt {attempt} of {inv}"
-    rec = q.get(inv)
     if rec.attempt == 0:
         return f"{inv} has not run yet ({rec.state}): no output to show"
     tried = "attempt 1" if rec.attempt == 1 else f"attempts 1 to {rec.attempt}"

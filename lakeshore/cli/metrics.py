@@ -13,6 +13,7 @@ import hmac
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -167,6 +168,10 @@ class MetricsServer:
                 except LakeshoreError as e:
                     print(f"lakeshore metrics: {inert(str(e))}", file=sys.stderr, flush=True)
                     copy = (self.monotonic(), HTTPStatus.SERVICE_UNAVAILABLE, f"{e}\n")
+                except Exception:  # a defect: kept like a failure, so the interval still holds
+                    traceback.print_exc(file=sys.stderr)
+                    text = "metrics: the census failed unexpectedly — see the server's stderr\n"
+                    copy = (self.monotonic(), HTTPStatus.INTERNAL_SERVER_ERROR, text)
                 self._copy = copy
             return copy[1], copy[2]
 
@@ -265,21 +270,39 @@ def _serve(collect: Callable[[], str], args: argparse.Namespace) -> int:
 
 
 def _textfile(collect: Callable[[], str], path: str, interval: float | None) -> int:
-    """Write the file once, or (``interval``) every ``interval`` seconds until Ctrl-C; in
-    the loop, a census that fails leaves the last file in place and is said on stderr."""
-    try:
-        write_textfile(path, collect())
-    except OSError as e:
-        raise InvalidArgument("metrics", f"cannot write {path}: {e}", "check the path") from e
-    if interval is None:
-        return 0
+    """Write the file once, or (``interval``) every ``interval`` seconds until Ctrl-C. In
+    the loop, a census that fails (the store down, even at the first round: a service
+    started at boot must not give up) leaves the last file in place and is said on
+    stderr; a file that cannot be written at the first round is a usage error.
+
+    Raises:
+        InvalidArgument: the file cannot be written (first round).
+        LakeshoreError: the census failed, without ``interval``.
+    """
+    first = True
     try:
         while True:
-            time.sleep(interval)
             try:
-                write_textfile(path, collect())
-            except (LakeshoreError, OSError) as e:
+                text = collect()
+            except LakeshoreError as e:
+                if interval is None:
+                    raise
                 print(f"lakeshore metrics: {inert(str(e))}", file=sys.stderr, flush=True)
+            else:
+                try:
+                    write_textfile(path, text)
+                except (OSError, InvalidArgument) as e:
+                    if first:
+                        if isinstance(e, InvalidArgument):
+                            raise
+                        raise InvalidArgument(
+                            "metrics", f"cannot write {path}: {e}", "check the path"
+                        ) from e
+                    print(f"lakeshore metrics: {inert(str(e))}", file=sys.stderr, flush=True)
+                first = False
+            if interval is None:
+                return 0
+            time.sleep(interval)
     except KeyboardInterrupt:
         return 0
 

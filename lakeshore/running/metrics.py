@@ -19,7 +19,24 @@ from pathlib import Path
 from lakeshore.errors import InvalidArgument
 from lakeshore.model.metrics import Family, exposition
 
-__all__ = ["WorkerCounters", "write_textfile"]
+__all__ = ["WorkerCounters", "check_textfile", "write_textfile"]
+
+
+def check_textfile(path: str | os.PathLike[str], op: str) -> Path:
+    """``path`` as a textfile's place: its folder must exist (a typo there would only be
+    found at the first write, by a warning in a worker's log).
+
+    Raises:
+        InvalidArgument: the folder does not exist.
+    """
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise InvalidArgument(
+            op,
+            f"no folder {str(target.parent)!r} for the file {target.name!r}",
+            "create it, or give another path",
+        )
+    return target
 
 
 def write_textfile(path: str | os.PathLike[str], text: str) -> None:
@@ -30,12 +47,8 @@ def write_textfile(path: str | os.PathLike[str], text: str) -> None:
         InvalidArgument: the folder does not exist.
         OSError: the file cannot be written.
     """
-    target = Path(path)
+    target = check_textfile(path, "metrics")
     folder = target.parent
-    if not folder.is_dir():
-        raise InvalidArgument(
-            "metrics", f"no folder {str(folder)!r} for the file", "create it, or give another path"
-        )
     # a leading dot: node_exporter reads only *.prom, so it never sees the temporary file
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:

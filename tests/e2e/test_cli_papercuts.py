@@ -140,7 +140,11 @@ def test_logs_of_a_silent_attempt_say_so(url: str, capsys: pytest.CaptureFixture
     inv = q.udf(jobs.add_one).submit(1)
     code, out, err = run(capsys, "logs", inv)
     assert (code, out) == (0, "") and "has not run yet (queued)" in err
+    code, out, err = run(capsys, "logs", inv, "--attempt", "7")
+    assert (code, out) == (0, "") and "has not run yet (queued): there is no attempt 7" in err
     dls.run_worker(q, once=True, isolation="thread")
+    code, out, err = run(capsys, "logs", inv, "--attempt", "7")
+    assert "has run 1 attempt(s) (succeeded): there is no attempt 7" in err
     code, out, err = run(capsys, "logs", inv)
     assert (code, out) == (0, "") and f"no output captured for attempt 1 of {inv}" in err
     code, out, err = run(capsys, "logs", inv, "--attempt", "1", "--follow", "--timeout", "5")

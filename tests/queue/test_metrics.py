@@ -413,3 +413,87 @@ def test_serve_on_a_taken_or_impossible_port_is_a_usage_error(
     assert code == 2 and f"127.0.0.1:{port}" in err and "— pick another --port" in err
     code, _, err = run(capsys, "metrics", "--serve", "--port", "70000")
     assert code == 2 and "— pick another --port" in err
+
+
+def test_textfile_loop_outlives_a_store_that_is_down_even_at_the_first_round(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lakeshore.cli.metrics import _textfile
+
+    path = tmp_path / "m.prom"
+    rounds = iter(
+        [
+            dls.StoreError("census", "the store is down", "check the endpoint"),
+            "# round 2\n",
+            dls.StoreError("census", "down again", "check the endpoint"),
+            KeyboardInterrupt(),  # Ctrl-C
+        ]
+    )
+
+    def collect() -> str:
+        got = next(rounds)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    assert _textfile(collect, str(path), 0.001) == 0
+    assert path.read_text() == "# round 2\n"  # the failed third round left it in place
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and "the store is down" in said[0] and "down again" in said[1]
+    # without --interval a failed census is the command's error
+    with pytest.raises(dls.StoreError):
+        _textfile(collect_failing, str(path), None)
+    # a path that cannot be written at the first round is a usage error, loop or not
+    with pytest.raises(dls.InvalidArgument, match="no folder"):
+        _textfile(lambda: "x\n", str(tmp_path / "no" / "m.prom"), 0.001)
+
+
+def collect_failing() -> str:
+    raise dls.StoreError("census", "the store is down", "check the endpoint")
+
+
+def test_a_worker_refuses_a_textfile_without_a_folder_before_it_claims(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.add_one).submit(1)
+    where = tmp_path / "typo" / "worker.prom"
+    with pytest.raises(dls.InvalidArgument, match="no folder") as e:
+        dls.run_worker(q, once=True, isolation="thread", metrics_textfile=where)
+    assert e.value.op == "run_worker"
+    code, _, err = run(
+        capsys,
+        "worker",
+        "--idle-exit",
+        "0",
+        "--allow",
+        "tests.jobs:*",
+        "--metrics-textfile",
+        str(where),
+    )
+    assert code == 2 and "no folder" in err
+    assert q.status(inv) == "queued"  # nothing was claimed
+
+
+def test_a_census_that_fails_unexpectedly_still_holds_the_interval(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    calls = []
+
+    def broken() -> str:
+        calls.append(1)
+        raise KeyError("a defect")
+
+    clock = [0.0]
+    server = MetricsServer(broken, port=0, interval_s=10.0, monotonic=lambda: clock[0])
+    server.start()
+    try:
+        for _ in range(3):
+            status, _, text = _scrape(server.url)
+            assert status == 500 and "failed unexpectedly" in text
+        assert len(calls) == 1  # not one census per scrape
+        clock[0] += 10.0
+        assert _scrape(server.url)[0] == 500 and len(calls) == 2
+    finally:
+        server.close()
+    assert "KeyError: 'a defect'" in capsys.readouterr().err
