@@ -57,6 +57,7 @@ from lakeshore.running.bodies import Allow
 from lakeshore.running.child import Hooks, refuse_script_rerun, warm_up
 from lakeshore.running.logs import logging_is_set_up
 from lakeshore.running.metrics import WorkerCounters, check_textfile, write_textfile
+from lakeshore.running.metrics_server import MetricsServer
 from lakeshore.text import inert
 
 __all__ = ["run_worker"]
@@ -105,7 +106,8 @@ class _State:
     failure: BaseException | None = None
     signalled: Callable[[float], bool] = field(default=lambda wait=0.0: False)  # SIGTERM/INT
     said_idle: bool = False  # "nothing to claim" is said once a worker, not once a poll
-    metrics: tuple[WorkerCounters, str] | None = None  # its counters, and their text file
+    metrics: WorkerCounters | None = None  # its counters, for the text file or the port
+    metrics_textfile: str | None = None
 
     def count_attempt(self) -> bool:
         """Count one more attempt against ``max_jobs``; False when none is left."""
@@ -165,6 +167,7 @@ def run_worker(
     allow: list[str] | None = None,
     fire_schedules: bool = True,
     metrics_textfile: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Serve invocations from ``queues`` of ``plane`` (a ``Dispatch``, or its ``Plane``);
     return how many attempts it ran.
@@ -209,10 +212,12 @@ def run_worker(
         metrics_textfile: a file this worker rewrites with its counters in Prometheus
             text, at its start, with each sign of life and at its stop (for
             node_exporter's textfile collector: docs/metrics.md).
+        metrics_port: serve the same counters on ``http://127.0.0.1:PORT/metrics`` while
+            the worker runs (0: any free port, said in the start line).
 
     Raises:
-        InvalidArgument: a bad option, hook or ``allow`` pattern, or no folder for
-            ``metrics_textfile``.
+        InvalidArgument: a bad option, hook or ``allow`` pattern, no folder for
+            ``metrics_textfile``, or a ``metrics_port`` that cannot be served.
         HookFailed: ``on_start`` raised (no attempt was run by that process).
     """
     if (
@@ -251,40 +256,57 @@ def run_worker(
     )
     if metrics_textfile is not None:
         check_textfile(metrics_textfile, "run_worker")
-        state.metrics = (WorkerCounters(state.worker_id, plane.ns), metrics_textfile)
+        state.metrics_textfile = metrics_textfile
     _warn_if_lease_is_short(plane, lease_s)
     names = queues or plane.queues()
-    _say(
-        f"worker {state.worker_id} on {plane.store.url} namespace {plane.ns}: queues "
-        f"{','.join(names)}, concurrency {1 if once else concurrency}, isolation {isolation}"
-        + (f", allow {' '.join(f'{m}:{q}' for m, q in allowed.patterns)}" if allowed else "")
-    )
-    ops = [plane.ops(name) for name in names]
-    state.claimers = [plane.claimer(name, state.worker_id) for name in names]
-    for c in state.claimers:
-        c.serving(names)  # a child's parent queued in one of them is work to come
-    state.idle_exit, state.max_poll_s = idle_exit, max_poll_s
-    if isolation is Isolation.PROCESS:
-        warm_up()  # body processes: their fork server starts while the first claims go out
-    if hooks.on_start is not None and isolation is not Isolation.PROCESS:
-        try:
-            hooks.on_start()  # bodies run in this process
-        except BaseException as e:
-            raise HookFailed("worker on_start", f"{type(e).__name__}: {e}", "fix the hook") from e
-    restore = _install_signals(state) if handle_signals else None
-    _announce(state, names, "running")
-    for _ in range(1 if once else concurrency):
-        state.slots.append(
-            Slot(
-                plane,
-                isolation,
-                hooks,
-                allow=allowed,
-                # a body process ended by SIGTERM/SIGINT: was it the whole group's signal?
-                signalled=lambda: state.signalled(_SIGNAL_WAIT_S),
-            )
+    if metrics_textfile is not None or metrics_port is not None:
+        state.metrics = WorkerCounters(state.worker_id, plane.ns)
+    served = None  # bound now, so that a taken port fails the start before anything else
+    if metrics_port is not None:
+        served = MetricsServer(
+            lambda: _metrics_text(state, names), port=metrics_port, interval_s=0, op="run_worker"
         )
-    watching = _watch_schedules(plane, names) if fire_schedules and not once else None
+    try:
+        _say(
+            f"worker {state.worker_id} on {plane.store.url} namespace {plane.ns}: queues "
+            f"{','.join(names)}, concurrency {1 if once else concurrency}, isolation {isolation}"
+            + (f", allow {' '.join(f'{m}:{q}' for m, q in allowed.patterns)}" if allowed else "")
+            + (f", metrics on {served.url}" if served is not None else "")
+        )
+        ops = [plane.ops(name) for name in names]
+        state.claimers = [plane.claimer(name, state.worker_id) for name in names]
+        for c in state.claimers:
+            c.serving(names)  # a child's parent queued in one of them is work to come
+        state.idle_exit, state.max_poll_s = idle_exit, max_poll_s
+        if isolation is Isolation.PROCESS:
+            warm_up()  # body processes: their fork server starts while the first claims go out
+        if hooks.on_start is not None and isolation is not Isolation.PROCESS:
+            try:
+                hooks.on_start()  # bodies run in this process
+            except BaseException as e:
+                raise HookFailed(
+                    "worker on_start", f"{type(e).__name__}: {e}", "fix the hook"
+                ) from e
+        restore = _install_signals(state) if handle_signals else None
+        _announce(state, names, "running")
+        for _ in range(1 if once else concurrency):
+            state.slots.append(
+                Slot(
+                    plane,
+                    isolation,
+                    hooks,
+                    allow=allowed,
+                    # a body process ended by SIGTERM/SIGINT: was it the whole group's signal?
+                    signalled=lambda: state.signalled(_SIGNAL_WAIT_S),
+                )
+            )
+        watching = _watch_schedules(plane, names) if fire_schedules and not once else None
+    except BaseException:
+        if served is not None:
+            served.close()
+        raise
+    if served is not None:
+        served.start()
     try:
         for i in range(len(state.slots)):
             _start_slot(state, i)
@@ -311,6 +333,8 @@ def run_worker(
                     "tickets of finished invocations on %s are still being tidied", o.keys.queue
                 )
         _announce(state, names, "stopped")
+        if served is not None:
+            served.close()
     if state.failure is not None:
         raise state.failure
     return state.done
@@ -526,12 +550,22 @@ def _announce(state: _State, queues: list[str], status: str) -> None:
     with contextlib.suppress(LakeshoreError):
         info["seen_at"] = store.now()
         write_sign_of_life(store, state.plane.ns, state.worker_id, info)
-    if state.metrics is not None:
-        counters, path = state.metrics
+    path = state.metrics_textfile
+    if path is not None:
         try:
-            write_textfile(path, counters.text(by_queue, queues, time.time()))
+            write_textfile(path, _metrics_text(state, queues))
         except (OSError, LakeshoreError) as e:  # best effort, as the sign of life is
             log.warning("worker metrics: cannot write %s: %s", path, e)
+
+
+def _metrics_text(state: _State, queues: list[str]) -> str:
+    """The worker's counters and what it runs now, as Prometheus text."""
+    assert state.metrics is not None
+    with state.lock:
+        by_queue: dict[str, int] = {}
+        for att in state.running:
+            by_queue[att.ops.keys.queue] = by_queue.get(att.ops.keys.queue, 0) + 1
+    return state.metrics.text(by_queue, queues, time.time())
 
 
 def _slot(state: _State, i: int, resume: Attempt | None = None) -> None:
@@ -651,7 +685,7 @@ def _count_done(state: _State, inv: str, ops: QueueOps, run: Callable[[], Attemp
         state.done += 1
         state.failed += failed
     if state.metrics is not None:
-        state.metrics[0].ended(ops.keys.queue, outcome)
+        state.metrics.ended(ops.keys.queue, outcome)
 
 
 def _drained(

@@ -145,6 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         allow=args.allow or [],
         fire_schedules=args.schedules,
         metrics_textfile=args.metrics_textfile,
+        metrics_port=args.metrics_port,
     )
     logging.getLogger("lakeshore.worker").info("worker done: %d attempt(s)", done)
     return 0
@@ -379,6 +380,13 @@ def register(sub: Any) -> None:
         metavar="PATH",
         help="rewrite this file with the worker's counters in Prometheus text at each sign "
         "of life (for node_exporter's textfile collector; docs/metrics.md)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve the worker's counters on http://127.0.0.1:PORT/metrics while it runs "
+        "(0: any free port, said in the start line; docs/metrics.md)",
     )
     p.add_argument("--data", help="data root for dls.run files (default: beside the store)")
     p.add_argument("--log-level", default="info", help="debug, info, warning (default info)")

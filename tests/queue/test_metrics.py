@@ -4,6 +4,7 @@ file write, and the loopback server whose scrapes share one census per interval.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -19,16 +20,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import lakeshore as dls
 from lakeshore import codec
-from lakeshore.cli.metrics import MetricsServer, census_families
+from lakeshore.cli.metrics import census_families
 from lakeshore.keys import worker_key
 from lakeshore.model.metrics import Family, exposition
 from lakeshore.protocol.claims import Claimer
 from lakeshore.running import metrics as running_metrics
 from lakeshore.running.metrics import write_textfile
+from lakeshore.running.metrics_server import MetricsServer
 from lakeshore.store import MemoryStore
 from tests import jobs
 from tests.commands import run
 from tests.tiers import make_plane
+from tests.waiting import poll
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -410,9 +413,9 @@ def test_serve_on_a_taken_or_impossible_port_is_a_usage_error(
         taken.listen()
         port = taken.getsockname()[1]
         code, _, err = run(capsys, "metrics", "--serve", "--port", str(port))
-    assert code == 2 and f"127.0.0.1:{port}" in err and "— pick another --port" in err
+    assert code == 2 and f"127.0.0.1:{port}" in err and "— pick another port" in err
     code, _, err = run(capsys, "metrics", "--serve", "--port", "70000")
-    assert code == 2 and "— pick another --port" in err
+    assert code == 2 and "— pick another port" in err
 
 
 def test_textfile_loop_outlives_a_store_that_is_down_even_at_the_first_round(
@@ -497,3 +500,64 @@ def test_a_census_that_fails_unexpectedly_still_holds_the_interval(
     finally:
         server.close()
     assert "KeyError: 'a defect'" in capsys.readouterr().err
+
+
+def test_a_worker_serves_its_counters_on_loopback_while_it_runs(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lakeshore.worker")
+    q = dls.Dispatch(url)
+    q.udf(jobs.add_one).submit(1)
+    stop = threading.Event()
+    w = threading.Thread(
+        target=dls.run_worker,
+        args=(q,),
+        kwargs={
+            "worker_id": "w9",
+            "metrics_port": 0,
+            "stop": stop,
+            "isolation": "thread",
+            "allow": ["tests.jobs:*"],
+        },
+    )
+    w.start()
+    try:
+
+        def start_line() -> list[str]:
+            return [m for m in caplog.messages if "metrics on" in m]
+
+        poll(lambda: start_line() != [], 30, "the worker's start line")
+        where = start_line()[0].rsplit("metrics on ", 1)[1]
+        assert where.startswith("http://127.0.0.1:") and where.endswith("/metrics")
+        done = frozenset(
+            {
+                "namespace": "default",
+                "worker": "w9",
+                "queue": "default",
+                "outcome": "succeeded",
+            }.items()
+        )
+        poll(
+            lambda: samples(_scrape(where)[2]).get(("lakeshore_worker_attempts_total", done)) == 1,
+            30,
+            "the attempt counted on the served page",
+        )
+        assert _scrape(where, host="evil.example")[0] == 421  # DNS rebinding: refused
+    finally:
+        stop.set()
+        w.join(30)
+    assert not w.is_alive()
+    with pytest.raises(urllib.error.URLError):  # the port is closed at the stop
+        urllib.request.urlopen(where, timeout=5)
+
+
+def test_a_worker_whose_metrics_port_is_taken_fails_its_start(url: str) -> None:
+    q = dls.Dispatch(url)
+    inv = q.udf(jobs.add_one).submit(1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(dls.InvalidArgument, match="pick another port") as e:
+            dls.run_worker(q, once=True, isolation="thread", metrics_port=port)
+    assert e.value.op == "run_worker" and q.status(inv) == "queued"
