@@ -6,6 +6,7 @@ and nothing of OpenTelemetry imported by lakeshore when a program does not use i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -115,6 +116,35 @@ def test_the_trace_crosses_from_a_producers_dispatch_to_a_workers(
     (submit,) = got["lakeshore.submit"]
     (run,) = got["lakeshore.run"]
     assert _continues(run, submit)
+
+
+def test_an_async_submit_is_traced_as_a_blocking_one(
+    atomic_store: Store, spans: InMemorySpanExporter
+) -> None:
+    """asubmit and amap, unkeyed (the store's async verbs) and keyed (a thread): each
+    submit gets its span and its record the trace, which the worker continues."""
+    q = make_plane(atomic_store)
+    f = q.udf(jobs.add_one)
+
+    async def produce() -> list[str]:
+        with trace.get_tracer("test").start_as_current_span("request"):
+            one = await f.asubmit(1)
+            many = await f.amap([2, 3])
+            keyed = await f.asubmit(4, _key="k")  # type: ignore[call-arg]
+        return [one, *many, keyed]
+
+    ids = asyncio.run(produce())
+    got = _by_name(spans)
+    (request,) = got["request"]
+    submits = {(s.attributes or {})["lakeshore.invocation.id"]: s for s in got["lakeshore.submit"]}
+    assert sorted(submits) == sorted(ids)
+    for inv in ids:
+        submit = submits[inv]
+        assert submit.parent is not None and submit.parent.span_id == request.context.span_id
+        assert _raw(q, inv)["traceparent"].split("-")[2] == f"{submit.context.span_id:016x}"
+    assert dls.run_worker(q, isolation="thread", max_jobs=4, idle_exit=5) == 4
+    runs = {(s.attributes or {})["lakeshore.invocation.id"]: s for s in _by_name(spans)["lakeshore.run"]}
+    assert all(_continues(runs[inv], submits[inv]) for inv in ids)
 
 
 def traced_body(x: int) -> str:
