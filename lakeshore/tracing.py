@@ -18,9 +18,10 @@ what a record says about its trace was checked on read (``lakeshore.model.trace_
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["INSTALL_HINT", "active", "require"]
+__all__ = ["INSTALL_HINT", "active", "continued", "current", "require"]
 
 INSTALL_HINT = "pip install 'lakeshore-queue[otel]'"
 _API = "opentelemetry.trace"
@@ -265,6 +266,40 @@ def carried(prelude: Callable[[], object] | None) -> Callable[[], object] | None
         return prelude() if prelude is not None else None
 
     return first
+
+
+def current() -> tuple[str, str]:
+    """The current span's W3C trace context as ``(traceparent, tracestate)``, ``("", "")``
+    while tracing is off or no span is current: what a body process continues."""
+    if _tracer() is None:
+        return "", ""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return checked_trace(carrier.get("traceparent"), carrier.get("tracestate", ""))
+
+
+@contextlib.contextmanager
+def continued(traceparent: str, tracestate: str) -> Iterator[None]:
+    """In a body process: the worker's ``lakeshore.run`` span (its :func:`current` context,
+    sent with the body) current around the body, so that the spans the body makes are its
+    children. Nothing without a context, or while this process has not imported
+    OpenTelemetry's API (then nothing here could make a span)."""
+    if not traceparent or _API not in sys.modules:
+        yield
+        return
+    from opentelemetry import context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    token = context.attach(TraceContextTextMapPropagator().extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def finishing(rec: Record) -> _Off:

@@ -179,6 +179,32 @@ def test_a_body_in_a_process_is_timed_by_the_run_span_of_its_slot(
     assert _continues(got["lakeshore.run"][0], got["lakeshore.submit"][0])
 
 
+def body_in_a_process(x: int) -> list[str]:
+    """A body run in a body process, with a tracer provider of its own (the worker's is
+    not there): its span's trace id and parent span id, as hex."""
+    from opentelemetry.sdk.trace import TracerProvider as Provider
+
+    with Provider().get_tracer("body").start_as_current_span("in the child") as span:
+        parent = getattr(span, "parent", None)
+        return [
+            f"{span.get_span_context().trace_id:032x}",
+            f"{parent.span_id:016x}" if parent is not None else "",
+        ]
+
+
+def test_a_body_in_a_process_makes_its_spans_inside_the_run_span(
+    local_plane: Any, spans: InMemorySpanExporter
+) -> None:
+    q = local_plane
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        inv = q.udf(body_in_a_process).submit(1)
+    assert dls.run_worker(q, once=True, isolation="process") == 1
+    trace_id, parent = q.result(inv, timeout=5)
+    (run,) = _by_name(spans)["lakeshore.run"]
+    assert trace_id == f"{request.get_span_context().trace_id:032x}"
+    assert parent == f"{run.context.span_id:016x}"
+
+
 @pytest.fixture
 def local_plane(tmp_path: Path) -> Any:
     from lakeshore.store import LocalStore
