@@ -143,7 +143,8 @@ def test_an_async_submit_is_traced_as_a_blocking_one(
         assert submit.parent is not None and submit.parent.span_id == request.context.span_id
         assert _raw(q, inv)["traceparent"].split("-")[2] == f"{submit.context.span_id:016x}"
     assert dls.run_worker(q, isolation="thread", max_jobs=4, idle_exit=5) == 4
-    runs = {(s.attributes or {})["lakeshore.invocation.id"]: s for s in _by_name(spans)["lakeshore.run"]}
+    ran = _by_name(spans)["lakeshore.run"]
+    runs = {(s.attributes or {})["lakeshore.invocation.id"]: s for s in ran}
     assert all(_continues(runs[inv], submits[inv]) for inv in ids)
 
 
