@@ -18,9 +18,10 @@ from typing import Any
 import msgpack
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags
 
 import lakeshore as dls
@@ -244,6 +245,44 @@ def test_no_field_is_written_without_a_current_span(
     assert "lakeshore.submit" not in got
     (run,) = got["lakeshore.run"]
     assert run.parent is None  # the worker's spans start a trace of their own
+
+
+class BrokenSampler(Sampler):
+    """A sampler with a bug: every span's start raises."""
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("sampler bug")
+
+    def get_description(self) -> str:
+        return "broken"
+
+
+class BrokenProcessor(SpanProcessor):
+    """A span processor with a bug: every span's end raises."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("processor bug")
+
+
+@pytest.mark.parametrize("broken", ["start", "end"])
+def test_a_broken_tracer_neither_fails_a_submit_nor_stops_a_worker(
+    atomic_store: Store, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    """A span is a view of the work: a tracer that raises reads as tracing off."""
+    if broken == "start":
+        provider = TracerProvider(sampler=BrokenSampler())
+    else:
+        provider = TracerProvider()
+        provider.add_span_processor(BrokenProcessor())
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1))
+    q = make_plane(atomic_store)
+    f = q.udf(jobs.add_one)
+    with trace.use_span(NonRecordingSpan(remote)):
+        inv = f.submit(1)
+        other = asyncio.run(f.asubmit(2))
+    assert dls.run_worker(q, isolation="thread", max_jobs=2, idle_exit=5) == 2
+    assert q.result(inv, timeout=5) == 2 and q.result(other, timeout=5) == 3
 
 
 def test_without_a_tracer_provider_nothing_is_written_nor_traced(atomic_store: Store) -> None:
