@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 from typing import Any
 
+from lakeshore import tracing
 from lakeshore.batch import Batch, batch_result, prepare_batch
 from lakeshore.files.context import flush, pending
 from lakeshore.plane import Plane
@@ -60,7 +61,15 @@ async def apublish_prepared(prep: Prepared) -> str:
         KeyReused, QueueFull, Conflict, StoreError: as :func:`lakeshore.submit.submit_call`.
     """
     if prep.draft.key is not None or prep.limited:
-        return await asyncio.to_thread(publish_prepared, prep)
+        return await asyncio.to_thread(publish_prepared, prep)  # traced there, as a submit
+    # the span is current in this task only: a task's context is its own copy
+    with tracing.submitting(prep.draft.queue, prep.draft.fn) as traced:
+        inv = await _apublish(prep.traced(traced.traceparent, traced.tracestate))
+        traced.identify(inv)
+        return inv
+
+
+async def _apublish(prep: Prepared) -> str:
     inv = prep.new_id()
     published = await apublish(
         prep.ops,

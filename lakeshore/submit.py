@@ -250,12 +250,7 @@ def publish_prepared(prep: Prepared) -> str:
         KeyReused, QueueFull, Conflict, StoreError: as :func:`submit_call`.
     """
     with tracing.submitting(prep.draft.queue, prep.draft.fn) as traced:
-        if traced.traceparent:  # inside a producer's span: the record carries its trace on
-            traced_draft = dataclasses.replace(
-                prep.draft, traceparent=traced.traceparent, tracestate=traced.tracestate
-            )
-            prep = dataclasses.replace(prep, draft=traced_draft)
-        inv = _publish_one(prep)
+        inv = _publish_one(prep.traced(traced.traceparent, traced.tracestate))
         traced.identify(inv)
         return inv
 
@@ -283,6 +278,13 @@ class Prepared:
     deadline_s: float | None
     wait_s: float
     strict_key: bool = False
+
+    def traced(self, traceparent: str, tracestate: str) -> Prepared:
+        """This submit with the trace context its record carries on (none: itself)."""
+        if not traceparent:  # outside a producer's span, or tracing is off
+            return self
+        draft = dataclasses.replace(self.draft, traceparent=traceparent, tracestate=tracestate)
+        return dataclasses.replace(self, draft=draft)
 
     def new_id(self) -> str:
         """An id for this submit: a delayed one carries its due time, so its ticket sorts

@@ -18,9 +18,11 @@ what a record says about its trace was checked on read (``lakeshore.model.trace_
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +34,22 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["INSTALL_HINT", "active", "require"]
+__all__ = ["INSTALL_HINT", "active", "continued", "current", "require"]
 
 INSTALL_HINT = "pip install 'lakeshore-queue[otel]'"
 _API = "opentelemetry.trace"
 _DESCRIPTION = 256  # characters of an error's type and message on a span's status
 _cached: tuple[object, Tracer] | None = None  # (provider, its tracer)
+log = logging.getLogger("lakeshore.tracing")
+_warned = False
+
+
+def _broken(what: str, e: Exception) -> None:
+    """A call into the tracer raised: say so (a warning once a process, then at debug
+    level) and go on without that span; the submit or the attempt goes on as untraced."""
+    global _warned
+    level, _warned = (logging.DEBUG if _warned else logging.WARNING), True
+    log.log(level, "tracing: %s failed, going on without it: %s: %s", what, type(e).__name__, e)
 
 
 def require(op: str = "trace") -> None:
@@ -149,7 +161,12 @@ class _Traced(_Off):
         from opentelemetry import context, trace
 
         tracer, name, kind, parent, attributes = self._start
-        self.span = span = tracer.start_span(name, parent, kind, attributes)
+        try:
+            span = tracer.start_span(name, parent, kind, attributes)
+        except Exception as e:  # a broken tracer (its sampler, a processor): no span
+            _broken(f"the start of {name}", e)
+            return self
+        self.span = span
         self._token = context.attach(trace.set_span_in_context(span, parent))
         return self
 
@@ -159,13 +176,18 @@ class _Traced(_Off):
         from opentelemetry import context
 
         span = self.span
-        assert span is not None
+        if span is None:
+            return
         try:
-            context.detach(self._token)  # type: ignore[arg-type]
-            if kind is not None:
-                _failed(span, f"{kind.__module__}.{kind.__qualname__}", str(e)[:_DESCRIPTION])
-        finally:
-            span.end()
+            try:
+                context.detach(self._token)  # type: ignore[arg-type]
+                if kind is not None:
+                    what = f"{kind.__module__}.{kind.__qualname__}"
+                    _failed(span, what, str(e)[:_DESCRIPTION])
+            finally:
+                span.end()
+        except Exception as problem:  # e.g. a span processor's on_end raised
+            _broken(f"the end of {self._start[1]}", problem)
 
 
 class _Submit(_Traced):
@@ -173,6 +195,8 @@ class _Submit(_Traced):
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         super().__enter__()
+        if self.span is None:  # no span: the record is written untraced
+            return self
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier)  # the lakeshore.submit span's
         checked = checked_trace(carrier.get("traceparent"), carrier.get("tracestate", ""))
@@ -180,13 +204,14 @@ class _Submit(_Traced):
         return self
 
     def identify(self, inv: str) -> None:
-        assert self.span is not None
-        self.span.set_attribute("lakeshore.invocation.id", inv)
+        if self.span is not None:
+            self.span.set_attribute("lakeshore.invocation.id", inv)
 
 
 class _Run(_Traced):
     def ended(self, error: Mapping[str, str] | None = None, halt: str = "") -> None:
-        assert self.span is not None
+        if self.span is None:
+            return
         if error is not None:
             message = error.get("message", "")[:_DESCRIPTION]
             _failed(self.span, error.get("type", "error"), message)
@@ -198,8 +223,8 @@ class _Run(_Traced):
 
 class _Finish(_Traced):
     def ended(self, error: Mapping[str, str] | None = None, halt: str = "") -> None:
-        assert self.span is not None
-        self.span.set_attribute("lakeshore.state", halt)  # what the write left it in
+        if self.span is not None:
+            self.span.set_attribute("lakeshore.state", halt)  # what the write left it in
 
 
 def submitting(queue: str, fn: str) -> _Off:
@@ -235,7 +260,11 @@ def claimed(rec: Record, started_ns: int) -> None:
     from opentelemetry import trace
 
     kind, parent = trace.SpanKind.CONSUMER, _parent(rec)
-    tracer.start_span("lakeshore.claim", parent, kind, _attributes(rec), None, started_ns).end()
+    try:
+        name, attributes = "lakeshore.claim", _attributes(rec)
+        tracer.start_span(name, parent, kind, attributes, None, started_ns).end()
+    except Exception as e:  # a broken tracer: the claim holds, with no span
+        _broken("the lakeshore.claim span", e)
 
 
 def running(rec: Record) -> _Off:
@@ -265,6 +294,40 @@ def carried(prelude: Callable[[], object] | None) -> Callable[[], object] | None
         return prelude() if prelude is not None else None
 
     return first
+
+
+def current() -> tuple[str, str]:
+    """The current span's W3C trace context as ``(traceparent, tracestate)``, ``("", "")``
+    while tracing is off or no span is current: what a body process continues."""
+    if _tracer() is None:
+        return "", ""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return checked_trace(carrier.get("traceparent"), carrier.get("tracestate", ""))
+
+
+@contextlib.contextmanager
+def continued(traceparent: str, tracestate: str) -> Iterator[None]:
+    """In a body process: the worker's ``lakeshore.run`` span (its :func:`current` context,
+    sent with the body) current around the body, so that the spans the body makes are its
+    children. Nothing without a context, or while this process has not imported
+    OpenTelemetry's API (then nothing here could make a span)."""
+    if not traceparent or _API not in sys.modules:
+        yield
+        return
+    from opentelemetry import context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    token = context.attach(TraceContextTextMapPropagator().extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def finishing(rec: Record) -> _Off:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Callable, Iterable
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from lakeshore import results
 from lakeshore.asubmit import amap_calls, asubmit_call
@@ -25,7 +25,8 @@ from lakeshore.udf_options import WithOptions, given_options
 __all__ = ["Udf"]
 
 P = ParamSpec("P")
-R = TypeVar("R")
+R = TypeVar("R", covariant=True)  # a Udf of a generator is a Udf of an iterator
+T = TypeVar("T")
 
 
 class Udf(Declared, Generic[P, R]):
@@ -133,11 +134,26 @@ class Udf(Declared, Generic[P, R]):
             ),
         )
 
-    def remote(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    # remote gives what the worker made of the body: an async body's value, a streaming
+    # body's list of yields; the body's own result type otherwise
+    @overload
+    def remote(self: Udf[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+    @overload
+    def remote(self: Udf[P, Iterator[T]], *args: P.args, **kwargs: P.kwargs) -> list[T]: ...
+
+    @overload
+    def remote(self: Udf[P, AsyncIterator[T]], *args: P.args, **kwargs: P.kwargs) -> list[T]: ...
+
+    @overload
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Submit a call and wait for its result: ``f.remote(x)`` is
-        ``q.result(f.submit(x))``. Takes :meth:`submit`'s options, plus ``_result_timeout``
-        (seconds to wait; default: for good); typed: ``f.options(result_timeout=30).remote(x)``.
-        A worker must be running.
+        ``q.result(f.submit(x))`` (an async body's value; a streaming body's yields, as a
+        list). Takes :meth:`submit`'s options, plus ``_result_timeout`` (seconds to wait;
+        default: for good); typed: ``f.options(result_timeout=30).remote(x)``. A worker must
+        be running.
 
         Raises:
             as :meth:`submit`; and Failed, Killed, TimedOut: the invocation ended that way;
@@ -151,7 +167,7 @@ class Udf(Declared, Generic[P, R]):
                 f"remote {self.ref}", f"_result_timeout={timeout!r}", "pass seconds >= 0, or None"
             )
         inv = self.submit(*args, **kwargs)
-        return cast(R, results.result(plane_of(self.plane), inv, timeout))
+        return results.result(plane_of(self.plane), inv, timeout)
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """Enqueue a call; return its invocation id (a ULID string). A type checker checks

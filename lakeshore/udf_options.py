@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Iterable
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from lakeshore.errors import InvalidArgument
 
 __all__ = ["Sendable", "WithOptions", "given_options"]
 
 P = ParamSpec("P")
-R = TypeVar("R")
+R = TypeVar("R", covariant=True)  # a view of a generator's Udf is a view of an iterator's
 R_co = TypeVar("R_co", covariant=True)
+T = TypeVar("T")
 
 
 class Sendable(Protocol[P, R_co]):
@@ -126,13 +127,29 @@ class WithOptions(Generic[P, R]):
         """
         return cast(str, self._call(self.udf.submit, "submit", args, kwargs))
 
-    def remote(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    @overload
+    def remote(
+        self: WithOptions[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+
+    @overload
+    def remote(self: WithOptions[P, Iterator[T]], *args: P.args, **kwargs: P.kwargs) -> list[T]: ...
+
+    @overload
+    def remote(
+        self: WithOptions[P, AsyncIterator[T]], *args: P.args, **kwargs: P.kwargs
+    ) -> list[T]: ...
+
+    @overload
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
         """:meth:`Udf.remote` with the bound options (``result_timeout`` included).
 
         Raises:
             as :meth:`Udf.remote`.
         """
-        return cast(R, self._call(self.udf.remote, "remote", args, kwargs))
+        return self._call(self.udf.remote, "remote", args, kwargs)
 
     async def asubmit(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """:meth:`Udf.asubmit` with the bound options.

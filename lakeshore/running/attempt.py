@@ -513,7 +513,9 @@ def _execute(
     if isolation is Isolation.PROCESS:
         if slot.child is None:
             slot.child = ChildProcess(slot.hooks, slot.signalled)
-        call = BodyCall(rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True)  # by _load
+        call = BodyCall(
+            rec.fn, rec.fn_pickle, kind, payload, spec, rec, approved=True, trace=tracing.current()
+        )  # approved by _load; the trace: the run span, current in this thread
         started = timer.start if timer else None
         return slot.child.run(call, stop, journal.add, log_sink, started, fence)
 

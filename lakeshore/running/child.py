@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lakeshore import codec
+from lakeshore import codec, tracing
 from lakeshore.errors import (
     HookFailed,
     InvalidArgument,
@@ -166,6 +166,7 @@ class BodyCall:
     spec: RunSpec | None
     record: Record
     approved: bool = False
+    trace: tuple[str, str] = ("", "")  # the worker's run span, which the body's spans join
 
 
 def _serve(conn: Any, hooks: Hooks, env: dict[str, str] | None = None) -> None:
@@ -240,17 +241,18 @@ def _serve(conn: Any, hooks: Hooks, env: dict[str, str] | None = None) -> None:
                     def emit(data: bytes) -> None:
                         send(("frame", data))
 
-                    data = call_body(
-                        fn,
-                        call.kind,
-                        tuple(args),
-                        kwargs,
-                        threading.Event(),
-                        emit,
-                        call.spec,
-                        True,
-                        fence,
-                    )
+                    with tracing.continued(*call.trace):
+                        data = call_body(
+                            fn,
+                            call.kind,
+                            tuple(args),
+                            kwargs,
+                            threading.Event(),
+                            emit,
+                            call.spec,
+                            True,
+                            fence,
+                        )
                     send(("ok", data))
                 except Stopped:
                     send(("stopped",))

@@ -593,7 +593,7 @@ class S3Store(Store):
         for attempt in range(self.retries + 1):
             obs = self._data_path()
             if obs is None:
-                return await asyncio.to_thread(self.get, key, max_bytes)
+                break
             try:
                 got = await obs.aget(self._k(key))
                 if max_bytes is not None and got.size > max_bytes:
@@ -601,11 +601,13 @@ class S3Store(Store):
                 return await got.read(), got.etag
             except self._obstore_errors as e:
                 if self._left_obstore(e):
-                    continue  # sent again through boto3
+                    break  # sent again through boto3, even after the last attempt
                 if _classify(e)[0] != "transient" or attempt == self.retries:
                     raise self._error("get", key, e) from e
             await asyncio.sleep(self._backoff_s(attempt))
-        raise AssertionError("unreachable")
+        else:
+            raise AssertionError("unreachable")
+        return await asyncio.to_thread(self.get, key, max_bytes)
 
     async def aput(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
         """:meth:`put` on obstore's async client: the same retries, the same read-back of an

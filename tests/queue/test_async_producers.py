@@ -18,10 +18,14 @@ import pytest
 
 import lakeshore as dls
 from lakeshore.errors import InvalidArgument, MapFailed, StoreError, StoreUnavailable
+from lakeshore.keys import QueueKeys
+from lakeshore.protocol.gc import collect
+from lakeshore.protocol.steps import ORPHAN_GRACE_S
 from lakeshore.store import MemoryStore, PutMode, Store
 from lakeshore.store.base import OVERWRITE
 from tests import jobs
 from tests.forwarding import Forwarding
+from tests.gating import Gate, Run
 from tests.tiers import FAKE_CREDS, make_plane
 
 
@@ -214,3 +218,115 @@ def test_options_view_sends_its_options_and_the_underscore_spelling_still_works(
         assert view.options(result_timeout=30).remote(4) == 5
     finally:
         worker.join(60)
+
+
+# -- a lost race, a fenced submit, a lost answer: the async path as the blocking one -------------
+
+
+class LoopGate(Gate):
+    """A :class:`Gate` whose async verbs run in the caller's thread, as an async client's
+    do: a trap names the thread that runs the event loop."""
+
+    async def aget(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        return self.get(key, max_bytes)
+
+    async def aput(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        return self.put(key, data, mode)
+
+
+def _in_loop(coro_fn: Callable[[], Any], prefix: str) -> Any:
+    """Run ``coro_fn()`` in a new loop whose one thread (``to_thread``) is ``prefix_0``."""
+
+    async def main() -> Any:
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=prefix)
+        )
+        return await coro_fn()
+
+    return asyncio.run(main())
+
+
+def _live_ids(q: Any) -> list[str]:
+    """The queued invocations (a tombstone has a ticket too, of a killed record)."""
+    ids = sorted(QueueKeys.id_of(t.key) for t in q.plane.ops("default").tickets())
+    return [i for i in ids if q.status(i) == "queued"]
+
+
+def test_an_asubmit_fenced_out_before_its_ticket_is_abandoned(atomic_store: Store) -> None:
+    gate = LoopGate(atomic_store)
+    q = make_plane(gate, spill_bytes=64)
+    f = q.udf(jobs.size_of)
+    stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow")
+    slow = Run("slow", lambda: asyncio.run(f.asubmit(b"z" * 1000)))
+    stall.wait()  # spilled arguments written, no ticket
+    ops = q.plane.ops("default")
+    report = collect(ops, q.plane.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S)
+    [orphan] = report.orphans  # gc fences the folder: a tombstone at the submit's id
+    stall.go.set()
+    with pytest.raises(dls.Conflict, match="abandoned") as err:
+        slow.result()  # no id returned: nothing was submitted
+    assert err.value.details["id"] == orphan
+    assert _live_ids(q) == []
+    assert q.get(orphan).error["type"] == "SubmitAbandoned"  # type: ignore[index]
+
+
+def test_a_keyed_asubmit_fenced_out_starts_over_under_a_new_id(atomic_store: Store) -> None:
+    gate = Gate(atomic_store)
+    q = make_plane(gate, spill_bytes=64)
+    f = q.udf(jobs.size_of)
+    stall = gate.trap("PUT", lambda k: "/_tickets/" in k, "slow_0")  # the loop's thread
+    slow = Run("slow", lambda: _in_loop(lambda: f.asubmit(b"k" * 1000, _key="k"), "slow"))
+    stall.wait()  # key taken, arguments spilled, no ticket
+    ops = q.plane.ops("default")
+    [fenced] = collect(ops, q.plane.settings, 0.0, q.store.now() + 2 * ORPHAN_GRACE_S).orphans
+    stall.go.set()
+    inv = slow.result()
+    assert inv != fenced and _live_ids(q) == [inv]
+    assert asyncio.run(f.asubmit(b"k" * 1000, _key="k")) == inv  # the key names the new id
+    _drain(q, 1)
+    assert q.result(inv, timeout=10) == 1000
+
+
+def test_asubmits_racing_on_one_key_get_one_invocation(atomic_store: Store) -> None:
+    gate = Gate(atomic_store)
+    q = make_plane(gate)
+    f = q.udf(jobs.add_one)
+    # the first stops right after taking the key, the second right after reading it
+    took = gate.trap("PUT", lambda k: "/_keys/" in k, "first_0", after=True)
+    read = gate.trap("GET", lambda k: "/_keys/" in k, "second_0", after=True)
+    first = Run("first", lambda: _in_loop(lambda: f.asubmit(1, _key="k"), "first"))
+    took.wait()
+    second = Run("second", lambda: _in_loop(lambda: f.asubmit(1, _key="k"), "second"))
+    read.wait()  # the key names the first's id, which has no record yet
+    took.go.set()
+    inv = first.result()
+    read.go.set()
+    assert second.result() == inv
+    assert _live_ids(q) == [inv]
+
+
+class RetriedCreate(Forwarding):
+    """The ticket's create lands, but its answer is lost and the store's retry meets the
+    object it wrote: Conflict (what S3 answers a retried If-None-Match PUT)."""
+
+    tickets = 0
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        if "/_tickets/" in key and mode.name == "create" and self.tickets == 0:
+            self.tickets += 1
+            self.inner.put(key, data, mode)
+            raise dls.Conflict("put", "exists", "retry")
+        return self.inner.put(key, data, mode)
+
+
+@pytest.mark.parametrize("options", [{}, {"_key": "k"}], ids=["plain", "keyed"])
+def test_an_asubmit_whose_ticket_answer_was_lost_still_returns_the_id(
+    options: dict[str, Any],
+) -> None:
+    store = RetriedCreate(MemoryStore())
+    q = make_plane(store)
+    inv = asyncio.run(q.udf(jobs.add_one).asubmit(41, **options))
+    assert store.tickets == 1  # the lost answer happened
+    assert _live_ids(q) == [inv] and q.status(inv) == "queued"
+    _drain(q, 1)
+    assert q.result(inv, timeout=10) == 42

@@ -6,6 +6,7 @@ and nothing of OpenTelemetry imported by lakeshore when a program does not use i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,9 +18,10 @@ from typing import Any
 import msgpack
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags
 
 import lakeshore as dls
@@ -117,6 +119,36 @@ def test_the_trace_crosses_from_a_producers_dispatch_to_a_workers(
     assert _continues(run, submit)
 
 
+def test_an_async_submit_is_traced_as_a_blocking_one(
+    atomic_store: Store, spans: InMemorySpanExporter
+) -> None:
+    """asubmit and amap, unkeyed (the store's async verbs) and keyed (a thread): each
+    submit gets its span and its record the trace, which the worker continues."""
+    q = make_plane(atomic_store)
+    f = q.udf(jobs.add_one)
+
+    async def produce() -> list[str]:
+        with trace.get_tracer("test").start_as_current_span("request"):
+            one = await f.asubmit(1)
+            many = await f.amap([2, 3])
+            keyed = await f.asubmit(4, _key="k")  # type: ignore[call-arg]
+        return [one, *many, keyed]
+
+    ids = asyncio.run(produce())
+    got = _by_name(spans)
+    (request,) = got["request"]
+    submits = {(s.attributes or {})["lakeshore.invocation.id"]: s for s in got["lakeshore.submit"]}
+    assert sorted(submits) == sorted(ids)
+    for inv in ids:
+        submit = submits[inv]
+        assert submit.parent is not None and submit.parent.span_id == request.context.span_id
+        assert _raw(q, inv)["traceparent"].split("-")[2] == f"{submit.context.span_id:016x}"
+    assert dls.run_worker(q, isolation="thread", max_jobs=4, idle_exit=5) == 4
+    ran = _by_name(spans)["lakeshore.run"]
+    runs = {(s.attributes or {})["lakeshore.invocation.id"]: s for s in ran}
+    assert all(_continues(runs[inv], submits[inv]) for inv in ids)
+
+
 def traced_body(x: int) -> str:
     """A body that makes a span of its own: it nests inside lakeshore.run."""
     with trace.get_tracer("body").start_as_current_span("inside the body") as span:
@@ -147,6 +179,32 @@ def test_a_body_in_a_process_is_timed_by_the_run_span_of_its_slot(
     assert q.result(inv, timeout=5) == 2
     got = _by_name(spans)
     assert _continues(got["lakeshore.run"][0], got["lakeshore.submit"][0])
+
+
+def body_in_a_process(x: int) -> list[str]:
+    """A body run in a body process, with a tracer provider of its own (the worker's is
+    not there): its span's trace id and parent span id, as hex."""
+    from opentelemetry.sdk.trace import TracerProvider as Provider
+
+    with Provider().get_tracer("body").start_as_current_span("in the child") as span:
+        parent = getattr(span, "parent", None)
+        return [
+            f"{span.get_span_context().trace_id:032x}",
+            f"{parent.span_id:016x}" if parent is not None else "",
+        ]
+
+
+def test_a_body_in_a_process_makes_its_spans_inside_the_run_span(
+    local_plane: Any, spans: InMemorySpanExporter
+) -> None:
+    q = local_plane
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        inv = q.udf(body_in_a_process).submit(1)
+    assert dls.run_worker(q, once=True, isolation="process") == 1
+    trace_id, parent = q.result(inv, timeout=5)
+    (run,) = _by_name(spans)["lakeshore.run"]
+    assert trace_id == f"{request.get_span_context().trace_id:032x}"
+    assert parent == f"{run.context.span_id:016x}"
 
 
 @pytest.fixture
@@ -187,6 +245,44 @@ def test_no_field_is_written_without_a_current_span(
     assert "lakeshore.submit" not in got
     (run,) = got["lakeshore.run"]
     assert run.parent is None  # the worker's spans start a trace of their own
+
+
+class BrokenSampler(Sampler):
+    """A sampler with a bug: every span's start raises."""
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("sampler bug")
+
+    def get_description(self) -> str:
+        return "broken"
+
+
+class BrokenProcessor(SpanProcessor):
+    """A span processor with a bug: every span's end raises."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("processor bug")
+
+
+@pytest.mark.parametrize("broken", ["start", "end"])
+def test_a_broken_tracer_neither_fails_a_submit_nor_stops_a_worker(
+    atomic_store: Store, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    """A span is a view of the work: a tracer that raises reads as tracing off."""
+    if broken == "start":
+        provider = TracerProvider(sampler=BrokenSampler())
+    else:
+        provider = TracerProvider()
+        provider.add_span_processor(BrokenProcessor())
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1))
+    q = make_plane(atomic_store)
+    f = q.udf(jobs.add_one)
+    with trace.use_span(NonRecordingSpan(remote)):
+        inv = f.submit(1)
+        other = asyncio.run(f.asubmit(2))
+    assert dls.run_worker(q, isolation="thread", max_jobs=2, idle_exit=5) == 2
+    assert q.result(inv, timeout=5) == 2 and q.result(other, timeout=5) == 3
 
 
 def test_without_a_tracer_provider_nothing_is_written_nor_traced(atomic_store: Store) -> None:

@@ -327,6 +327,23 @@ def test_a_bucket_in_another_region_moves_the_default_store_to_boto3(
     assert forced.transport == "obstore"
 
 
+@pytest.mark.parametrize("verb", ["aget", "aput"])
+@pytest.mark.parametrize("retries", [0, 2])
+def test_the_async_verbs_move_to_boto3_as_the_blocking_ones(
+    aws_env: Path, scripted: Any, verb: str, retries: int
+) -> None:
+    """A redirect on the last attempt left to the async verbs still goes through boto3."""
+    import asyncio
+
+    server, store = scripted(_redirect_obstore, transport=None, retries=retries)
+    if verb == "aget":
+        assert asyncio.run(store.aget("k")) == (b"v", '"e1"')
+    else:
+        assert asyncio.run(store.aput("k", b"v")) == '"e1"'
+    assert store.transport == "boto3" and not store.native_async
+    assert [_client_of(h) for *_, h in server.seen] == ["obstore", "boto3"]
+
+
 def _tls_files(folder: Path) -> tuple[Path, Path, Path]:
     """A CA and a certificate it signed for 127.0.0.1: (CA bundle, certificate, key)."""
     import datetime

@@ -5,6 +5,7 @@ being an error fails the test, and so does a right call that becomes one."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import assert_type
 
 import lakeshore as dls
@@ -32,6 +33,22 @@ def loose(x: int, **extra: object) -> int:
     return x
 
 
+@q.udf
+async def fetch(x: int) -> int:
+    return x
+
+
+@q.udf
+def count(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+@q.udf
+async def ticks(n: int) -> AsyncIterator[str]:
+    for i in range(n):
+        yield str(i)
+
+
 async def producers() -> None:
     # right calls: the body's parameters, by position or keyword
     assert_type(add.submit(1), str)
@@ -41,6 +58,14 @@ async def producers() -> None:
     assert_type(add.remote(1), int)
     assert_type(label.remote("a"), str)
     assert_type(add(1, 2), int)
+    # remote waits for the result: an async body's value, a streaming body's list of yields
+    assert_type(fetch.remote(1), int)
+    assert_type(fetch.options(result_timeout=30).remote(1), int)
+    assert_type(count.remote(3), list[int])
+    assert_type(count.options(priority=1).remote(3), list[int])
+    assert_type(ticks.remote(3), list[str])
+    assert_type(await fetch(1), int)  # calling it runs the body here: a coroutine
+    assert_type(fetch.submit(1), str)
     # options, typed
     assert_type(add.options(priority=9, delay_s=5).submit(x=1), str)
     assert_type(add.options(key="k", strict_key=True).options(max_attempts=2).submit(1), str)
@@ -68,5 +93,7 @@ async def producers() -> None:
     add.options(priority="high")  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     # the underscore options work at run time, but are not the body's parameters
     add.submit(1, _priority=9)  # type: ignore[call-arg]  # pyright: ignore[reportCallIssue]
+    await fetch.remote(1)  # type: ignore[misc]  # pyright: ignore[reportGeneralTypeIssues]
+    fetch.remote("1")  # type: ignore[call-overload]  # pyright: ignore[reportCallIssue, reportArgumentType]
     x: str = add.remote(1)  # type: ignore[assignment]  # pyright: ignore[reportAssignmentType]
     del x

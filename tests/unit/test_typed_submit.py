@@ -56,3 +56,17 @@ def test_pyright_checks_submits_against_the_body(tmp_path: Path) -> None:
     done = _run([exe, "--project", str(config), "--pythonpath", sys.executable, str(CHECKED)])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 errors" in done.stdout, done.stdout
+
+
+def test_the_options_view_takes_every_submit_option() -> None:
+    """A submit option added later must be added to ``f.options(...)`` (and to a view's
+    own ``options``) too, or typed code could not pass it."""
+    import inspect
+
+    from lakeshore.submit import OPTIONS
+    from lakeshore.udf import Udf
+    from lakeshore.udf_options import WithOptions
+
+    for method in (Udf.options, WithOptions.options):
+        taken = set(inspect.signature(method).parameters) - {"self"}
+        assert taken == OPTIONS | {"result_timeout"}, method
