@@ -102,18 +102,20 @@ async def amap_calls(
     await _warm(plane, udf, options)
     batch: Batch = prepare_batch(plane, udf, calls, keys, concurrency, False, options)
     await _flush()
-    room = asyncio.Semaphore(batch.workers)
     ids: dict[int, str] = {}
     errors: dict[int, Exception] = {}
+    todo = iter(batch.todo)  # shared by the publishers: one loop, so no lock
 
-    async def one(i: int) -> None:
-        async with room:
+    async def publisher() -> None:
+        # a few publishers that take the next call, not a task per call: a batch of a
+        # million calls holds `concurrency` tasks, not a million
+        for i in todo:
             try:
                 ids[i] = await apublish_prepared(batch.preps[i])
             except Exception as e:  # every call is attempted; failures are reported together
                 errors[i] = e
 
-    await asyncio.gather(*(one(i) for i in batch.todo))
+    await asyncio.gather(*(publisher() for _ in range(min(batch.workers, len(batch.todo)))))
     return batch_result(udf.ref, batch, ids, errors)
 
 

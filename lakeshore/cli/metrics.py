@@ -27,7 +27,6 @@ from lakeshore.text import inert
 __all__ = ["census_families", "register"]
 
 
-
 def census_families(q: Dispatch, queues: list[str] | None, recent: int = 100) -> list[Family]:
     """One census of ``q``'s namespace as metric families: ``queues``, or (None) the
     queues live workers serve and ``default``, as ``lakeshore status`` picks them.

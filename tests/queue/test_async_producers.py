@@ -330,3 +330,31 @@ def test_an_asubmit_whose_ticket_answer_was_lost_still_returns_the_id(
     assert _live_ids(q) == [inv] and q.status(inv) == "queued"
     _drain(q, 1)
     assert q.result(inv, timeout=10) == 42
+
+
+class InFlight(MemoryStore):
+    """Counts the async PUTs in flight and the tasks alive while each one is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now_in_flight = self.most_in_flight = self.most_tasks = 0
+
+    async def aput(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        self.now_in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.now_in_flight)
+        self.most_tasks = max(self.most_tasks, len(asyncio.all_tasks()))
+        try:
+            await asyncio.sleep(0)  # let the other publishers in
+            return await super().aput(key, data, mode)
+        finally:
+            self.now_in_flight -= 1
+
+
+def test_amap_holds_concurrency_publishers_not_a_task_per_call() -> None:
+    store = InFlight()
+    q = make_plane(store)
+    f = q.udf(jobs.add_one)
+    ids = asyncio.run(f.amap(range(200), concurrency=3))
+    assert len(set(ids)) == 200 and all(q.status(i) == "queued" for i in ids)
+    assert store.most_in_flight == 3
+    assert store.most_tasks <= 3 + 1  # the publishers and the main task
