@@ -19,6 +19,14 @@ MAX_LIVE: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
+def write_pid(path: str) -> None:
+    """Write this process's pid to ``path`` whole or not at all: a test that polls for the
+    file reads it as soon as it exists, and must never read it empty (write, then rename)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    Path(tmp).write_text(str(os.getpid()))
+    os.replace(tmp, path)
+
+
 def add_one(x: int) -> int:
     return x + 1
 
@@ -83,7 +91,7 @@ async def sleep_async(seconds: float) -> str:
 
 def touch_then_sleep(path: str, seconds: float) -> int:
     """Marks that it started (for crash tests), then sleeps."""
-    Path(path).write_text(str(os.getpid()))
+    write_pid(path)
     time.sleep(seconds)
     return os.getpid()
 
@@ -119,7 +127,7 @@ def slow_first_time(marker: str, seconds: float) -> int:
     """The first attempt marks itself and sleeps (to be killed); later attempts return."""
     p = Path(marker)
     if not p.exists():
-        p.write_text(str(os.getpid()))
+        write_pid(marker)
         time.sleep(seconds)
     return os.getpid()
 
@@ -357,7 +365,7 @@ def writes_then_blocks(seconds: float) -> str:
 
 def pid_after_file(path: str, timeout: float = 120.0) -> int:
     """Note the body's pid in ``path + '.pid'``, block until ``path`` exists, return the pid."""
-    Path(path + ".pid").write_text(str(os.getpid()))
+    write_pid(path + ".pid")
     wait_for_file(path, timeout)
     return os.getpid()
 
