@@ -16,7 +16,7 @@ from typing import Any
 
 from lakeshore.cli.common import add_common, finite, note_if_unknown, plane
 from lakeshore.dispatch import Dispatch
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
 from lakeshore.model.metrics import Family, exposition
 from lakeshore.model.record import STATES
 from lakeshore.protocol.census import queue_status, workers_seen
@@ -120,9 +120,16 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     if args.interval is not None and not args.interval > 0:
         raise InvalidArgument("metrics", "--interval must be > 0", "e.g. --interval 15")
     q = plane(args)
+    # a loop outlives a store that is down, even at its start (a service started at boot):
+    # the census says so each round, and the note on a mistyped name is then left out
+    looping = args.serve or (args.textfile and args.interval is not None)
     try:
         for name in args.queues:
-            note_if_unknown(q, name)
+            try:
+                note_if_unknown(q, name)
+            except StoreError:
+                if not looping:
+                    raise
         queues = list(args.queues) or None
 
         def collect() -> str:

@@ -561,3 +561,41 @@ def test_a_worker_whose_metrics_port_is_taken_fails_its_start(url: str) -> None:
         with pytest.raises(dls.InvalidArgument, match="pick another port") as e:
             dls.run_worker(q, once=True, isolation="thread", metrics_port=port)
     assert e.value.op == "run_worker" and q.status(inv) == "queued"
+
+
+def test_textfile_loop_of_named_queues_outlives_a_store_that_is_down_at_the_start(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service started at boot names its queues; the store is not up yet. The look for
+    an unknown queue name before the loop must not end the service the loop would keep."""
+    import time
+    import types
+
+    from lakeshore.store.local import LocalStore
+
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+    down = [True]
+    real_list = LocalStore.list
+
+    def listing(self: LocalStore, prefix: str = "", start_after: str | None = None) -> Any:
+        if down[0]:
+            raise dls.StoreError("list", "the store is down", "check the endpoint")
+        return real_list(self, prefix, start_after)
+
+    rounds: list[float] = []
+
+    def between_rounds(s: float) -> None:  # the loop's wait: the store comes up, then Ctrl-C
+        rounds.append(s)
+        down[0] = False
+        if len(rounds) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStore, "list", listing)
+    fake_time = types.SimpleNamespace(sleep=between_rounds, monotonic=time.monotonic)
+    monkeypatch.setattr("lakeshore.cli.metrics.time", fake_time)
+    path = tmp_path / "m.prom"
+    code, _, err = run(capsys, "metrics", "default", "--textfile", str(path), "--interval", "5")
+    assert code == 0, err
+    assert "the store is down" in err and rounds == [5.0, 5.0]
+    found = samples(path.read_text())
+    assert value(found, "lakeshore_queue_queued", namespace="default", queue="default") == 1
