@@ -599,3 +599,23 @@ def test_textfile_loop_of_named_queues_outlives_a_store_that_is_down_at_the_star
     assert "the store is down" in err and rounds == [5.0, 5.0]
     found = samples(path.read_text())
     assert value(found, "lakeshore_queue_queued", namespace="default", queue="default") == 1
+
+
+def test_a_worker_interrupted_while_it_stops_still_frees_its_metrics_port(url: str) -> None:
+    """A second Ctrl-C that lands in the stop's last steps (here: in the on_stop hook; in a
+    notebook, while tickets are tidied) must not leave the port served by a thread of the
+    process: the next run_worker on that port would be refused."""
+    q = dls.Dispatch(url)
+    q.udf(jobs.add_one).submit(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dls.run_worker(q, once=True, isolation="thread", metrics_port=port, on_stop=interrupted)
+    assert not [t for t in threading.enumerate() if t.name == "lakeshore-metrics"]
+    with socket.socket() as again:  # free: a new worker may serve on it
+        again.bind(("127.0.0.1", port))
