@@ -619,3 +619,41 @@ def test_a_worker_interrupted_while_it_stops_still_frees_its_metrics_port(url: s
     assert not [t for t in threading.enumerate() if t.name == "lakeshore-metrics"]
     with socket.socket() as again:  # free: a new worker may serve on it
         again.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--interval", "5"], ["--port", "9400"], ["--textfile", "m.prom", "--port", "9400"]],
+)
+def test_a_metrics_option_that_would_be_dropped_is_refused(
+    url: str, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Printed once, `--interval` and `--port` would do nothing: a user who gave them
+    expects a loop or a port, so the command says it instead of printing once."""
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+    code, out, err = run(capsys, "metrics", *argv)
+    assert code == 2 and out == "" and " — " in err, err
+
+
+def test_a_textfile_loop_refuses_a_missing_folder_before_its_first_census(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in the folder is said at once, even while the store is down (the census of
+    the first round fails): not hours later, when the store answers."""
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+
+    def down(*_: Any, **__: Any) -> Any:
+        raise dls.StoreError("census", "the store is down", "check the endpoint")
+
+    def between_rounds(s: float) -> None:
+        raise AssertionError("looped with a file it can never write")
+
+    import time
+    import types
+
+    monkeypatch.setattr("lakeshore.cli.metrics.census_families", down)
+    fake_time = types.SimpleNamespace(sleep=between_rounds, monotonic=time.monotonic)
+    monkeypatch.setattr("lakeshore.cli.metrics.time", fake_time)
+    where = str(tmp_path / "typo" / "m.prom")
+    code, _, err = run(capsys, "metrics", "--textfile", where, "--interval", "5")
+    assert code == 2 and "no folder" in err
