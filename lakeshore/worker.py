@@ -317,24 +317,29 @@ def run_worker(
         _supervise(state, names, 0.0, announce_s, deadline=time.monotonic() + 10)
         raise
     finally:
-        if watching is not None:  # a firing under way ends first (its object stays right)
-            watching[0].set()
-            watching[1].join(_SCHEDULES_JOIN_S)
-        if restore is not None:
-            restore()
-        if hooks.on_stop is not None and isolation is not Isolation.PROCESS:
-            try:
-                hooks.on_stop()
-            except Exception as e:  # best effort
-                log.warning("on_stop hook failed: %s", e)
-        for o in ops:
-            if not o.flush():
-                log.warning(
-                    "tickets of finished invocations on %s are still being tidied", o.keys.queue
-                )
-        _announce(state, names, "stopped")
-        if served is not None:
-            served.close()
+        try:
+            if watching is not None:  # a firing under way ends first (its object stays right)
+                watching[0].set()
+                watching[1].join(_SCHEDULES_JOIN_S)
+            if restore is not None:
+                restore()
+            if hooks.on_stop is not None and isolation is not Isolation.PROCESS:
+                try:
+                    hooks.on_stop()
+                except Exception as e:  # best effort
+                    log.warning("on_stop hook failed: %s", e)
+            for o in ops:
+                if not o.flush():
+                    log.warning(
+                        "tickets of finished invocations on %s are still being tidied",
+                        o.keys.queue,
+                    )
+            _announce(state, names, "stopped")
+        finally:
+            # also when a second Ctrl-C lands in the steps above: the port and its thread
+            # would outlive this worker in its process (a notebook's next run is refused)
+            if served is not None:
+                served.close()
     if state.failure is not None:
         raise state.failure
     return state.done

@@ -59,6 +59,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         options["_not_before"] = args.not_before
     if args.after:  # docs/dependencies.md
         options.update(_after=args.after, _after_failure=args.after_failure)
+    twice = sorted(set(kwargs) & set(options))
+    if twice:  # else a TypeError of the call below, as a traceback
+        raise InvalidArgument(
+            "submit",
+            f"--kwargs gives {twice[0]!r}, which the command's options give too",
+            "give it once: as the option, or in --kwargs",
+        )
     # a @udf keeps its settings and its retry rule; the command's options go over them
     own = target if isinstance(target, Declared) else Declared(fn, False)
     rule = own.retry

@@ -16,11 +16,11 @@ from typing import Any
 
 from lakeshore.cli.common import add_common, finite, note_if_unknown, plane
 from lakeshore.dispatch import Dispatch
-from lakeshore.errors import InvalidArgument, LakeshoreError
+from lakeshore.errors import InvalidArgument, LakeshoreError, StoreError
 from lakeshore.model.metrics import Family, exposition
 from lakeshore.model.record import STATES
 from lakeshore.protocol.census import queue_status, workers_seen
-from lakeshore.running.metrics import write_textfile
+from lakeshore.running.metrics import check_textfile, write_textfile
 from lakeshore.running.metrics_server import DEFAULT_PORT, MetricsServer
 from lakeshore.text import inert
 
@@ -119,10 +119,26 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
         raise InvalidArgument("metrics", "--serve and --textfile go apart", "pick one")
     if args.interval is not None and not args.interval > 0:
         raise InvalidArgument("metrics", "--interval must be > 0", "e.g. --interval 15")
+    # printed once, they would do nothing: whoever gave them expects a loop or a port
+    if args.interval is not None and not (args.serve or args.textfile):
+        raise InvalidArgument(
+            "metrics", "--interval goes with --textfile or --serve", "add one, or drop it"
+        )
+    if args.port is not None and not args.serve:
+        raise InvalidArgument("metrics", "--port goes with --serve", "add --serve, or drop it")
+    if args.textfile:  # a typo in the folder is said now, not when the store first answers
+        check_textfile(args.textfile, "metrics")
     q = plane(args)
+    # a loop outlives a store that is down, even at its start (a service started at boot):
+    # the census says so each round, and the note on a mistyped name is then left out
+    looping = args.serve or (args.textfile and args.interval is not None)
     try:
         for name in args.queues:
-            note_if_unknown(q, name)
+            try:
+                note_if_unknown(q, name)
+            except StoreError:
+                if not looping:
+                    raise
         queues = list(args.queues) or None
 
         def collect() -> str:
@@ -139,7 +155,8 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def _serve(collect: Callable[[], str], args: argparse.Namespace) -> int:
-    server = MetricsServer(collect, port=args.port, interval_s=args.interval or 10.0)
+    port = DEFAULT_PORT if args.port is None else args.port
+    server = MetricsServer(collect, port=port, interval_s=args.interval or 10.0)
     print(f"lakeshore metrics: {server.url}  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
@@ -203,9 +220,7 @@ def register(sub: Any) -> None:
     p.add_argument("--recent", type=int, default=100, help="newest invocations to count")
     p.add_argument("--textfile", metavar="PATH", help="write the text to this file atomically")
     p.add_argument("--serve", action="store_true", help="serve /metrics on 127.0.0.1")
-    p.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"--serve's port (default {DEFAULT_PORT})"
-    )
+    p.add_argument("--port", type=int, help=f"--serve's port (default {DEFAULT_PORT})")
     p.add_argument(
         "--interval",
         type=finite,

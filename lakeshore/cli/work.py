@@ -92,13 +92,17 @@ def _warn_undeclared(queues: list[str], declared: list[str], imported: bool, all
 
 
 def _declared_queues() -> set[str]:
-    """The queues of the @udf bodies in every module imported so far."""
-    return {
-        v.queue
-        for module in list(sys.modules.values())
-        for v in list(getattr(module, "__dict__", {}).values())
-        if isinstance(v, Udf)
-    }
+    """The queues of the @udf bodies in every module imported so far. A module that will
+    not show its names, and objects that would answer isinstance() by raising (a proxy's
+    ``__class__``), are passed over: a warning must not stop a worker's start."""
+    found: set[str] = set()
+    for module in list(sys.modules.values()):
+        try:
+            values = list(vars(module).values())
+        except Exception:  # no __dict__, or a lazy module that fails to load
+            continue
+        found.update(v.queue for v in values if issubclass(type(v), Udf))
+    return found
 
 
 class _InertFormatter(logging.Formatter):

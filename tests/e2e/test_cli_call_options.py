@@ -82,3 +82,19 @@ def test_a_schedules_slots_carry_the_retry_rule_set_on_the_command_line(
     rec = q.get(inv)
     assert rec.retry_for == ("TimeoutError",)
     assert (rec.retry_jitter, rec.max_attempts) == (0.25, 3)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--max-attempts", "2"], ["--key", "k"], ["--retry-jitter", "0.5"]]
+)
+def test_an_option_given_in_kwargs_and_as_a_flag_is_one_line_and_submits_nothing(
+    url: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """``--kwargs '{"_max_attempts": 3}' --max-attempts 2`` named one option twice: a
+    TypeError's traceback, not the command's one line."""
+    name = "_" + argv[0].removeprefix("--").replace("-", "_")
+    given = json.dumps({"x": 1, name: argv[1]})
+    code, _, err = run(capsys, "submit", "tests.jobs:add_one", "--kwargs", given, *argv)
+    assert code == 2 and name in one_line_error(err)
+    q = dls.Dispatch(url)
+    assert list(q.store.list(q.plane.ops("default").keys.ids_prefix)) == []  # no invocation

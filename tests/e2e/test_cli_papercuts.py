@@ -288,3 +288,26 @@ def test_a_page_that_uses_motos_server_says_which_extra_has_it() -> None:
     assert using, "no page imports moto.server: this test checks nothing"
     for page in using:
         assert "moto[server]" in page.read_text(), page.name
+
+
+class _Proxy:
+    """An object of some library's module that raises when asked its class (a proxy to a
+    request that is not there, say)."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise RuntimeError("outside of a request")
+
+
+def test_the_undeclared_queue_warning_survives_any_module_this_process_imported(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Looking for @udf bodies in every module imported so far must not start the worker
+    only if every object of every module answers isinstance()."""
+    import types
+
+    odd = types.ModuleType("module_with_a_proxy")
+    odd.request = _Proxy()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "module_with_a_proxy", odd)
+    code, _, err = run(capsys, "worker", "-q", "nothing_here", "--idle-exit", "0")
+    assert code == 0, err

@@ -561,3 +561,99 @@ def test_a_worker_whose_metrics_port_is_taken_fails_its_start(url: str) -> None:
         with pytest.raises(dls.InvalidArgument, match="pick another port") as e:
             dls.run_worker(q, once=True, isolation="thread", metrics_port=port)
     assert e.value.op == "run_worker" and q.status(inv) == "queued"
+
+
+def test_textfile_loop_of_named_queues_outlives_a_store_that_is_down_at_the_start(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service started at boot names its queues; the store is not up yet. The look for
+    an unknown queue name before the loop must not end the service the loop would keep."""
+    import time
+    import types
+
+    from lakeshore.store.local import LocalStore
+
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+    down = [True]
+    real_list = LocalStore.list
+
+    def listing(self: LocalStore, prefix: str = "", start_after: str | None = None) -> Any:
+        if down[0]:
+            raise dls.StoreError("list", "the store is down", "check the endpoint")
+        return real_list(self, prefix, start_after)
+
+    rounds: list[float] = []
+
+    def between_rounds(s: float) -> None:  # the loop's wait: the store comes up, then Ctrl-C
+        rounds.append(s)
+        down[0] = False
+        if len(rounds) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStore, "list", listing)
+    fake_time = types.SimpleNamespace(sleep=between_rounds, monotonic=time.monotonic)
+    monkeypatch.setattr("lakeshore.cli.metrics.time", fake_time)
+    path = tmp_path / "m.prom"
+    code, _, err = run(capsys, "metrics", "default", "--textfile", str(path), "--interval", "5")
+    assert code == 0, err
+    assert "the store is down" in err and rounds == [5.0, 5.0]
+    found = samples(path.read_text())
+    assert value(found, "lakeshore_queue_queued", namespace="default", queue="default") == 1
+
+
+def test_a_worker_interrupted_while_it_stops_still_frees_its_metrics_port(url: str) -> None:
+    """A second Ctrl-C that lands in the stop's last steps (here: in the on_stop hook; in a
+    notebook, while tickets are tidied) must not leave the port served by a thread of the
+    process: the next run_worker on that port would be refused."""
+    q = dls.Dispatch(url)
+    q.udf(jobs.add_one).submit(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dls.run_worker(q, once=True, isolation="thread", metrics_port=port, on_stop=interrupted)
+    assert not [t for t in threading.enumerate() if t.name == "lakeshore-metrics"]
+    with socket.socket() as again:  # free: a new worker may serve on it
+        again.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--interval", "5"], ["--port", "9400"], ["--textfile", "m.prom", "--port", "9400"]],
+)
+def test_a_metrics_option_that_would_be_dropped_is_refused(
+    url: str, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Printed once, `--interval` and `--port` would do nothing: a user who gave them
+    expects a loop or a port, so the command says it instead of printing once."""
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+    code, out, err = run(capsys, "metrics", *argv)
+    assert code == 2 and out == "" and " — " in err, err
+
+
+def test_a_textfile_loop_refuses_a_missing_folder_before_its_first_census(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in the folder is said at once, even while the store is down (the census of
+    the first round fails): not hours later, when the store answers."""
+    dls.Dispatch(url).udf(jobs.add_one).submit(1)
+
+    def down(*_: Any, **__: Any) -> Any:
+        raise dls.StoreError("census", "the store is down", "check the endpoint")
+
+    def between_rounds(s: float) -> None:
+        raise AssertionError("looped with a file it can never write")
+
+    import time
+    import types
+
+    monkeypatch.setattr("lakeshore.cli.metrics.census_families", down)
+    fake_time = types.SimpleNamespace(sleep=between_rounds, monotonic=time.monotonic)
+    monkeypatch.setattr("lakeshore.cli.metrics.time", fake_time)
+    where = str(tmp_path / "typo" / "m.prom")
+    code, _, err = run(capsys, "metrics", "--textfile", where, "--interval", "5")
+    assert code == 2 and "no folder" in err
