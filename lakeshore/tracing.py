@@ -19,6 +19,7 @@ what a record says about its trace was checked on read (``lakeshore.model.trace_
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import sys
 import time
@@ -38,6 +39,7 @@ __all__ = ["INSTALL_HINT", "active", "continued", "current", "require"]
 
 INSTALL_HINT = "pip install 'lakeshore-queue[otel]'"
 _API = "opentelemetry.trace"
+_api_missing = False  # its import failed once in this process (see _api_importable)
 _DESCRIPTION = 256  # characters of an error's type and message on a span's status
 _cached: tuple[object, Tracer] | None = None  # (provider, its tracer)
 log = logging.getLogger("lakeshore.tracing")
@@ -308,13 +310,30 @@ def current() -> tuple[str, str]:
     return checked_trace(carrier.get("traceparent"), carrier.get("tracestate", ""))
 
 
+def _api_importable() -> bool:
+    """OpenTelemetry's API, imported if it is installed (a failed import is not tried
+    again in this process: a search of the path per attempt is no small cost)."""
+    global _api_missing
+    if _API in sys.modules:
+        return True
+    if _api_missing:
+        return False
+    try:
+        importlib.import_module(_API)
+    except ImportError:
+        _api_missing = True
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def continued(traceparent: str, tracestate: str) -> Iterator[None]:
     """In a body process: the worker's ``lakeshore.run`` span (its :func:`current` context,
     sent with the body) current around the body, so that the spans the body makes are its
-    children. Nothing without a context, or while this process has not imported
-    OpenTelemetry's API (then nothing here could make a span)."""
-    if not traceparent or _API not in sys.modules:
+    children. Nothing without a context. With one, the worker traced this attempt, so the
+    API is imported here if it is installed (once a process): a body that imports
+    OpenTelemetry only when it runs must still find its parent current."""
+    if not traceparent or not _api_importable():
         yield
         return
     from opentelemetry import context

@@ -417,3 +417,19 @@ def env_of(name: str) -> str | None:
 def parent_pid() -> int:
     """The process that started the body's process."""
     return os.getppid()
+
+
+def span_ids_lazily() -> list[str]:
+    """A body whose module does not import OpenTelemetry: it does so itself, in the call
+    (tests/queue/test_tracing.py). Its span's trace id and parent span id, as hex."""
+    import sys
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with TracerProvider().get_tracer("body").start_as_current_span("lazy") as span:
+        parent = getattr(span, "parent", None)
+        return [
+            f"{span.get_span_context().trace_id:032x}",
+            f"{parent.span_id:016x}" if parent is not None else "",
+            str("opentelemetry.trace" in sys.modules),
+        ]

@@ -169,35 +169,27 @@ def _serve(collect: Callable[[], str], args: argparse.Namespace) -> int:
 
 def _textfile(collect: Callable[[], str], path: str, interval: float | None) -> int:
     """Write the file once, or (``interval``) every ``interval`` seconds until Ctrl-C. In
-    the loop, a census that fails (the store down, even at the first round: a service
-    started at boot must not give up) leaves the last file in place and is said on
-    stderr; a file that cannot be written at the first round is a usage error.
+    the loop, a round that fails (the store down, even at the first round: a service
+    started at boot must not give up; a full disk) leaves the last file in place and is
+    said on stderr. The caller checked the folder before the first round.
 
     Raises:
-        InvalidArgument: the file cannot be written (first round).
-        LakeshoreError: the census failed, without ``interval``.
+        InvalidArgument: the file cannot be written (without ``interval``).
+        LakeshoreError: the census failed (without ``interval``).
     """
-    first = True
     try:
         while True:
             try:
-                text = collect()
-            except LakeshoreError as e:
-                if interval is None:
-                    raise
-                print(f"lakeshore metrics: {inert(str(e))}", file=sys.stderr, flush=True)
-            else:
-                try:
-                    write_textfile(path, text)
-                except (OSError, InvalidArgument) as e:
-                    if first:
-                        if isinstance(e, InvalidArgument):
-                            raise
-                        raise InvalidArgument(
-                            "metrics", f"cannot write {path}: {e}", "check the path"
-                        ) from e
+                write_textfile(path, collect())
+            except (LakeshoreError, OSError) as e:
+                if interval is not None:
                     print(f"lakeshore metrics: {inert(str(e))}", file=sys.stderr, flush=True)
-                first = False
+                elif isinstance(e, OSError):
+                    raise InvalidArgument(
+                        "metrics", f"cannot write {path}: {e}", "check the path"
+                    ) from e
+                else:
+                    raise
             if interval is None:
                 return 0
             time.sleep(interval)

@@ -98,7 +98,8 @@ class WorkerCounters:
             now.add(running.get(queue, 0), **who, queue=queue)
         stamp = Family(
             "lakeshore_worker_last_write_timestamp_seconds",
-            "When the worker last wrote this file (seconds since the epoch).",
+            "When the worker made this text: its file's last write, or this scrape of its "
+            "--metrics-port (seconds since the epoch).",
         )
         stamp.add(at, **who)
         return [total, now, stamp]

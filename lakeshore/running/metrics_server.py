@@ -28,6 +28,7 @@ __all__ = ["DEFAULT_PORT", "MetricsServer"]
 
 DEFAULT_PORT = 9321
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost")
+IDLE_TIMEOUT_S = 30.0
 
 
 class MetricsServer:
@@ -121,6 +122,8 @@ class _Handler(BaseHTTPRequestHandler):
     metrics: MetricsServer
     server_version = "lakeshore-metrics"
     sys_version = ""
+    # a connection that says nothing for this long is closed: each holds a thread
+    timeout = IDLE_TIMEOUT_S
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape every few seconds is no news

@@ -25,6 +25,7 @@ from lakeshore.keys import worker_key
 from lakeshore.model.metrics import Family, exposition
 from lakeshore.protocol.claims import Claimer
 from lakeshore.running import metrics as running_metrics
+from lakeshore.running import metrics_server
 from lakeshore.running.metrics import write_textfile
 from lakeshore.running.metrics_server import MetricsServer
 from lakeshore.store import MemoryStore
@@ -446,9 +447,30 @@ def test_textfile_loop_outlives_a_store_that_is_down_even_at_the_first_round(
     # without --interval a failed census is the command's error
     with pytest.raises(dls.StoreError):
         _textfile(collect_failing, str(path), None)
-    # a path that cannot be written at the first round is a usage error, loop or not
+    # once, a path that cannot be written is a usage error
     with pytest.raises(dls.InvalidArgument, match="no folder"):
-        _textfile(lambda: "x\n", str(tmp_path / "no" / "m.prom"), 0.001)
+        _textfile(lambda: "x\n", str(tmp_path / "no" / "m.prom"), None)
+    # in the loop (whose folder the command checked first), a failed write is said, and
+    # the next round writes again: a full disk, a folder removed and made again
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    writes = iter(["# 1\n", "# 2\n", "# 3\n", KeyboardInterrupt()])
+
+    def collect_and_toggle() -> str:
+        got = next(writes)
+        if isinstance(got, BaseException):
+            raise got
+        if got == "# 2\n":
+            (gone / "m.prom").unlink()
+            gone.rmdir()
+        elif got == "# 3\n":
+            gone.mkdir()
+        return got
+
+    capsys.readouterr()
+    assert _textfile(collect_and_toggle, str(gone / "m.prom"), 0.001) == 0
+    assert (gone / "m.prom").read_text() == "# 3\n"
+    assert "no folder" in capsys.readouterr().err
 
 
 def collect_failing() -> str:
@@ -657,3 +679,17 @@ def test_a_textfile_loop_refuses_a_missing_folder_before_its_first_census(
     where = str(tmp_path / "typo" / "m.prom")
     code, _, err = run(capsys, "metrics", "--textfile", where, "--interval", "5")
     assert code == 2 and "no folder" in err
+
+
+def test_a_silent_connection_is_closed_and_frees_its_thread() -> None:
+    server = MetricsServer(lambda: "# nothing\n", port=0, interval_s=0)
+    handler: Any = server.httpd.RequestHandlerClass
+    assert handler.timeout == metrics_server.IDLE_TIMEOUT_S == 30  # on by default
+    handler.timeout = 0.2  # the same, faster
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as quiet:
+            assert quiet.recv(1) == b""  # closed by the server, not left hanging
+        assert _scrape(server.url)[0] == 200  # and the server still answers
+    finally:
+        server.close()

@@ -376,3 +376,16 @@ else:
     )
     done = _python(code)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_body_that_imports_opentelemetry_itself_still_continues_the_trace(
+    local_plane: Any, spans: InMemorySpanExporter
+) -> None:
+    q = local_plane
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        inv = q.udf(jobs.span_ids_lazily).submit()
+    assert dls.run_worker(q, once=True, isolation="process") == 1
+    trace_id, parent, _ = q.result(inv, timeout=5)
+    (run,) = _by_name(spans)["lakeshore.run"]
+    assert trace_id == f"{request.get_span_context().trace_id:032x}"
+    assert parent == f"{run.context.span_id:016x}"
