@@ -194,7 +194,20 @@ class WithOptions(Generic[P, R]):
         return await self.udf.amap(*iterables, kwargs=kwargs, concurrency=concurrency, **opts)
 
     def _map_options(self, keys: Any) -> dict[str, Any]:
+        """The bound options for a batch, in the underscore spelling.
+
+        Raises:
+            InvalidArgument: a key is bound (it would be every call's).
+        """
         opts = self._submit_options("map")
+        if "_key" in opts:
+            raise InvalidArgument(
+                "options(...).map",
+                "options(key=...) would give every call of the batch the same key, so all of "
+                "them would be one invocation",
+                "pass one key per call: .map(..., keys=[...]) or keys=lambda *args: ... "
+                "(nothing was submitted)",
+            )
         if keys is not None:
             opts["_keys"] = keys
         return opts

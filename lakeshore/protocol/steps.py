@@ -582,14 +582,14 @@ class QueueOps:
             Conflict: the attempt was fenced out (the result is then dropped).
             StoreUnavailable: the store failed and ``retry_while`` said to stop.
         """
-        requeued = final.state == State.QUEUED and held.by is not None
-        if requeued:
-            held.by.forget(self.ticket_key(final))
+        by = held.by if final.state == State.QUEUED else None
+        if by is not None:
+            by.forget(self.ticket_key(final))
         etag = self._write_outcome(held, final, retry_while, pause)
-        if requeued:
+        if by is not None:
             # and again: a slot sharing this claimer may have listed the new marker and read
             # the record still running in between, and would pass it over until the lease end
-            held.by.forget(self.ticket_key(final))
+            by.forget(self.ticket_key(final))
         if not final.terminal:
             self.free_slot(final)
         elif tidy_later:

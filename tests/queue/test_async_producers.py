@@ -207,6 +207,12 @@ def test_options_view_sends_its_options_and_the_underscore_spelling_still_works(
     assert q.get(c).priority == 7
     assert view.map([1, 2], keys=["m1", "m2"]) == view.map([1, 2], keys=["m1", "m2"])
     assert "priority=9" in repr(view)
+    for batch in (
+        lambda: view.options(key="k").map([1, 2]),
+        lambda: asyncio.run(view.options(key="k").amap([1, 2])),
+    ):
+        with pytest.raises(InvalidArgument, match=r"same key[^—]*— pass one key per call: \.map"):
+            batch()
     _drain(q, 5)
     worker = threading.Thread(
         target=dls.run_worker,
