@@ -49,6 +49,11 @@ _OTHER_SIDE_S = 300.0  # a payload seen by a function worker (or the reverse): p
 # due within a second or so; a delete from every process that lists it meanwhile would cost
 # a request each. After this, whoever meets the ticket deletes it (its holder may have died)
 _TIDY_GRACE_S = 10.0
+# a marker this fresh beside a record still running may be a move back to queued in flight
+# (its writer rewrites the ticket first, then the record): looked at again this soon, not at
+# the lease end (docs/protocol.md#retry-and-lease-expiry)
+_FRESH_MARKER_S = 10.0
+_FRESH_LOOK_S = 1.0
 _TIDIED = (
     State.SUCCEEDED,
     State.FAILED,
@@ -296,6 +301,8 @@ class Examiner:
     def _leased(self, info: ObjectInfo, got: Read, now: float) -> Seen:
         rec = got.record
         expires = rec.lease.expires_at if rec.lease is not None else now
+        if info.size <= MARKER_MAX and info.last_modified > now - _FRESH_MARKER_S:
+            expires = min(expires, now + _FRESH_LOOK_S)  # a retry or release in flight?
         self._remember(info, expires)  # its worker holds it: look again at expiry
         holder = rec.lease.worker if rec.lease is not None else self._worker
         if holder == self._worker:
