@@ -52,7 +52,7 @@ _TIDY_GRACE_S = 10.0
 # a marker this fresh beside a record still running may be a move back to queued in flight
 # (its writer rewrites the ticket first, then the record): looked at again this soon, not at
 # the lease end (docs/protocol.md#retry-and-lease-expiry)
-_FRESH_MARKER_S = 10.0
+_FRESH_MARKER_S = 5.0
 _FRESH_LOOK_S = 1.0
 _TIDIED = (
     State.SUCCEEDED,
