@@ -357,8 +357,11 @@ def slurm_cluster(
 def moto_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     from moto import mock_aws
 
+    from tests.moto_keys import close_buffers_when_unreferenced
+
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
+    close_buffers_when_unreferenced(monkeypatch)  # a GET racing an overwrite: tests/moto_keys.py
     with mock_aws():
         import boto3
 

@@ -44,7 +44,9 @@ def principals_on_moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Pr
     import boto3
 
     from lakeshore.store.s3 import S3Store
+    from tests.moto_keys import close_buffers_when_unreferenced
 
+    close_buffers_when_unreferenced(monkeypatch)
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
         out = {}
